@@ -1,0 +1,151 @@
+"""Model presets by name (ViT-Ti/S/B/L/H and the R50 hybrids) and `get_model`.
+
+Presets are the architecture only (paper Table 1); training-time choices (dropout, dtype, remat,
+scan, head bias) come from the stage configs as overrides. Each preset is defined once, here, and
+the configs in `configs/` refer to it by name. This file must not import TensorFlow.
+"""
+
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import ml_collections
+
+from vit_jax import models_vit
+
+# name -> factory of the preset's ConfigDict. Every name must have a pinned parameter count in
+# tests/test_models.py.
+MODEL_CONFIGS: dict[str, Callable[[], ml_collections.ConfigDict]] = {}
+
+# Short names used in config strings: 'B/16' -> 'ViT-B_16', 'R50+B/16' -> 'R50+ViT-B_16'.
+ALIASES: dict[str, str] = {}
+
+# Fields of a model ConfigDict that are not VisionTransformer attributes: the preset's name, and
+# the image size that checkpoint.load_pretrained uses to lay out a non-square patch grid.
+_NON_MODULE_FIELDS = ("name", "image_size")
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _register(name: str, alias: str):
+  def wrap(factory):
+    MODEL_CONFIGS[name] = factory
+    ALIASES[alias] = name
+    return factory
+
+  return wrap
+
+
+def _vit(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, resnet=None):
+  return ml_collections.ConfigDict(
+    dict(
+      name=name,
+      patch_size=patch_size,
+      hidden_size=hidden_size,
+      mlp_dim=mlp_dim,
+      num_heads=num_heads,
+      num_layers=num_layers,
+      dropout_rate=0.0,
+      attention_dropout_rate=0.0,
+      classifier="token",
+      representation_size=ml_collections.FieldReference(None, field_type=int),
+      resnet=resnet,
+      head_bias_init=0.0,
+      dtype="float32",
+      param_dtype="float32",
+      remat=False,
+      scan=False,
+    )
+  )
+
+
+# name, alias, patch, (hidden, mlp, heads, layers) — ViT paper Table 1 and its Ti/S follow-ups.
+_WIDTHS = {
+  "Ti": (192, 768, 3, 12),
+  "S": (384, 1536, 6, 12),
+  "B": (768, 3072, 12, 12),
+  "L": (1024, 4096, 16, 24),
+  "H": (1280, 5120, 16, 32),
+}
+for _size, _patch in [
+  ("Ti", 16),
+  ("S", 16),
+  ("S", 32),
+  ("B", 8),
+  ("B", 16),
+  ("B", 32),
+  ("L", 16),
+  ("L", 32),
+  ("H", 14),
+]:
+  _name = f"ViT-{_size}_{_patch}"
+  _register(_name, f"{_size}/{_patch}")(lambda n=_name, p=_patch, w=_WIDTHS[_size]: _vit(n, p, *w))
+
+
+@_register("R50+ViT-B_16", "R50+B/16")
+def _r50_b16():
+  # A ResNet-50 cut to 3 stages with (3, 4, 9) units downsamples by 2^(1+3) = 16, so 1x1 patches
+  # on its feature map give the /16 tokens of ViT-B/16.
+  resnet = ml_collections.ConfigDict(dict(num_layers=(3, 4, 9), width_factor=1))
+  return _vit("R50+ViT-B_16", 1, *_WIDTHS["B"], resnet=resnet)
+
+
+@_register("R50+ViT-L_32", "R50+L/32")
+def _r50_l32():
+  # The full four-stage ResNet-50 (3, 4, 6, 3) downsamples by 2^(1+4) = 32.
+  resnet = ml_collections.ConfigDict(dict(num_layers=(3, 4, 6, 3), width_factor=1))
+  return _vit("R50+ViT-L_32", 1, *_WIDTHS["L"], resnet=resnet)
+
+
+@_register("ViT-testing", "testing")
+def _testing():
+  """A two-layer ViT that 2 CPU cores train in seconds (tests, `runlocal`)."""
+  return _vit("ViT-testing", 4, 32, 64, 2, 2)
+
+
+def resolve_name(name: str) -> str:
+  """Maps an alias ('B/16') or a preset name ('ViT-B_16') to the preset name."""
+  if name in MODEL_CONFIGS:
+    return name
+  if name in ALIASES:
+    return ALIASES[name]
+  raise KeyError(f"unknown model {name!r}; known: {sorted(MODEL_CONFIGS)} or {sorted(ALIASES)}")
+
+
+def get_model_config(name: str) -> ml_collections.ConfigDict:
+  """Returns a fresh, unlocked copy of the preset `name` (or its alias)."""
+  return MODEL_CONFIGS[resolve_name(name)]()
+
+
+def get_model(
+  name_or_config: str | ml_collections.ConfigDict, num_classes: int | None, **overrides
+) -> models_vit.VisionTransformer:
+  """Builds the Flax module of a preset.
+
+  Args:
+    name_or_config: a preset name ('ViT-B_16'), an alias ('B/16'), or a model ConfigDict (e.g.
+      `config.model` of a stage config).
+    num_classes: width of the head; None for a headless model returning the representation.
+    **overrides: any model field, e.g. `representation_size=768, dtype='bfloat16', scan=True`.
+
+  Returns:
+    The `VisionTransformer`; call `model.apply({'params': params}, images, train=False)`.
+  """
+  if isinstance(name_or_config, str):
+    config = get_model_config(name_or_config)
+  else:
+    config = ml_collections.ConfigDict(name_or_config.to_dict())
+  fields = config.to_dict()
+  unknown = set(overrides) - set(fields) - set(_NON_MODULE_FIELDS)
+  if unknown:
+    raise TypeError(f"unknown model override(s) {sorted(unknown)}; fields: {sorted(fields)}")
+  fields.update(overrides)
+  for key in _NON_MODULE_FIELDS:
+    fields.pop(key, None)
+  for key in ("dtype", "param_dtype"):
+    if isinstance(fields[key], str):
+      if fields[key] not in _DTYPES:
+        raise ValueError(f"model {key}={fields[key]!r}; expected one of {sorted(_DTYPES)}")
+      fields[key] = _DTYPES[fields[key]]
+  if fields["resnet"] is not None:
+    fields["resnet"] = dict(fields["resnet"])
+  return models_vit.VisionTransformer(num_classes=num_classes, **fields)

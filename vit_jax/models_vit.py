@@ -1,0 +1,301 @@
+"""The Vision Transformer (Dosovitskiy et al., 2021, §3.1) as Flax linen modules.
+
+Module and parameter names are the published vit_jax checkpoint format (`embedding`, `cls`,
+`Transformer/posembed_input/pos_embedding`, `Transformer/encoderblock_{i}/LayerNorm_0|
+MultiHeadDotProductAttention_1|LayerNorm_2|MlpBlock_3`, `Transformer/encoder_norm`, `pre_logits`,
+`head`), so a published `.npz` maps onto the tree without renaming. With `scan=True` the blocks
+are one scanned `Transformer/encoderblock` whose leaves have a leading layer axis.
+
+Computation runs in `dtype` (e.g. bfloat16) while parameters stay in `param_dtype` (float32).
+Attention weights are sown into the `intermediates` collection when the caller makes it mutable
+(`model.apply(..., mutable=['intermediates'])`); otherwise attention takes the fused
+`jax.nn.dot_product_attention` path and never materialises them.
+
+This file must not import TensorFlow.
+"""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vit_jax import models_resnet
+
+Dtype = Any
+
+_xavier = nn.initializers.xavier_uniform()
+_tiny_normal = nn.initializers.normal(stddev=1e-6)
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """Multi-head self-attention with query/key/value kernels [D, heads, D/heads]."""
+
+  num_heads: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    """x: [batch, tokens, width] → [batch, tokens, width]."""
+    width = x.shape[-1]
+    if width % self.num_heads:
+      raise ValueError(f"hidden size {width} is not divisible by num_heads={self.num_heads}")
+    head_dim = width // self.num_heads
+    dense = functools.partial(
+      nn.DenseGeneral,
+      features=(self.num_heads, head_dim),
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=_xavier,
+    )
+    # [batch, tokens, heads, head_dim]
+    q, k, v = (dense(name=n)(x) for n in ("query", "key", "value"))
+    sow_weights = self.is_mutable_collection("intermediates")
+    drop_weights = self.dropout_rate > 0.0 and not deterministic
+    if sow_weights or drop_weights:
+      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(self.dtype)
+      # Softmax in float32: bf16 loses the small weights that sum to most of the mass.
+      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+      self.sow("intermediates", "attention_weights", weights)  # [batch, heads, q, k]
+      if drop_weights:
+        weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=False)
+      out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    else:
+      out = jax.nn.dot_product_attention(q, k, v)
+    return nn.DenseGeneral(
+      features=width,
+      axis=(-2, -1),
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=_xavier,
+      name="out",
+    )(out)
+
+
+class MlpBlock(nn.Module):
+  """Dense → GELU (tanh approximation, as the published weights) → Dense, with dropout."""
+
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    dense = functools.partial(
+      nn.Dense,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=_xavier,
+      bias_init=_tiny_normal,
+    )
+    y = nn.gelu(dense(self.mlp_dim, name="Dense_0")(x), approximate=True)
+    y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
+    y = dense(x.shape[-1], name="Dense_1")(y)
+    return nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
+
+
+class Encoder1DBlock(nn.Module):
+  """A pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (Eq. 2–3)."""
+
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    y = nn.LayerNorm(name="LayerNorm_0", **kw)(x)
+    y = MultiHeadDotProductAttention(
+      self.num_heads, self.attention_dropout_rate, name="MultiHeadDotProductAttention_1", **kw
+    )(y, deterministic)
+    y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
+    x = x + y
+    y = nn.LayerNorm(name="LayerNorm_2", **kw)(x)
+    y = MlpBlock(self.mlp_dim, self.dropout_rate, name="MlpBlock_3", **kw)(y, deterministic)
+    return x + y
+
+
+class _ScannedEncoder1DBlock(Encoder1DBlock):
+  """The same block in nn.scan's (carry, output) calling convention."""
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> tuple[jax.Array, None]:
+    return super().__call__(x, deterministic), None
+
+
+class AddPositionEmbs(nn.Module):
+  """Adds learned 1-D position embeddings [1, tokens, width] (Eq. 1)."""
+
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    pos_embedding = self.param(
+      "pos_embedding",
+      nn.initializers.normal(stddev=0.02),
+      (1, x.shape[1], x.shape[2]),
+      self.param_dtype,
+    )
+    return x + pos_embedding.astype(x.dtype)
+
+
+class Encoder(nn.Module):
+  """Position embeddings, `num_layers` blocks and the final LayerNorm (`Transformer/...`)."""
+
+  num_layers: int
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  remat: bool = False
+  scan: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    """x: [batch, tokens, width] → [batch, tokens, width]."""
+    x = AddPositionEmbs(param_dtype=self.param_dtype, name="posembed_input")(x)
+    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+    block_kw = dict(
+      mlp_dim=self.mlp_dim,
+      num_heads=self.num_heads,
+      dropout_rate=self.dropout_rate,
+      attention_dropout_rate=self.attention_dropout_rate,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+    )
+    block_cls = _ScannedEncoder1DBlock if self.scan else Encoder1DBlock
+    if self.remat:
+      # Recompute each block's activations in the backward pass; `deterministic` (argument 2,
+      # counting self) is a Python bool and must stay static.
+      block_cls = nn.remat(block_cls, prevent_cse=not self.scan, static_argnums=(2,))
+    if self.scan:
+      x, _ = nn.scan(
+        block_cls,
+        variable_axes={"params": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=nn.broadcast,
+        length=self.num_layers,
+      )(name="encoderblock", **block_kw)(x, deterministic)
+    else:
+      for i in range(self.num_layers):
+        x = block_cls(name=f"encoderblock_{i}", **block_kw)(x, deterministic)
+    return nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name="encoder_norm")(x)
+
+
+class VisionTransformer(nn.Module):
+  """ViT (and R50+ViT hybrid) classifier.
+
+  Attributes:
+    num_classes: width of the zero-initialised linear head; None returns the representation.
+    patch_size: side of the square patches (on the ResNet feature map for hybrids).
+    hidden_size: width D of every token.
+    num_layers: number of Transformer blocks.
+    mlp_dim: hidden width of each block's MLP.
+    num_heads: attention heads per block.
+    dropout_rate: dropout after the position embeddings, attention and in the MLP.
+    attention_dropout_rate: dropout on the attention weights.
+    classifier: 'token' (class token, index 0) or 'gap' (global average pool, no class token).
+    representation_size: width of the Dense+tanh pre-logits layer used in pretraining, or None.
+    resnet: None, or a mapping with `num_layers` (units per stage) and `width_factor`.
+    head_bias_init: initial head bias (−10 for sigmoid pretraining).
+    dtype: computation dtype; parameters are kept in `param_dtype`.
+    remat: rematerialise each block in the backward pass.
+    scan: run the blocks with nn.scan over stacked parameters (fast compilation of deep models).
+  """
+
+  num_classes: int | None
+  patch_size: int
+  hidden_size: int
+  num_layers: int
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  classifier: str = "token"
+  representation_size: int | None = None
+  resnet: Any = None
+  head_bias_init: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  remat: bool = False
+  scan: bool = False
+
+  @nn.compact
+  def __call__(
+    self, images: jax.Array, *, train: bool, return_representation: bool = False
+  ) -> jax.Array:
+    """Classifies images.
+
+    Args:
+      images: [batch, height, width, 3], values in [-1, 1].
+      train: enables dropout (needs the 'dropout' rng).
+      return_representation: return the pre-head representation [batch, R or D] instead.
+
+    Returns:
+      Logits [batch, num_classes] in float32 (or the representation).
+    """
+    if self.classifier not in ("token", "gap"):
+      raise ValueError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
+    x = images.astype(self.dtype)
+    if self.resnet is not None:
+      x = models_resnet.resnet_stem(
+        x,
+        tuple(self.resnet["num_layers"]),
+        self.resnet["width_factor"],
+        self.dtype,
+        self.param_dtype,
+      )
+    # Linear projection of flattened patches (Eq. 1), as a conv with kernel = stride = patch.
+    p = self.patch_size
+    x = nn.Conv(
+      self.hidden_size,
+      (p, p),
+      strides=(p, p),
+      padding="VALID",
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name="embedding",
+    )(x)
+    batch, gh, gw, width = x.shape
+    x = jnp.reshape(x, (batch, gh * gw, width))  # [batch, patches, width]
+    if self.classifier == "token":
+      cls = self.param("cls", nn.initializers.zeros, (1, 1, width), self.param_dtype)
+      x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, width)), x], axis=1)
+    x = Encoder(
+      num_layers=self.num_layers,
+      mlp_dim=self.mlp_dim,
+      num_heads=self.num_heads,
+      dropout_rate=self.dropout_rate,
+      attention_dropout_rate=self.attention_dropout_rate,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      remat=self.remat,
+      scan=self.scan,
+      name="Transformer",
+    )(x, not train)
+    x = x[:, 0] if self.classifier == "token" else jnp.mean(x, axis=1)
+    if self.representation_size is not None:
+      x = nn.Dense(
+        self.representation_size, dtype=self.dtype, param_dtype=self.param_dtype, name="pre_logits"
+      )(x)
+      x = jnp.tanh(x)
+    if return_representation or self.num_classes is None:
+      return x.astype(jnp.float32)
+    logits = nn.Dense(
+      self.num_classes,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=nn.initializers.zeros,
+      bias_init=nn.initializers.constant(self.head_bias_init),
+      name="head",
+    )(x)
+    return logits.astype(jnp.float32)
