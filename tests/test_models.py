@@ -1,0 +1,285 @@
+"""Tests of the ViT model family: exact sizes, layouts and the pod-oriented options."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import models
+
+# Parameters with 1000 classes at 224px, token classifier, no representation layer. B/16, L/16 and
+# H/14 are the figures of the paper's released models; a preset added without a count here fails
+# test_every_preset_has_a_pinned_count.
+PINNED_COUNTS = {
+  "ViT-Ti_16": 5_717_416,
+  "ViT-S_16": 22_050_664,
+  "ViT-S_32": 22_878_952,
+  "ViT-B_8": 86_576_872,
+  "ViT-B_16": 86_567_656,
+  "ViT-B_32": 88_224_232,
+  "ViT-L_16": 304_326_632,
+  "ViT-L_32": 306_535_400,
+  "ViT-H_14": 632_045_800,
+  "R50+ViT-B_16": 98_659_112,
+  "R50+ViT-L_32": 328_994_856,
+  "ViT-testing": 152_136,
+}
+
+
+def _param_shapes(model, image_size=224):
+  images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
+  return jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)["params"]
+
+
+def _count(tree):
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
+
+def _init(model, image_size=32, batch=2, seed=0):
+  images = jax.random.uniform(jax.random.key(seed + 1), (batch, image_size, image_size, 3))
+  images = images * 2 - 1
+  params = jax.jit(lambda x: model.init(jax.random.key(seed), x, train=False))(images)["params"]
+  return params, images
+
+
+def _apply(model, params, images, **kw):
+  return jax.jit(lambda p, x: model.apply({"params": p}, x, train=False, **kw))(params, images)
+
+
+def _randomize(params, seed=3, scale=0.05):
+  """Replaces every leaf by noise, so zero-initialised heads and scales do not hide mistakes."""
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  leaves = [
+    scale * jax.random.normal(k, x.shape, x.dtype) + (x if x.ndim == 1 else 0)
+    for k, x in zip(keys, leaves, strict=True)
+  ]
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def test_every_preset_has_a_pinned_count():
+  assert set(models.MODEL_CONFIGS) == set(PINNED_COUNTS)
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_COUNTS))
+def test_parameter_count(name):
+  assert _count(_param_shapes(models.get_model(name, num_classes=1000))) == PINNED_COUNTS[name]
+
+
+def test_table1_shapes():
+  for size, (width, mlp, heads, layers) in {
+    "B": (768, 3072, 12, 12),
+    "L": (1024, 4096, 16, 24),
+    "H": (1280, 5120, 16, 32),
+  }.items():
+    config = models.get_model_config(f"{size}/{14 if size == 'H' else 16}")
+    assert (config.hidden_size, config.mlp_dim, config.num_heads, config.num_layers) == (
+      width,
+      mlp,
+      heads,
+      layers,
+    )
+
+
+def test_published_layout_b16():
+  shapes = _param_shapes(models.get_model("ViT-B_16", num_classes=1000, representation_size=768))
+  flat = {k: v.shape for k, v in _flatten(shapes).items()}
+  assert flat["embedding/kernel"] == (16, 16, 3, 768)
+  assert flat["cls"] == (1, 1, 768)
+  assert flat["Transformer/posembed_input/pos_embedding"] == (1, 197, 768)
+  block = "Transformer/encoderblock_11/"
+  assert flat[block + "MultiHeadDotProductAttention_1/query/kernel"] == (768, 12, 64)
+  assert flat[block + "MultiHeadDotProductAttention_1/out/kernel"] == (12, 64, 768)
+  assert flat[block + "MlpBlock_3/Dense_0/kernel"] == (768, 3072)
+  assert flat[block + "LayerNorm_2/scale"] == (768,)
+  assert flat["Transformer/encoder_norm/bias"] == (768,)
+  assert flat["pre_logits/kernel"] == (768, 768)
+  assert flat["head/kernel"] == (768, 1000)
+  assert "Transformer/encoderblock_12/LayerNorm_0/scale" not in flat
+
+
+def _flatten(tree, prefix=""):
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{key}/"))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def test_hybrid_layout_and_forward():
+  flat = _flatten(_param_shapes(models.get_model("R50+ViT-B_16", num_classes=5), image_size=64))
+  assert flat["conv_root/kernel"].shape == (7, 7, 3, 64)
+  assert flat["block3/unit9/conv3/kernel"].shape == (1, 1, 256, 1024)
+  assert flat["block2/unit1/gn_proj/scale"].shape == (512,)
+  assert "block1/unit2/conv_proj/kernel" not in flat  # same width and stride: no projection
+  assert flat["embedding/kernel"].shape == (1, 1, 1024, 768)
+  # 64px / 16 = a 4x4 grid plus the class token.
+  assert flat["Transformer/posembed_input/pos_embedding"].shape == (1, 17, 768)
+  # A narrow hybrid runs forward (and its ResNet has an effect on the logits).
+  small = models.get_model(
+    "testing", num_classes=5, patch_size=1, resnet=dict(num_layers=(1, 1), width_factor=0.5)
+  )
+  params, images = _init(small, image_size=32)
+  params = _randomize(params)
+  logits = _apply(small, params, images)
+  assert logits.shape == (2, 5) and np.all(np.isfinite(logits))
+  conv2 = params["block2"]["unit1"]["conv2"]
+  # Weight standardisation makes a conv invariant to scaling its kernel: scaled, the logits stay.
+  conv2["kernel"] = conv2["kernel"] * 3.0
+  np.testing.assert_allclose(_apply(small, params, images), logits, atol=1e-4)
+  conv2["kernel"] = conv2["kernel"] + jax.random.normal(jax.random.key(9), conv2["kernel"].shape)
+  assert not np.allclose(_apply(small, params, images), logits)
+
+
+def test_fresh_head_is_zero_and_logits_are_float32():
+  model = models.get_model("testing", num_classes=7)
+  params, images = _init(model)
+  assert not np.any(params["head"]["kernel"]) and not np.any(params["head"]["bias"])
+  logits = _apply(model, params, images)
+  assert logits.dtype == jnp.float32 and logits.shape == (2, 7)
+  np.testing.assert_array_equal(logits, 0.0)
+
+
+def test_sigmoid_head_bias_init():
+  model = models.get_model("testing", num_classes=3, head_bias_init=-10.0)
+  params, images = _init(model)
+  np.testing.assert_array_equal(_apply(model, params, images), -10.0)
+
+
+def test_gap_classifier_has_no_class_token():
+  model = models.get_model("testing", num_classes=3, classifier="gap")
+  params, images = _init(model)
+  assert "cls" not in params
+  assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 64, 32)
+  rep = _apply(model, _randomize(params), images, return_representation=True)
+  assert rep.shape == (2, 32)
+
+
+def test_representation_layer():
+  model = models.get_model("testing", num_classes=3, representation_size=16)
+  params, images = _init(model)
+  rep = _apply(model, _randomize(params), images, return_representation=True)
+  assert rep.shape == (2, 16)
+  assert np.all(np.abs(rep) <= 1.0)  # tanh
+  assert _apply(models.get_model("testing", num_classes=None), params, images).shape == (2, 32)
+
+
+def test_attention_matches_flax_reference():
+  """Our fused attention equals Flax's own MultiHeadDotProductAttention on the same params."""
+  from vit_jax.models_vit import MultiHeadDotProductAttention
+
+  x = jax.random.normal(jax.random.key(0), (2, 9, 32))
+  ours = MultiHeadDotProductAttention(num_heads=4)
+  params = ours.init(jax.random.key(1), x, True)["params"]
+  params = _randomize(params, scale=0.3)
+  reference = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=32, out_features=32)
+  np.testing.assert_allclose(
+    ours.apply({"params": params}, x, True),
+    reference.apply({"params": params}, x, x, deterministic=True),
+    atol=1e-5,
+  )
+
+
+def test_sown_attention_weights_and_same_logits():
+  model = models.get_model("testing", num_classes=4)
+  params, images = _init(model)
+  params = _randomize(params)
+  fused = _apply(model, params, images)
+  logits, state = _apply(model, params, images, mutable=["intermediates"])
+  np.testing.assert_allclose(logits, fused, atol=1e-5)
+  weights = state["intermediates"]["Transformer"]["encoderblock_1"][
+    "MultiHeadDotProductAttention_1"
+  ]["attention_weights"][0]
+  assert weights.shape == (2, 2, 65, 65)  # [batch, heads, queries, keys]: 8x8 patches + class
+  np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+
+
+def _stack_blocks(params, num_layers):
+  blocks = [params["Transformer"].pop(f"encoderblock_{i}") for i in range(num_layers)]
+  params["Transformer"]["encoderblock"] = jax.tree.map(lambda *x: jnp.stack(x), *blocks)
+  return params
+
+
+def test_scan_matches_unrolled_layers():
+  unrolled = models.get_model("testing", num_classes=4)
+  scanned = models.get_model("testing", num_classes=4, scan=True, remat=True)
+  params, images = _init(unrolled)
+  params = _randomize(params)
+  stacked = _stack_blocks(jax.tree.map(lambda x: x, params), num_layers=2)
+  assert jax.tree.structure(stacked) == jax.tree.structure(_init(scanned)[0])
+  np.testing.assert_allclose(
+    _apply(scanned, stacked, images),
+    _apply(unrolled, params, images),
+    atol=1e-5,
+  )
+  # Attention weights are sown per layer under scan too, stacked on a leading axis.
+  _, state = _apply(scanned, stacked, images, mutable=["intermediates"])
+  weights = state["intermediates"]["Transformer"]["encoderblock"]["MultiHeadDotProductAttention_1"][
+    "attention_weights"
+  ][0]
+  assert weights.shape == (2, 2, 2, 65, 65)
+
+
+def test_remat_gives_the_same_gradients():
+  plain = models.get_model("testing", num_classes=4, dropout_rate=0.1)
+  remat = models.get_model("testing", num_classes=4, dropout_rate=0.1, remat=True)
+  params, images = _init(plain)
+  params = _randomize(params)
+  rngs = {"dropout": jax.random.key(5)}
+
+  def loss(model, p):
+    return jnp.sum(model.apply({"params": p}, images, train=True, rngs=rngs) ** 2)
+
+  g_plain = jax.jit(jax.grad(lambda p: loss(plain, p)))(params)
+  g_remat = jax.jit(jax.grad(lambda p: loss(remat, p)))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g_plain, g_remat)
+
+
+def test_dropout_only_in_training():
+  model = models.get_model("testing", num_classes=4, dropout_rate=0.3, attention_dropout_rate=0.3)
+  params, images = _init(model)
+  params = _randomize(params)
+  ev1 = _apply(model, params, images)
+  ev2 = _apply(model, params, images)
+  np.testing.assert_array_equal(ev1, ev2)
+  train_apply = jax.jit(
+    lambda p, x, k: model.apply({"params": p}, x, train=True, rngs={"dropout": k})
+  )
+  tr = lambda seed: train_apply(params, images, jax.random.key(seed))  # noqa: E731
+  np.testing.assert_array_equal(tr(1), tr(1))
+  assert not np.allclose(tr(1), tr(2))
+  assert not np.allclose(tr(1), ev1)
+
+
+def test_bfloat16_computation_keeps_float32_params():
+  fp32 = models.get_model("testing", num_classes=4)
+  bf16 = models.get_model("testing", num_classes=4, dtype="bfloat16")
+  params, images = _init(bf16)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  params = _randomize(params)
+  out16 = _apply(bf16, params, images)
+  out32 = _apply(fp32, params, images)
+  assert out16.dtype == jnp.float32
+  np.testing.assert_allclose(out16, out32, atol=0.05 * np.abs(out32).max())
+  assert not np.array_equal(out16, out32)  # really computed in bf16
+
+
+def test_unknown_names_are_clear_errors():
+  with pytest.raises(KeyError, match="ViT-X_16"):
+    models.get_model("ViT-X_16", num_classes=10)
+  with pytest.raises(TypeError, match="hiden_size"):
+    models.get_model("B/16", num_classes=10, hiden_size=3)
+  with pytest.raises(ValueError, match="classifier"):
+    _init(models.get_model("testing", num_classes=2, classifier="tok"))
+
+
+def test_aliases_and_config_input():
+  assert models.resolve_name("B/16") == "ViT-B_16"
+  assert models.resolve_name("R50+B/16") == "R50+ViT-B_16"
+  config = models.get_model_config("testing")
+  config.image_size = 32  # read by checkpoint.load_pretrained, not a module field
+  model = models.get_model(config, num_classes=2, dropout_rate=0.1)
+  assert model.dropout_rate == 0.1 and model.hidden_size == 32
