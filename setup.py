@@ -1,0 +1,42 @@
+"""vit_jax: the Vision Transformer in JAX/Flax, from published checkpoints to TPU-pod training."""
+
+from setuptools import find_packages, setup
+
+# Bounds are the versions this tree was tested with (Python 3.11, CPU), up to the next minor
+# release, where these projects make breaking changes.
+INSTALL_REQUIRES = [
+  "absl-py>=2.1,<3",
+  "clu>=0.0.12,<0.1",
+  "flax>=0.12.8,<0.13",
+  "jax>=0.10.2,<0.11",
+  "ml-collections>=1.1,<2",
+  "numpy>=2.0,<3",
+  "optax>=0.2.8,<0.3",
+  "orbax-checkpoint>=0.12.8,<0.13",
+  "pillow>=10,<14",
+  "scipy>=1.13,<2",
+  "tensorboard>=2.21,<2.22",
+  "tensorflow-cpu>=2.21,<2.22",
+  "tensorflow-datasets>=4.9.10,<5",
+]
+
+EXTRAS_REQUIRE = {
+  "test": ["pytest>=8,<10", "pytest-xdist>=3.6,<4", "ruff>=0.15,<1"],
+  # The independent-implementation check and the benchmark's peer. Never needed by the tests:
+  # those that use it are marked slow and skip without it. torch is pinned to the build that the
+  # README installs (see README, "Checking against timm").
+  "timm": ["torch==2.14.1", "torchvision==0.29.1", "timm>=1.0.20,<1.1"],
+}
+
+setup(
+  name="vit_jax",
+  version="0.1.0",
+  description="Vision Transformer (Dosovitskiy et al., 2021) in JAX/Flax for TPU pods.",
+  long_description=open("README.md").read(),
+  long_description_content_type="text/markdown",
+  python_requires=">=3.11",
+  packages=find_packages(include=["vit_jax", "vit_jax.*", "configs"]),
+  install_requires=INSTALL_REQUIRES,
+  extras_require=EXTRAS_REQUIRE,
+  license="Apache-2.0",
+)
