@@ -25,7 +25,7 @@ EXTRAS_REQUIRE = {
   # The independent-implementation check and the benchmark's peer. Never needed by the tests:
   # those that use it are marked slow and skip without it. torch is pinned to the build that the
   # README installs (see README, "Checking against timm").
-  "timm": ["torch==2.14.1", "torchvision==0.29.1", "timm>=1.0.20,<1.1"],
+  "timm": ["torch==2.14.1", "torchvision==0.29.1", "timm>=1.0.31,<1.1"],
 }
 
 setup(

@@ -1,0 +1,200 @@
+"""Maps the parameter names of other ViT `.npz` files onto the published vit_jax layout.
+
+`checkpoint.load` reads a flat `{'a/b/c': array}` dict and passes it through `to_vit_jax_layout`,
+which undoes, in this order:
+
+- a `params/` or `opt/target/` prefix (big_vision and old flax optimizer checkpoints);
+- the per-class linen counters inside encoder blocks (`LayerNorm_0`,
+  `MultiHeadDotProductAttention_0`, `LayerNorm_1`, `MlpBlock_0`, as big_vision names them),
+  renamed to the published pre-linen ones (`LayerNorm_0`, `MultiHeadDotProductAttention_1`,
+  `LayerNorm_2`, `MlpBlock_3`);
+- big_vision's position embedding outside `Transformer/posembed_input` (see `_convert_posemb`);
+- GroupNorm `scale`/`bias` stored as [1, 1, 1, C] by flax < 0.3.6 in hybrid files (flax #1721).
+
+Scan-stacked blocks (`Transformer/encoderblock/...`, leading layer axis) are renamed but stay
+stacked; `checkpoint.load_pretrained` stacks or unstacks to fit the model. This file only renames
+and reshapes: it reads no files and must not import TensorFlow. `stack_flat`/`unstack_flat`
+convert between unstacked `encoderblock_{i}` and scan-stacked blocks.
+"""
+
+import logging
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+# big_vision (linen counters) -> published vit_jax (pre-linen counters), inside an encoder block.
+_BLOCK_RENAMES = {
+  "LayerNorm_0": "LayerNorm_0",
+  "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+  "LayerNorm_1": "LayerNorm_2",
+  "MlpBlock_0": "MlpBlock_3",
+}
+_PUBLISHED_BLOCK_MODULES = frozenset(_BLOCK_RENAMES.values())
+_BLOCK_RE = re.compile(r"^(Transformer/encoderblock(?:_\d+)?)/([^/]+)/(.+)$")
+_GROUPNORM_RE = re.compile(r"(^|/)gn(\d+|_root|_proj)/(scale|bias)$")
+_POSEMB = "Transformer/posembed_input/pos_embedding"
+_STACKED = "Transformer/encoderblock/"
+_UNSTACKED_RE = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
+_PREFIXES = ("params/", "opt/target/")
+
+
+def to_vit_jax_layout(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Renames a flat parameter dict from any supported layout to the published vit_jax one.
+
+  Args:
+    flat: `/`-separated names → arrays, as read from an `.npz`.
+
+  Returns:
+    A new flat dict in the published vit_jax layout (blocks stacked iff they were stacked).
+
+  Raises:
+    ValueError: for parameters that have no faithful counterpart in this model (MAP head,
+      unknown encoder-block modules, position embeddings in two places).
+  """
+  flat = _strip_prefix(flat)
+  if any(k == "probe" or k.startswith("MAPHead_0/") for k in flat):
+    raise ValueError(
+      "checkpoint uses big_vision's MAP-head pooling (`MAPHead_0`/`probe`); this ViT supports "
+      "classifier='token' or 'gap' only"
+    )
+  flat = _rename_block_modules(flat)
+  flat = _convert_posemb(flat)
+  return _squeeze_groupnorm(flat)
+
+
+def _strip_prefix(flat):
+  for prefix in _PREFIXES:
+    if flat and all(k.startswith(prefix) for k in flat):
+      logging.info("checkpoint: stripping prefix %r", prefix)
+      return {k[len(prefix) :]: v for k, v in flat.items()}
+  for prefix in _PREFIXES:
+    if any(k.startswith(prefix) for k in flat):
+      others = sorted(k for k in flat if not k.startswith(prefix))[:5]
+      raise ValueError(f"checkpoint mixes {prefix!r}-prefixed names with others, e.g. {others}")
+  return flat
+
+
+def _rename_block_modules(flat):
+  """Maps linen-counter names inside encoder blocks to the published pre-linen names."""
+  modules = {}  # block -> names of its direct submodules
+  for key in flat:
+    m = _BLOCK_RE.match(key)
+    if m:
+      modules.setdefault(m.group(1), set()).add(m.group(2))
+  out = {}
+  for key, value in flat.items():
+    m = _BLOCK_RE.match(key)
+    # A block holds either published names or linen names; both share `LayerNorm_0`.
+    if m and not modules[m.group(1)] <= _PUBLISHED_BLOCK_MODULES:
+      block, module, rest = m.groups()
+      if module not in _BLOCK_RENAMES:
+        raise ValueError(
+          f"unknown module {module!r} in encoder block {block!r} (key {key!r}); expected "
+          f"{sorted(_BLOCK_RENAMES)} (big_vision) or {sorted(_PUBLISHED_BLOCK_MODULES)}"
+        )
+      key = f"{block}/{_BLOCK_RENAMES[module]}/{rest}"
+    out[key] = value
+  return out
+
+
+def _convert_posemb(flat):
+  """Moves a big_vision position embedding to `Transformer/posembed_input/pos_embedding`.
+
+  big_vision adds its position embedding [1, gh*gw, D] to the patch tokens *before* it prepends
+  the class token, so the class token carries no position embedding. The published layout adds
+  [1, 1 + gh*gw, D] after prepending it. Prepending a zero class slot is therefore exactly the
+  same network. big_vision files from before 2022 (position embedding under `Transformer/`)
+  may already hold the class slot: big_vision recognises those by `N = s*s + 1` tokens, and so
+  does this function (they are kept as they are). Without `cls` ('gap' pooling) the embedding is
+  the grid as it is.
+  """
+  names = [k for k in ("pos_embedding", "Transformer/pos_embedding", _POSEMB) if k in flat]
+  if len(names) > 1:
+    raise ValueError(f"checkpoint has position embeddings in several places: {names}")
+  if not names or names[0] == _POSEMB:
+    return flat
+  flat = dict(flat)
+  posemb = flat.pop(names[0])  # [1, N, D]
+  if posemb.ndim != 3 or posemb.shape[0] != 1:
+    raise ValueError(f"{names[0]!r} has shape {posemb.shape}; expected [1, tokens, width]")
+  n = posemb.shape[1]
+  if "cls" in flat and not _has_class_slot(n):
+    logging.info("checkpoint: big_vision posemb %s gets a zero class slot", posemb.shape)
+    posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+  flat[_POSEMB] = posemb
+  return flat
+
+
+def _has_class_slot(n: int) -> bool:
+  s = math.isqrt(n - 1) if n > 0 else 0
+  return n > 0 and s * s + 1 == n and math.isqrt(n) ** 2 != n
+
+
+def _squeeze_groupnorm(flat):
+  out = {}
+  for key, value in flat.items():
+    if _GROUPNORM_RE.search(key) and value.ndim > 1:
+      if value.size != value.shape[-1]:
+        raise ValueError(f"GroupNorm parameter {key!r} has shape {value.shape}; expected [C]")
+      value = value.reshape(-1)
+    out[key] = value
+  return out
+
+
+def is_stacked(flat: Mapping[str, Any]) -> bool:
+  """Whether the encoder blocks are one scan-stacked `Transformer/encoderblock`."""
+  return any(k.startswith(_STACKED) for k in flat)
+
+
+def stack_flat(flat: Mapping[str, Any]) -> dict[str, Any]:
+  """`Transformer/encoderblock_{i}/x` → `Transformer/encoderblock/x` [L, ...] (flat dicts)."""
+  blocks = {}  # layer -> {rest: array}
+  for name, value in flat.items():
+    m = _UNSTACKED_RE.match(name)
+    if m:
+      blocks.setdefault(int(m.group(1)), {})[m.group(2)] = value
+  if not blocks:
+    return dict(flat)
+  if is_stacked(flat):
+    raise ValueError("parameters hold both stacked and unstacked encoder blocks")
+  if sorted(blocks) != list(range(len(blocks))):
+    raise ValueError(f"encoder blocks are not numbered 0..L-1: {sorted(blocks)}")
+  rests = list(blocks[0])
+  for i, block in blocks.items():
+    if set(block) != set(rests):
+      diff = sorted(set(block) ^ set(rests))
+      raise ValueError(f"encoderblock_{i} differs from encoderblock_0 in {diff}")
+  out = {}
+  for name, value in flat.items():
+    m = _UNSTACKED_RE.match(name)
+    if not m:
+      out[name] = value
+    elif m.group(1) == "0":
+      rest = m.group(2)
+      out[_STACKED + rest] = np.stack([blocks[i][rest] for i in range(len(blocks))])
+  return out
+
+
+def unstack_flat(flat: Mapping[str, Any]) -> dict[str, Any]:
+  """Inverse of `stack_flat`; other names keep their place."""
+  stacked = {k[len(_STACKED) :]: v for k, v in flat.items() if k.startswith(_STACKED)}
+  if not stacked:
+    return dict(flat)
+  if any(_UNSTACKED_RE.match(k) for k in flat):
+    raise ValueError("parameters hold both stacked and unstacked encoder blocks")
+  lengths = {v.shape[0] if v.ndim else None for v in stacked.values()}
+  if len(lengths) != 1 or None in lengths:
+    raise ValueError(f"stacked encoder block leaves disagree on the layer axis: {lengths}")
+  (num_layers,) = lengths
+  out = {}
+  for name, value in flat.items():
+    if not name.startswith(_STACKED):
+      out[name] = value
+    elif name == _STACKED + next(iter(stacked)):  # emit all layers where the first leaf was
+      for i in range(num_layers):
+        for rest, leaf in stacked.items():
+          out[f"Transformer/encoderblock_{i}/{rest}"] = leaf[i]
+  return out
