@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import models
+from vit_jax import checkpoint, models
 
 # Parameters with 1000 classes at 224px, token classifier, no representation layer. B/16, L/16 and
 # H/14 are the figures of the paper's released models; a preset added without a count here fails
@@ -197,18 +197,12 @@ def test_sown_attention_weights_and_same_logits():
   np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
 
 
-def _stack_blocks(params, num_layers):
-  blocks = [params["Transformer"].pop(f"encoderblock_{i}") for i in range(num_layers)]
-  params["Transformer"]["encoderblock"] = jax.tree.map(lambda *x: jnp.stack(x), *blocks)
-  return params
-
-
 def test_scan_matches_unrolled_layers():
   unrolled = models.get_model("testing", num_classes=4)
   scanned = models.get_model("testing", num_classes=4, scan=True, remat=True)
   params, images = _init(unrolled)
   params = _randomize(params)
-  stacked = _stack_blocks(jax.tree.map(lambda x: x, params), num_layers=2)
+  stacked = checkpoint.stack_encoder_blocks(params)
   assert jax.tree.structure(stacked) == jax.tree.structure(_init(scanned)[0])
   np.testing.assert_allclose(
     _apply(scanned, stacked, images),

@@ -29,6 +29,27 @@ _xavier = nn.initializers.xavier_uniform()
 _tiny_normal = nn.initializers.normal(stddev=1e-6)
 
 
+class _HeadsProjection(nn.Module):
+  """The kernel [D, heads, head_dim] and bias [heads, head_dim] of a DenseGeneral, not applied.
+
+  Created exactly as `nn.DenseGeneral(features=(heads, head_dim))` creates them (same names,
+  shapes and initial values), so the attention can run its three projections as one matmul.
+  """
+
+  features: tuple[int, int]
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, width: int) -> tuple[jax.Array, jax.Array]:
+    def kernel_init(rng, shape, dtype):
+      # Xavier over the flattened [D, heads * head_dim] matrix, as DenseGeneral does.
+      return jnp.reshape(_xavier(rng, (shape[0], shape[1] * shape[2]), dtype), shape)
+
+    kernel = self.param("kernel", kernel_init, (width, *self.features), self.param_dtype)
+    bias = self.param("bias", nn.initializers.zeros, self.features, self.param_dtype)
+    return kernel, bias
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head self-attention with query/key/value kernels [D, heads, D/heads]."""
 
@@ -44,15 +65,18 @@ class MultiHeadDotProductAttention(nn.Module):
     if width % self.num_heads:
       raise ValueError(f"hidden size {width} is not divisible by num_heads={self.num_heads}")
     head_dim = width // self.num_heads
-    dense = functools.partial(
-      nn.DenseGeneral,
-      features=(self.num_heads, head_dim),
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=_xavier,
-    )
-    # [batch, tokens, heads, head_dim]
-    q, k, v = (dense(name=n)(x) for n in ("query", "key", "value"))
+    projections = [
+      _HeadsProjection((self.num_heads, head_dim), self.param_dtype, name=n)(width)
+      for n in ("query", "key", "value")
+    ]
+    # One [D, 3 * D] matmul instead of three [D, D] ones: the wider matmul runs closer to peak,
+    # and the backward pass sums the input gradient inside one matmul instead of adding three.
+    # Stacking the kernels costs a copy of 3 * D^2 weights, small next to the activations.
+    kernel = jnp.stack([k for k, _ in projections], axis=1).astype(self.dtype)  # [D, 3, h, d]
+    bias = jnp.stack([b for _, b in projections], axis=0).astype(self.dtype)  # [3, h, d]
+    qkv = jnp.einsum("btd,dnhk->btnhk", x.astype(self.dtype), kernel) + bias
+    # [batch, tokens, heads, head_dim] each.
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     sow_weights = self.is_mutable_collection("intermediates")
     drop_weights = self.dropout_rate > 0.0 and not deterministic
     if sow_weights or drop_weights:
