@@ -1,0 +1,141 @@
+r"""Input pipeline throughput vs. the ViT-B/16 train step on this machine.
+
+Writes ImageNet-like JPEG shards (photos from scikit-image, random crops with the shorter side
+300–500 px, quality 90), streams them through the training path (`source='tfrecord'`,
+`decode|inception_crop|flip_lr|value_range(-1, 1)` at 224 px) with 1, 2, ... tf.data threads, then
+times a jitted ViT-B/16 train step (forward, backward, SGD update) at 224 px and prints the ratio.
+
+  python experiments/bench_input_pipeline.py [--threads=1,2] [--batches=20] [--vit_batch=8]
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+
+def write_jpeg_shards(directory: str, num_images: int, num_shards: int = 8) -> None:
+  """ImageNet-sized JPEG shards from scikit-image's sample photos."""
+  import skimage.data
+  import tensorflow as tf
+
+  from vit_jax.input_pipeline import testing
+
+  photos = [
+    np.asarray(getattr(skimage.data, name)())
+    for name in ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "cat")
+  ]
+  rng = np.random.default_rng(0)
+  records = []
+  for i in range(num_images):
+    photo = photos[i % len(photos)]
+    h, w = photo.shape[:2]
+    ch, cw = rng.integers(h // 2, h + 1), rng.integers(w // 2, w + 1)
+    y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+    crop = photo[y : y + ch, x : x + cw]
+    short = rng.integers(300, 501)
+    scale = short / min(ch, cw)
+    size = (int(ch * scale), int(cw * scale))
+    image = tf.cast(tf.image.resize(crop, size, antialias=True), tf.uint8).numpy()
+    records.append(testing.example(testing.encode(image, "jpeg"), i % 1000))
+  testing.write_shards(directory, "bench-train", records, num_shards)
+
+
+def pipeline_images_per_s(directory: str, threads: int, local_batch: int, batches: int) -> float:
+  from vit_jax import input_pipeline
+
+  config = input_pipeline.dataset_config(
+    source="tfrecord",
+    name="bench",
+    data_dir=directory,
+    train_split="train",
+    eval_split="train",
+    num_classes=1000,
+    image_size=224,
+    shuffle_buffer=1024,
+    num_threads=threads,
+  )
+  it = input_pipeline.make_train_iterator(config, global_batch_size=local_batch, seed=0)
+  for _ in range(3):  # Warm-up: tracing, buffers filling.
+    next(it)
+  start = time.perf_counter()
+  for _ in range(batches):
+    next(it)
+  rate = batches * local_batch / (time.perf_counter() - start)
+  it.close()
+  return rate
+
+
+def vit_b16_images_per_s(batch: int, steps: int) -> float | None:
+  """Train-step images/s of ViT-B/16 at 224 px, or None if the model code is not available."""
+  try:
+    from vit_jax import models
+  except ImportError as e:
+    print(f"ViT-B/16 not available ({e}); skipping the ratio.")
+    return None
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  model = models.get_model("ViT-B_16", num_classes=1000)
+  images = jnp.zeros((batch, 224, 224, 3), jnp.float32)
+  labels = jnp.zeros((batch,), jnp.int32)
+  params = jax.jit(lambda k: model.init({"params": k}, images[:1], train=False)["params"])(
+    jax.random.PRNGKey(0)
+  )
+  tx = optax.sgd(0.01, momentum=0.9)
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def step(params, opt_state, key):
+    def loss_fn(p):
+      logits = model.apply({"params": p}, images, train=True, rngs={"dropout": key})
+      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    grads = jax.grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  key = jax.random.PRNGKey(1)
+  params, opt_state = step(params, opt_state, key)  # Compile.
+  jax.block_until_ready(params)
+  start = time.perf_counter()
+  for _ in range(steps):
+    params, opt_state = step(params, opt_state, key)
+  jax.block_until_ready(params)
+  return steps * batch / (time.perf_counter() - start)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--threads", default="1,2", help="tf.data thread counts to measure")
+  parser.add_argument("--batches", type=int, default=20, help="timed batches per measurement")
+  parser.add_argument("--batch", type=int, default=64, help="pipeline batch size (one host)")
+  parser.add_argument("--images", type=int, default=512, help="JPEGs written to the shards")
+  parser.add_argument("--vit_batch", type=int, default=8, help="ViT-B/16 train batch size")
+  parser.add_argument("--vit_steps", type=int, default=3, help="timed ViT-B/16 steps")
+  args = parser.parse_args()
+
+  print(f"cores: {os.cpu_count()}")
+  with tempfile.TemporaryDirectory() as directory:
+    write_jpeg_shards(directory, args.images)
+    mb = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)) / 2**20
+    print(f"shards: {args.images} JPEGs (shorter side 300-500 px), {mb:.1f} MiB, 8 files")
+    rates = {}
+    for threads in (int(t) for t in args.threads.split(",")):
+      rates[threads] = pipeline_images_per_s(directory, threads, args.batch, args.batches)
+      print(
+        f"pipeline, {threads} tf.data thread(s): {rates[threads]:8.1f} images/s (224 px, train pp)"
+      )
+  vit = vit_b16_images_per_s(args.vit_batch, args.vit_steps)
+  if vit is None:
+    return
+  print(f"ViT-B/16 train step (batch {args.vit_batch}, 224 px): {vit:8.2f} images/s")
+  for threads, rate in rates.items():
+    print(f"ratio pipeline/train step, {threads} thread(s): {rate / vit:8.1f}x")
+
+
+if __name__ == "__main__":
+  main()

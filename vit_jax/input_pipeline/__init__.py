@@ -1,0 +1,131 @@
+"""Input pipeline: sources → per-host split → preprocessing → global batches on the mesh.
+
+The only module of vit_jax that imports TensorFlow (tf.data); model and checkpoint code must not
+import it.
+
+Usage (what the trainer calls):
+
+  from vit_jax import input_pipeline
+
+  config.dataset = input_pipeline.dataset_config(source='tfrecord', data_dir='gs://b/jft',
+                                                 multi_label=True)
+  info = input_pipeline.get_dataset_info(config.dataset)
+  # info.num_classes, info.num_examples {'train': ..., 'test': ...} (None if unknown without a
+  # full read), info.class_names (list or None), info.multi_label
+
+  train_iter = input_pipeline.make_train_iterator(
+      config.dataset, global_batch_size=4096, mesh=mesh, data_axes=('data', 'fsdp'), seed=0,
+      state=restored_state_or_None)
+  batch = next(train_iter)
+  # 'image': float32 [B, H, W, 3] in [-1, 1] (pp_train decides the range)
+  # 'label': int32 [B]; float32 multi-hot [B, K] if multi_label; float32 soft [B, K] with mixup
+  # 'mask':  float32 [B], 0 for a bad example (undecodable image, unreadable record): never count it
+  # With a mesh: global jax.Arrays sharded over the batch on data_axes (each host passes its
+  # global_batch_size / process_count rows to jax.make_array_from_process_local_data).
+  # mesh=None: numpy arrays of this host's rows.
+
+  state = train_iter.get_state()   # {'num_records', 'num_skipped', 'seed', 'process_count'}: ints
+  # Save it with the checkpoint; state=... continues the exact example order (same seed required).
+  train_iter.num_skipped           # bad examples skipped by this host so far (also in the state);
+                                   # per step, sum(1 - batch['mask']) counts them over all hosts.
+
+  for batch in input_pipeline.make_eval_iterator(config.dataset, split='test',
+                                                 global_batch_size=1024, mesh=mesh,
+                                                 data_axes=('data', 'fsdp')):
+    ...  # every example exactly once over all hosts; the last batches are padded with mask 0;
+         # labels are never mixed up.
+
+`process_index` / `process_count` can be passed to both iterators to simulate hosts in one process
+(defaults: jax.process_index() / jax.process_count()).
+
+Bad data: an undecodable image or unreadable/truncated TFRecord becomes a mask-0 example and is
+counted; a label outside [0, num_classes) raises ValueError naming the file and record; an empty
+glob or a missing split raises ValueError naming the pattern.
+"""
+
+from vit_jax.input_pipeline.config import dataset_config
+from vit_jax.input_pipeline.pipeline import EvalIterable, TrainIterator
+from vit_jax.input_pipeline.sources import DatasetInfo, get_dataset_info
+
+__all__ = [
+  "DatasetInfo",
+  "EvalIterable",
+  "TrainIterator",
+  "dataset_config",
+  "get_dataset_info",
+  "make_eval_iterator",
+  "make_train_iterator",
+]
+
+
+def make_train_iterator(
+  dataset_config,
+  *,
+  global_batch_size: int,
+  mesh=None,
+  data_axes=("data",),
+  seed: int = 0,
+  state=None,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> TrainIterator:
+  """Endless, resumable iterator of global training batches.
+
+  Args:
+    dataset_config: from `dataset_config()`.
+    global_batch_size: examples per step over all hosts (a multiple of the number of hosts).
+    mesh: jax.sharding.Mesh, or None for numpy batches.
+    data_axes: mesh axis name(s) the batch dimension is sharded over.
+    seed: seed of the example order and of the augmentations.
+    state: a previous `get_state()`, to continue where it stopped.
+    process_index: this host's index (default jax.process_index()).
+    process_count: number of hosts (default jax.process_count()).
+
+  Returns:
+    A TrainIterator (iterator of dicts, plus get_state(), num_skipped, close()).
+  """
+  return TrainIterator(
+    dataset_config,
+    global_batch_size=global_batch_size,
+    mesh=mesh,
+    data_axes=data_axes,
+    seed=seed,
+    state=state,
+    process_index=process_index,
+    process_count=process_count,
+  )
+
+
+def make_eval_iterator(
+  dataset_config,
+  split: str | None = None,
+  *,
+  global_batch_size: int,
+  mesh=None,
+  data_axes=("data",),
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> EvalIterable:
+  """Re-iterable eval batches covering `split` (default eval_split) exactly once; see EvalIterable.
+
+  Args:
+    dataset_config: from `dataset_config()`.
+    split: split to evaluate; None = dataset_config.eval_split.
+    global_batch_size: examples per batch over all hosts.
+    mesh: jax.sharding.Mesh, or None for numpy batches.
+    data_axes: mesh axis name(s) the batch dimension is sharded over.
+    process_index: this host's index (default jax.process_index()).
+    process_count: number of hosts (default jax.process_count()).
+
+  Returns:
+    An EvalIterable (len() = batches per pass; .num_examples).
+  """
+  return EvalIterable(
+    dataset_config,
+    split,
+    global_batch_size=global_batch_size,
+    mesh=mesh,
+    data_axes=data_axes,
+    process_index=process_index,
+    process_count=process_count,
+  )

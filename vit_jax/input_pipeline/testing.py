@@ -1,0 +1,88 @@
+"""Writers of small synthetic datasets (TFRecord shards, image folders) for tests and benchmarks."""
+
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+
+def encode(image: np.ndarray, fmt: str = "png") -> bytes:
+  """uint8 [h, w, c] → PNG or JPEG bytes."""
+  if fmt == "png":
+    return tf.io.encode_png(image).numpy()
+  return tf.io.encode_jpeg(image, quality=90).numpy()
+
+
+def random_image(
+  rng: np.random.Generator, height: int, width: int, channels: int = 3
+) -> np.ndarray:
+  return rng.integers(0, 256, size=(height, width, channels), dtype=np.uint8)
+
+
+def example(
+  image_bytes: bytes,
+  labels: Sequence[int] | int,
+  image_key="image/encoded",
+  label_key="image/class/label",
+) -> bytes:
+  """A serialized tf.train.Example with one image and one or more int64 labels."""
+  labels = [labels] if np.isscalar(labels) else list(labels)
+  feature = {
+    image_key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
+    label_key: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in labels])),
+  }
+  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_shards(
+  directory: str,
+  prefix: str,
+  records: Sequence[bytes],
+  num_shards: int,
+) -> list[str]:
+  """Writes serialized records round-robin into `{prefix}.tfrecord-{i:05d}-of-{n:05d}` files."""
+  os.makedirs(directory, exist_ok=True)
+  paths = [
+    os.path.join(directory, f"{prefix}.tfrecord-{i:05d}-of-{num_shards:05d}")
+    for i in range(num_shards)
+  ]
+  writers = [tf.io.TFRecordWriter(p) for p in paths]
+  for i, record in enumerate(records):
+    writers[i % num_shards].write(record)
+  for w in writers:
+    w.close()
+  return paths
+
+
+def id_records(
+  num_examples: int,
+  size: int = 8,
+  fmt: str = "png",
+  labels_fn: Callable[[int], Sequence[int] | int] | None = None,
+  seed: int = 0,
+) -> list[bytes]:
+  """Records whose label is the example's id (or labels_fn(id)), with random square images."""
+  rng = np.random.default_rng(seed)
+  labels_fn = labels_fn or (lambda i: i)
+  return [
+    example(encode(random_image(rng, size, size), fmt), labels_fn(i)) for i in range(num_examples)
+  ]
+
+
+def write_image_folder(
+  root: str, split: str, class_names: Sequence[str], per_class: int, size: int = 12, seed: int = 0
+) -> int:
+  """Writes `root/split/<class>/<i>.{png,jpg}` (alternating formats, some grayscale); returns count."""
+  rng = np.random.default_rng(seed)
+  n = 0
+  for name in class_names:
+    os.makedirs(os.path.join(root, split, name), exist_ok=True)
+    for i in range(per_class):
+      fmt = ("png", "jpeg")[i % 2]
+      image = random_image(rng, size, size + i, channels=1 if i % 3 == 0 else 3)
+      ext = {"png": "png", "jpeg": "jpg"}[fmt]
+      with open(os.path.join(root, split, name, f"{i}.{ext}"), "wb") as f:
+        f.write(encode(image, fmt))
+      n += 1
+  return n
