@@ -1,0 +1,177 @@
+"""Pieces shared by the stage configs: the argument syntax, `runlocal`, and common blocks.
+
+Config argument syntax. A config file is selected with one string, `path:arg`, where `arg` is a
+comma-separated list of `key=value` pairs and bare `key`s (booleans set to True):
+
+    configs/finetune.py:dataset=cifar10,model=B/16
+    configs/pretrain.py:dataset=imagenet21k,model=L/16,loss=softmax,runlocal
+
+Each config declares its keys with their defaults (`parse_arg(arg, dataset='cifar10', ...)`);
+values are converted to the default's type, an unknown key is an error. After selection, any
+field is overridden on the command line with `--config.<field>=<value>`; the configs are locked
+(config_flags does it), so a misspelt field is an error too.
+
+`runlocal` shrinks any config (model 'testing', 16px images, batch 16, 6 steps, tiny evals) so
+2 CPU cores run it in seconds, without changing what code it exercises.
+
+Used by configs/pretrain.py, configs/finetune.py and configs/linear_probe.py; the functions and
+their signatures are a stable interface between them.
+"""
+
+from typing import Any
+
+import ml_collections
+
+from vit_jax import models
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """Parses 'key=value,flag,...' against typed defaults.
+
+  Args:
+    arg: the part after ':' of `--config=configs/x.py:<arg>`; None or '' gives the defaults.
+    **defaults: every accepted key with its default; the default's type (bool, int, float, str)
+      is the key's type. A bare `key` sets a bool to True.
+
+  Returns:
+    A locked-shape ConfigDict with one field per key.
+
+  Raises:
+    ValueError: unknown key, bare non-bool key, or a value of the wrong type.
+  """
+  values = dict(defaults)
+  for item in filter(None, (s.strip() for s in (arg or "").split(","))):
+    key, has_value, value = item.partition("=")
+    key = key.strip()
+    if key not in defaults:
+      raise ValueError(f"unknown config argument {key!r}; known: {sorted(defaults)}")
+    default = defaults[key]
+    if not has_value:
+      if not isinstance(default, bool):
+        raise ValueError(f"config argument {key!r} needs a value ({key}=...)")
+      values[key] = True
+    elif isinstance(default, bool):
+      if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"config argument {key}={value!r} is not a bool")
+      values[key] = value.lower() in ("true", "1")
+    elif isinstance(default, int):
+      values[key] = int(value)
+    elif isinstance(default, float):
+      values[key] = float(value)
+    else:
+      values[key] = value
+  return ml_collections.ConfigDict(values)
+
+
+def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
+  """The preset `name` of vit_jax.models (e.g. 'B/16'), with training-time overrides.
+
+  Args:
+    name: preset name or alias.
+    **overrides: e.g. dropout_rate, dtype, remat, scan, representation_size, head_bias_init.
+  """
+  config = models.get_model_config(name)
+  for key, value in overrides.items():
+    if key not in config:
+      raise KeyError(f"model field {key!r} does not exist; fields: {sorted(config)}")
+    config[key] = value
+  return config
+
+
+def mesh_config(data: int = -1, fsdp: int = 1, model: int = 1) -> ml_collections.ConfigDict:
+  """Sizes of the ('data', 'fsdp', 'model') mesh axes; one may be -1 (all remaining devices)."""
+  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, model=model))
+
+
+def checkpoint_config(
+  every_steps: int = 1000, keep: int = 3, asynchronous: bool = True
+) -> ml_collections.ConfigDict:
+  """Orbax checkpointing: save every N steps and at the end, keep the latest K, async writes."""
+  return ml_collections.ConfigDict(
+    dict(every_steps=every_steps, keep=keep, asynchronous=asynchronous)
+  )
+
+
+def dataset_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """`vit_jax.input_pipeline.dataset_config(**overrides)` (the data layer owns the fields)."""
+  from vit_jax import input_pipeline  # imports TensorFlow; configs are built once per run
+
+  return input_pipeline.dataset_config(**overrides)
+
+
+def training_config(stage: str) -> ml_collections.ConfigDict:
+  """Fields every trained stage (pretrain, finetune) has; the stage config fills the values.
+
+  Fields:
+    stage: 'pretrain' | 'finetune' (vit_jax.main dispatches on it).
+    seed: initialisation, data order and dropout; a rerun with the same seed is identical.
+    model_init: '' or a checkpoint to start from (`.npz`, or an Orbax workdir / step dir).
+    total_steps, batch_size (global), accum_steps (micro-batches per step).
+    loss: 'softmax_xent' | 'sigmoid_xent'.
+    optimizer, schedule, grad_clip_norm: see vit_jax.optim.
+    mesh: see mesh_config; checkpoint: see checkpoint_config.
+    log_every_steps: metrics (and the non-finite-loss check) every N steps.
+    evals, eval_batch_size: periodic evaluators (see vit_jax.evaluators).
+  """
+  config = ml_collections.ConfigDict()
+  config.stage = stage
+  config.seed = 0
+  config.model_init = ""
+  config.total_steps = 10_000
+  config.batch_size = 512
+  config.accum_steps = 1
+  config.loss = "softmax_xent"
+  config.grad_clip_norm = 1.0
+  config.mesh = mesh_config()
+  config.checkpoint = checkpoint_config()
+  config.log_every_steps = 50
+  config.eval_batch_size = 512
+  config.evals = ml_collections.ConfigDict()
+  return config
+
+
+def runlocal(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Shrinks `config` in place (and returns it) to run in seconds on 2 CPU cores.
+
+  Keeps the config's code paths (loss, optimizer kind, evaluator kinds, representation layer,
+  dtype); only sizes change. Fields a config does not have are left alone, so this serves the
+  linear-probe config as well.
+  """
+  if "model" in config:
+    old = config.model
+    new = models.get_model_config("testing")
+    for key in ("dropout_rate", "attention_dropout_rate", "classifier", "head_bias_init", "dtype"):
+      new[key] = old[key]
+    if old.representation_size is not None:
+      new.representation_size = new.hidden_size
+    config.model = new
+  if "dataset" in config:
+    for key, value in _RUNLOCAL_DATASET.items():
+      if key in config.dataset:
+        config.dataset[key] = value
+  for key, value in dict(
+    total_steps=6, batch_size=16, eval_batch_size=16, log_every_steps=2
+  ).items():
+    if key in config:
+      config[key] = value
+  if "accum_steps" in config:
+    config.accum_steps = min(config.accum_steps, 2)
+  if "schedule" in config:
+    config.schedule.warmup_steps = 2
+  if "checkpoint" in config:
+    config.checkpoint.every_steps = 3
+    config.checkpoint.keep = 2
+  if "evals" in config:
+    for entry in config.evals.values():
+      entry.every_steps = 3
+      entry.update(_RUNLOCAL_EVAL.get(entry.get("type"), {}))
+  return config
+
+
+# Sizes `runlocal` sets where a dataset config has the field, and per evaluator type.
+_RUNLOCAL_DATASET = dict(image_size=16, shuffle_buffer=256)
+_RUNLOCAL_EVAL = dict(
+  classification=dict(max_examples=64),
+  fewshot=dict(shots=(1, 2), max_examples=256),
+  linear=dict(),
+)

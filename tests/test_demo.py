@@ -1,0 +1,55 @@
+"""The README's demo end to end (`--quick`), then predict on the workdir it leaves behind."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from PIL import Image
+
+from vit_jax import predict
+from vit_jax.input_pipeline import builtin
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_quick_demo_then_predict(tmp_path):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # the demo runs as a user would: one CPU device
+  out = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(REPO, "experiments", "demo.py"),
+      "--quick",
+      f"--workdir={tmp_path}",
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=REPO,
+    timeout=900,
+  )
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "== Results" in out.stdout and "Pretraining on Fashion-MNIST bought" in out.stdout
+
+  results = json.loads((tmp_path / "results.json").read_text())
+  for stage in ("pretrain", "finetune", "scratch"):
+    assert 0.0 <= results[stage]["val/accuracy"] <= 1.0, stage
+  assert results["pretrain"]["step"] == 30 and results["finetune"]["step"] == 20
+  assert set(results["pretrain"]) >= {"fewshot/1shot", "fewshot/25shot"}
+  assert 0.0 <= results["probe"]["linear_probe/logreg_accuracy"] <= 1.0
+  assert results["probe"]["linear_probe/representation_size"] == 64  # the pre-logits
+  assert results["gain_points"] == results["gain_points"]  # a number, not NaN
+
+  # The fine-tuned workdir classifies an image with the dataset's class names.
+  images, labels = builtin.get_split("animal_mnist", "test")
+  path = str(tmp_path / "animal.png")
+  Image.fromarray(images[0][..., 0]).save(path)
+  clf = predict.Classifier(str(tmp_path / "finetune"))
+  assert clf.image_size == 32 and clf.num_classes == 10
+  assert clf.class_names == list(builtin.ANIMAL_MNIST_CLASSES)
+  (top,) = clf.top_k([Image.open(path)], k=5)
+  assert len(top) == 5 and all(name in builtin.ANIMAL_MNIST_CLASSES for _, name, _ in top)
+  assert np.isclose(sum(p for _, _, p in clf.top_k([Image.open(path)], k=10)[0]), 1.0, atol=1e-4)
+  del labels

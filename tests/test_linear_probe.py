@@ -1,0 +1,90 @@
+"""The linear-probe stage on an Orbax workdir, and its backbone handling."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import linear_probe as linear_probe_config
+from vit_jax import linear_probe, models, train_checkpoint
+
+
+def _backbone(image_size=16, num_classes=10, **overrides):
+  model = models.get_model("testing", num_classes, **overrides)
+  images = jnp.zeros((1, image_size, image_size, 3))
+  return model, model.init(jax.random.key(0), images, train=False)["params"]
+
+
+def _orbax_workdir(path, params, image_size):
+  """What a trainer run leaves: checkpoints/<step>/state (+ data) and config.json."""
+  checkpointer = train_checkpoint.Checkpointer(str(path), every_steps=1, keep=1, asynchronous=False)
+  state = dict(step=jnp.int32(7), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
+  checkpointer.save(7, state, {"num_records": 0}, force=True)
+  checkpointer.wait()
+  checkpointer.close()
+  config = {
+    "stage": "pretrain",
+    "model": dict(models.get_model_config("testing").to_dict(), representation_size=24),
+    "dataset": {"name": "fashion_mnist", "image_size": image_size},
+  }
+  (path / "config.json").write_text(json.dumps(config))
+
+
+def test_run_on_an_orbax_workdir_writes_results(tmp_path):
+  _, params = _backbone(image_size=16, representation_size=24)
+  _orbax_workdir(tmp_path / "pretrain", params, image_size=16)
+  config = linear_probe_config.get_config("dataset=digits,runlocal")
+  config.model_init = str(tmp_path / "pretrain")
+  config.probe.max_examples = 200
+  workdir = tmp_path / "probe"
+  results = linear_probe.run(config, str(workdir))
+
+  assert results["linear_probe/representation_size"] == 24  # the pre-logits of the backbone
+  assert results["linear_probe/num_train"] == 200
+  for probe in ("ridge", "logreg"):
+    assert 0.1 < results[f"linear_probe/{probe}_accuracy"] <= 1.0  # random features beat chance
+  saved = linear_probe.read_results(str(workdir))
+  assert saved["model_init"] == str(tmp_path / "pretrain") and saved["dataset"] == "digits"
+  assert saved["linear_probe/ridge_accuracy"] == results["linear_probe/ridge_accuracy"]
+  assert json.loads((workdir / "config.json").read_text())["stage"] == "linear_probe"
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_model_config_from_params(scan):
+  _, params = _backbone(scan=scan, classifier="gap")
+  config = linear_probe.model_config_from_params(jax.tree.map(np.asarray, params))
+  expected = models.get_model_config("testing")
+  for key in ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers"):
+    assert config[key] == expected[key], key
+  assert config.scan == scan and config.classifier == "gap"
+  assert config.representation_size is None
+
+
+def test_representation_model_resizes_posemb_and_picks_the_layer():
+  model, params = _backbone(image_size=16, representation_size=24)
+  params = jax.tree.map(np.asarray, params)
+  config = models.get_model_config("testing")
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 24, 24, 3)).astype(np.float32)
+
+  rep_model, rep_params = linear_probe.representation_model(config, params, "pre_logits", 24)
+  assert "head" not in rep_params
+  assert rep_params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 37, 32)
+  assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 17, 32)  # intact
+  assert rep_model.apply({"params": rep_params}, images, train=False).shape == (2, 24)
+
+  pooled_model, pooled_params = linear_probe.representation_model(config, params, "pooled", 16)
+  assert "pre_logits" not in pooled_params
+  out = pooled_model.apply({"params": pooled_params}, images[:, :16, :16], train=False)
+  full = model.apply(
+    {"params": params}, images[:, :16, :16], train=False, return_representation=True
+  )
+  assert out.shape == (2, 32)
+  # pre_logits = tanh(Dense(pooled)): the pooled token is what the pre-logits layer reads.
+  dense = params["pre_logits"]
+  np.testing.assert_allclose(
+    np.tanh(np.asarray(out) @ dense["kernel"] + dense["bias"]), full, rtol=1e-4, atol=1e-5
+  )
+  with pytest.raises(ValueError, match="representation"):
+    linear_probe.representation_model(config, params, "logits", 16)

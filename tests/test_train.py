@@ -1,0 +1,244 @@
+"""The trainer: each stage runs, meshes agree, NaN stops cleanly, SIGKILL-and-resume is exact.
+
+Runs use the 'testing' model on 16px Fashion-MNIST / Animal-MNIST (the offline `builtin`
+datasets) and the 8 simulated CPU devices of conftest.py.
+"""
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from configs import finetune, pretrain
+from vit_jax import main, train, train_checkpoint
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """Runs of the same config on the same mesh compile the same programs: cache them on disk."""
+  path = str(tmp_path_factory.mktemp("jax_cache"))
+  old = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = path  # for the subprocesses
+  yield path
+  os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+  jax.config.update("jax_compilation_cache_dir", old)
+
+
+def small_config(total_steps=6, every_steps=3, **mesh):
+  """Pretrain demo config shrunk by runlocal, without evaluators, deterministic preprocessing."""
+  config = pretrain.get_config("dataset=fashion_mnist,runlocal")
+  config.evals = {}
+  config.total_steps = total_steps
+  config.checkpoint.every_steps = every_steps
+  config.checkpoint.keep = 10
+  config.model.dropout_rate = 0.1
+  config.accum_steps = 2
+  config.mesh.update(mesh)
+  return config
+
+
+def _params(workdir):
+  return train_checkpoint.restore_params(workdir)
+
+
+def _assert_trees(a, b, exact=False, atol=1e-5):
+  la, lb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
+  assert [p for p, _ in la] == [p for p, _ in lb]
+  for (path, x), (_, y) in zip(la, lb, strict=True):
+    if exact:
+      np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
+    else:
+      np.testing.assert_allclose(x, y, atol=atol, rtol=0, err_msg=jax.tree_util.keystr(path))
+
+
+def test_stages_run_a_few_steps(tmp_path):
+  """pretrain (with its evaluators) → finetune from its Orbax checkpoint at another resolution."""
+  config = pretrain.get_config("dataset=fashion_mnist,runlocal")
+  config.evals.fewshot.every_steps = 0  # at the end only
+  metrics = main.run(config, str(tmp_path / "pretrain"))
+  assert np.isfinite(metrics["loss"])
+  assert "val/accuracy" in metrics and "fewshot/1shot" in metrics
+  assert (tmp_path / "pretrain" / "config.json").exists()
+  assert train_checkpoint.Checkpointer(str(tmp_path / "pretrain"), 3, 2).latest_step() == 6
+
+  config = finetune.get_config("dataset=animal_mnist,runlocal")
+  config.model_init = str(tmp_path / "pretrain")
+  config.dataset.image_size = 24  # 6×6 patches instead of 4×4: position embeddings resized
+  metrics = main.run(config, str(tmp_path / "finetune"))
+  assert np.isfinite(metrics["loss"]) and "val/accuracy" in metrics
+  params = _params(tmp_path / "finetune")
+  assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 37, 32)
+  assert "pre_logits" not in params
+
+
+def test_linear_probe_stage_runs(tmp_path):
+  config = small_config(total_steps=2, every_steps=2)
+  train.run(config, str(tmp_path / "pretrain"))
+  from configs import linear_probe
+
+  config = linear_probe.get_config("dataset=fashion_mnist,runlocal")
+  config.model_init = str(tmp_path / "pretrain")
+  main.run(config, str(tmp_path / "probe"))
+
+
+def test_mesh_equivalence_and_restore_onto_another_mesh(tmp_path):
+  """data×fsdp×model on 8 devices == 1 device (1e-5); a checkpoint moves between meshes."""
+  train.run(small_config(data=2, fsdp=2, model=2), str(tmp_path / "mesh8"))
+  one = jax.devices()[:1]
+  train.run(small_config(data=1), str(tmp_path / "mesh1"), devices=one)
+  _assert_trees(_params(tmp_path / "mesh8"), _params(tmp_path / "mesh1"))
+
+  # Resume the 8-device run's step-3 checkpoint on 1 device.
+  (tmp_path / "8to1" / "checkpoints").mkdir(parents=True)
+  shutil.copytree(tmp_path / "mesh8" / "checkpoints" / "3", tmp_path / "8to1" / "checkpoints" / "3")
+  train.run(small_config(data=1), str(tmp_path / "8to1"), devices=one)
+  _assert_trees(_params(tmp_path / "8to1"), _params(tmp_path / "mesh8"))
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+  config = small_config(total_steps=6, every_steps=1)
+  config.log_every_steps = 100  # the check before each checkpoint must catch it on its own
+  config.schedule.name = "constant"
+  config.schedule.base_lr = 1e38  # step 1 gives finite params near float32's max, step 2 inf
+  with pytest.raises(FloatingPointError, match=r"at step 2\b"):
+    train.run(config, str(tmp_path))
+  checkpointer = train_checkpoint.Checkpointer(str(tmp_path), 1, 10)
+  assert checkpointer.all_steps() == [1]
+  params = _params(tmp_path)
+  assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(params))
+
+
+_CHILD = textwrap.dedent(
+  """
+  import os, signal, sys
+  sys.path[:0] = [{repo!r}, {tests!r}]
+  from test_train import small_config
+  from vit_jax import input_pipeline, train, train_checkpoint
+
+  mode, at = sys.argv[1], int(sys.argv[2])
+  if mode == "save":  # killed right after an asynchronous save of step `at` started
+    save = train_checkpoint.Checkpointer.save
+    def killing_save(self, step, *args, **kwargs):
+      out = save(self, step, *args, **kwargs)
+      if step == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+      return out
+    train_checkpoint.Checkpointer.save = killing_save
+  else:  # killed when fetching the `at`-th batch of this process, between two steps
+    fetch = input_pipeline.TrainIterator.__next__
+    count = [0]
+    def killing_next(self):
+      count[0] += 1
+      if count[0] == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+      return fetch(self)
+    input_pipeline.TrainIterator.__next__ = killing_next
+  train.run(small_config(total_steps=8, every_steps=2, data=2, fsdp=2, model=2), sys.argv[3])
+  """
+)
+
+
+def _run_child(mode, at, workdir):
+  code = _CHILD.format(repo=str(REPO), tests=str(REPO / "tests"))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  proc = subprocess.run(
+    [sys.executable, "-c", code, mode, str(at), str(workdir)],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+  "kills",
+  [
+    [("save", 4)],  # dies while step 4 is being written
+    pytest.param([("batch", 3), ("save", 4), ("batch", 2)], marks=pytest.mark.slow),
+  ],
+)
+def test_sigkill_and_resume_is_exact(tmp_path, kills):
+  config = small_config(total_steps=8, every_steps=2, data=2, fsdp=2, model=2)
+  train.run(config, str(tmp_path / "reference"))
+
+  workdir = tmp_path / "killed"
+  for mode, at in kills:
+    _run_child(mode, at, workdir)
+  train.run(config, str(workdir))  # resumes and finishes
+  _assert_trees(_params(workdir), _params(tmp_path / "reference"), exact=True)
+
+
+def test_partition_rules_cover_params_and_optimizer_state():
+  import ml_collections
+  import optax
+  from jax.sharding import PartitionSpec as P
+
+  from vit_jax import models, sharding
+
+  mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=2, model=2)))
+  for scan in (False, True):
+    model = models.get_model("testing", 10, scan=scan, representation_size=32)
+    params = jax.eval_shape(
+      lambda m=model: m.init(jax.random.PRNGKey(0), np.zeros((1, 16, 16, 3)), train=False)
+    )["params"]
+    specs = jax.tree_util.tree_map(lambda s: s.spec, sharding.tree_shardings(params, mesh))
+    block = specs["Transformer"]["encoderblock" if scan else "encoderblock_0"]
+    lead = (None,) if scan else ()
+    assert block["MultiHeadDotProductAttention_1"]["query"]["kernel"] == P(
+      *lead, "fsdp", "model", None
+    )
+    assert block["MultiHeadDotProductAttention_1"]["out"]["kernel"] == P(
+      *lead, "model", None, "fsdp"
+    )
+    assert block["MlpBlock_3"]["Dense_0"]["kernel"] == P(*lead, "fsdp", "model")
+    assert block["MlpBlock_3"]["Dense_1"]["kernel"] == P(*lead, "model", "fsdp")
+    assert all(a is None for a in block["LayerNorm_0"]["scale"])  # replicated
+    assert specs["head"]["kernel"] == P("fsdp", None)
+    assert all(a is None for a in specs["head"]["bias"])  # replicated
+    opt_state = jax.eval_shape(optax.adam(1e-3).init, params)
+    opt_specs = jax.tree_util.tree_map(lambda s: s.spec, sharding.tree_shardings(opt_state, mesh))
+    assert opt_specs[0].mu == specs and opt_specs[0].nu == specs
+    assert opt_specs[0].count == P()  # a scalar
+
+
+def test_schedules_and_weight_decay():
+  import ml_collections
+  import optax
+
+  from vit_jax import optim
+
+  sched = optim.make_schedule(
+    ml_collections.ConfigDict(dict(name="warmup_linear", base_lr=1.0, warmup_steps=10, end_lr=0.0)),
+    110,
+  )
+  np.testing.assert_allclose(
+    [sched(0), sched(5), sched(10), sched(60), sched(110)], [0, 0.5, 1, 0.5, 0], atol=1e-6
+  )
+  sched = optim.make_schedule(
+    ml_collections.ConfigDict(dict(name="warmup_cosine", base_lr=1.0, warmup_steps=10, end_lr=0.0)),
+    110,
+  )
+  np.testing.assert_allclose([sched(10), sched(60), sched(110)], [1, 0.5, 0], atol=1e-6)
+  # Decoupled decay: zero gradients still shrink kernels by lr·wd, never biases.
+  tx = optim.make_optimizer(
+    ml_collections.ConfigDict(dict(name="adam", b1=0.9, b2=0.999, weight_decay=0.1)),
+    optax.constant_schedule(0.5),
+    grad_clip_norm=1.0,
+  )
+  params = {"kernel": np.ones((2, 2), np.float32), "bias": np.ones(2, np.float32)}
+  grads = jax.tree_util.tree_map(np.zeros_like, params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  np.testing.assert_allclose(updates["kernel"], -0.05)
+  np.testing.assert_allclose(updates["bias"], 0.0)

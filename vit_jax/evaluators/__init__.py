@@ -1,0 +1,191 @@
+"""Evaluators the trainer runs periodically, and the probes of the linear-probe stage.
+
+An evaluator is an object with
+
+    name: str
+    every_steps: int          # run every this many steps (0: only after the last step)
+    run(params) -> dict[str, float]   # metric name -> value, names prefixed by `name/`
+
+Kinds (`REGISTRY`):
+- `classification` (classification.py): top-1 and loss of the model's logits over a split;
+  padded examples (batch `mask` 0) never count. Metrics `{name}/accuracy|loss|num_examples`.
+- `fewshot` (fewshot.py): the paper's few-shot linear evaluation: k examples per class of a
+  training split, closed-form regularised least squares to {-1, +1}^K on the frozen
+  representation, top-1 on a test split. Metrics `{name}/{k}shot`.
+- `linear` (linear.py): closed-form ridge and L-BFGS logistic regression on the frozen
+  representation of a whole training split. Metrics `{name}/ridge_accuracy|logreg_accuracy|...`.
+
+The trainer builds them from the stage config with `build`:
+
+    config.evals = dict(
+        val=dict(type='classification', every_steps=500, split='test'),
+        fewshot_animals=dict(type='fewshot', every_steps=1000,
+                             dataset=dict(name='animal_mnist'), shots=(1, 5, 10, 25)),
+    )
+    evaluators = evaluators.build(config.evals, model=model, dataset=config.dataset,
+                                  batch_size=config.eval_batch_size, mesh=mesh)
+    ...
+    for ev in evaluators:
+      if ev.every_steps and step % ev.every_steps == 0 or step == total_steps:
+        writer.write_scalars(step, ev.run(params))
+
+Fields of each entry: `type`; `every_steps`; `dataset` (overrides of
+`input_pipeline.dataset_config`, default the stage's dataset); `split` (classification),
+`train_split` / `test_split` (fewshot, linear; default the dataset's `train_split` and
+`eval_split`); `batch_size`; every other field is passed to
+the evaluator's constructor (`loss`, `shots`, `l2_reg`, `seed`, `ridge_l2_regs`, ...).
+
+Representations come from `model.apply(..., train=False, return_representation=True)` (the
+pre-logits, or the pooled token when the model has none). Data is read with the input
+pipeline's `make_eval_iterator` (each example exactly once, padding masked), imported lazily so
+that this package imports without TensorFlow.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import flax.linen as nn
+import jax
+import ml_collections
+
+from vit_jax.evaluators._utils import ArrayFn, DataSource
+from vit_jax.evaluators.classification import ClassificationEvaluator
+from vit_jax.evaluators.fewshot import FewShotEvaluator
+from vit_jax.evaluators.linear import LinearProbeEvaluator
+
+
+class Evaluator(Protocol):
+  name: str
+  every_steps: int
+
+  def run(self, params: Any) -> dict[str, float]: ...
+
+
+REGISTRY = {
+  "classification": ClassificationEvaluator,
+  "fewshot": FewShotEvaluator,
+  "linear": LinearProbeEvaluator,
+}
+
+# make_data(dataset_config_overrides, split (None: the dataset's eval_split), global_batch_size)
+DataFactory = Callable[[Mapping[str, Any], str | None, int], DataSource]
+
+
+def predict_fn(model: nn.Module) -> ArrayFn:
+  """Jitted fn(params, images [B, H, W, 3]) -> logits [B, K] in float32."""
+  return jax.jit(lambda params, images: model.apply({"params": params}, images, train=False))
+
+
+def representation_fn(model: nn.Module) -> ArrayFn:
+  """Jitted fn(params, images [B, H, W, 3]) -> representation [B, R] in float32."""
+  return jax.jit(
+    lambda params, images: model.apply(
+      {"params": params}, images, train=False, return_representation=True
+    )
+  )
+
+
+def input_pipeline_data(mesh: Any = None, data_axes: Any = None) -> DataFactory:
+  """The default DataFactory: `input_pipeline.make_eval_iterator` on the given mesh."""
+
+  def make(dataset: Mapping[str, Any], split: str | None, batch_size: int) -> DataSource:
+    from vit_jax import input_pipeline  # TensorFlow only when data is read
+
+    cfg = input_pipeline.dataset_config(**dict(dataset))
+    kwargs = {} if data_axes is None else {"data_axes": data_axes}
+    iterable = None
+
+    def source():
+      nonlocal iterable
+      if iterable is None:  # built on first use, then re-iterated (one tf.data graph)
+        iterable = input_pipeline.make_eval_iterator(
+          cfg, split=split, global_batch_size=batch_size, mesh=mesh, **kwargs
+        )
+      return iterable
+
+    return source
+
+  return make
+
+
+def num_classes_of(dataset: Mapping[str, Any]) -> int:
+  """num_classes of a dataset config (overrides of `input_pipeline.dataset_config`)."""
+  from vit_jax import input_pipeline
+
+  return input_pipeline.get_dataset_info(input_pipeline.dataset_config(**dict(dataset))).num_classes
+
+
+def _as_dict(x: Any) -> dict[str, Any]:
+  if x is None:
+    return {}
+  if isinstance(x, ml_collections.ConfigDict):
+    return x.to_dict()
+  return dict(x)
+
+
+def build(
+  evals: Mapping[str, Any] | ml_collections.ConfigDict | None,
+  *,
+  model: nn.Module,
+  dataset: Mapping[str, Any] | ml_collections.ConfigDict | None = None,
+  batch_size: int = 256,
+  mesh: Any = None,
+  data_axes: Any = None,
+  make_data: DataFactory | None = None,
+  num_classes: Callable[[Mapping[str, Any]], int] | None = None,
+) -> list[Evaluator]:
+  """Builds the evaluators described by `config.evals` (see the module docstring).
+
+  Args:
+    evals: name -> evaluator config; None or empty for none.
+    model: the trained Flax module (its logits and representation are evaluated).
+    dataset: the stage's dataset config, the default of every entry.
+    batch_size: default global evaluation batch size.
+    mesh: the trainer's mesh; batches are global arrays on it.
+    data_axes: mesh axes the batch dimension is split over (the input pipeline's default if None).
+    make_data: overrides how splits are read (tests pass in-memory data).
+    num_classes: overrides how a dataset's class count is found.
+
+  Returns:
+    The evaluators, in the order of `evals`.
+  """
+  make_data = make_data or input_pipeline_data(mesh, data_axes)
+  num_classes = num_classes or num_classes_of
+  predict, represent = predict_fn(model), representation_fn(model)
+  sharding = None
+  if mesh is not None:
+    spec = jax.sharding.PartitionSpec(data_axes if data_axes is not None else mesh.axis_names)
+    sharding = jax.sharding.NamedSharding(mesh, spec)
+  out = []
+  for name, entry in _as_dict(evals).items():
+    kwargs = _as_dict(entry)
+    kind = kwargs.pop("type", None)
+    if kind not in REGISTRY:
+      raise ValueError(f"evals.{name}.type={kind!r}; expected one of {sorted(REGISTRY)}")
+    ds = {**_as_dict(dataset), **_as_dict(kwargs.pop("dataset", None))}
+    bs = kwargs.pop("batch_size", None) or batch_size
+    kwargs.setdefault("name", name)
+    # Default splits: the dataset's own (`train_split`, and `eval_split` for None).
+    if kind == "classification":
+      data = make_data(ds, kwargs.pop("split", None), bs)
+      out.append(ClassificationEvaluator(predict, data, **kwargs))
+      continue
+    train = make_data(ds, kwargs.pop("train_split", None) or ds.get("train_split", "train"), bs)
+    test = make_data(ds, kwargs.pop("test_split", None), bs)
+    if kind == "fewshot":
+      kwargs.setdefault("sharding", sharding)
+    out.append(REGISTRY[kind](represent, train, test, num_classes(ds), **kwargs))
+  return out
+
+
+__all__ = [
+  "REGISTRY",
+  "ClassificationEvaluator",
+  "DataSource",
+  "Evaluator",
+  "FewShotEvaluator",
+  "LinearProbeEvaluator",
+  "build",
+  "predict_fn",
+  "representation_fn",
+]

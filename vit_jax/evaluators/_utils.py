@@ -1,0 +1,102 @@
+"""Helpers shared by the evaluators: host transfer of (global) arrays and feature extraction.
+
+Batches are dicts with `image` [B, H, W, 3], `label` ([B] int or [B, K] one/multi-hot) and an
+optional `mask` [B] (0 marks padding added to fill the last batch; such rows never count). They
+may be numpy arrays or global `jax.Array`s sharded over the mesh: `to_host` gathers the latter
+from every process, so each host ends up with the whole batch.
+"""
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+# A data source is called once per evaluation and returns a fresh pass over the split.
+DataSource = Callable[[], Iterable[Mapping[str, Any]]]
+# fn(params, images [B, H, W, 3]) -> representation [B, R] (or logits [B, K]).
+ArrayFn = Callable[[Any, Any], jax.Array]
+
+
+def to_host(x: Any) -> np.ndarray:
+  """Returns `x` as a numpy array on this host, gathering a multi-host global array."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
+
+
+def take_rows(x: Any, rows: np.ndarray) -> np.ndarray:
+  """Host copies of `x[rows]`; of a multi-host global array only those rows are gathered."""
+  if not (isinstance(x, jax.Array) and not x.is_fully_addressable):
+    return np.asarray(x)[rows]
+  return gather_rows(x, rows)
+
+
+def gather_rows(x: jax.Array, rows: np.ndarray) -> np.ndarray:
+  """`x[rows]` of a global array sharded on a mesh, replicated to every process."""
+  n = len(rows)
+  bucket = 1 << max(n - 1, 0).bit_length()  # few distinct shapes, few compilations
+  padded = np.concatenate([rows, np.zeros(bucket - n, rows.dtype)])
+  replicated = jax.sharding.NamedSharding(x.sharding.mesh, jax.sharding.PartitionSpec())
+  out = jax.jit(lambda a, i: a[i], out_shardings=replicated)(x, padded)
+  return np.asarray(out.addressable_data(0))[:n]
+
+
+def labels_and_mask(batch: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+  """Returns integer labels [B] and a boolean mask [B] of the real examples of a batch."""
+  labels = to_host(batch["label"])
+  if labels.ndim == 2:  # one-hot or multi-hot: the first positive class
+    labels = np.argmax(labels, axis=-1)
+  labels = labels.astype(np.int32)
+  if "mask" in batch:
+    mask = to_host(batch["mask"]).astype(bool)
+  else:
+    mask = np.ones(labels.shape, bool)
+  return labels, mask
+
+
+def extract_features(
+  fn: ArrayFn, params: Any, source: DataSource, max_examples: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+  """Runs `fn` over a split and returns host arrays (features [N, R] float32, labels [N] int32).
+
+  Padded examples (mask 0) are dropped; with `max_examples` the pass stops early.
+  """
+  feats, labels = [], []
+  count = 0
+  for batch in source():
+    y, mask = labels_and_mask(batch)
+    f = to_host(fn(params, batch["image"]))
+    feats.append(f[mask].astype(np.float32))
+    labels.append(y[mask])
+    count += int(mask.sum())
+    if max_examples is not None and count >= max_examples:
+      break
+  if not feats:
+    raise ValueError("the data source yielded no batches")
+  x, y = np.concatenate(feats), np.concatenate(labels)
+  if max_examples is not None:
+    x, y = x[:max_examples], y[:max_examples]
+  return x, y
+
+
+def batched_apply(
+  fn: ArrayFn, params: Any, images: np.ndarray, batch_size: int, sharding: Any = None
+) -> np.ndarray:
+  """Applies `fn` to host `images` in batches of exactly `batch_size` (the last one padded).
+
+  Every process must hold the same `images`; with `sharding` (e.g. the trainer's data sharding)
+  each batch becomes a global array split over the mesh, otherwise it is passed as numpy.
+  """
+  out = []
+  for start in range(0, len(images), batch_size):
+    chunk = images[start : start + batch_size]
+    n = len(chunk)
+    if n < batch_size:  # one shape, one compilation
+      pad = np.zeros((batch_size - n, *chunk.shape[1:]), chunk.dtype)
+      chunk = np.concatenate([chunk, pad])
+    if sharding is not None:
+      chunk = jax.device_put(chunk, sharding)
+    out.append(to_host(fn(params, chunk))[:n])
+  return np.concatenate(out).astype(np.float32)

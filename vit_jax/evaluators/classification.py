@@ -1,0 +1,107 @@
+"""Validation top-1 and loss of a classifier over an evaluation split.
+
+The metric sums are computed inside one jitted function per batch and stay on device until the
+end of the pass, so a pod evaluates without a host round trip per batch. Examples whose batch
+`mask` is 0 (padding that completes the last batch) contribute nothing to any sum.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from vit_jax.evaluators import _utils
+
+LOSSES = ("softmax_xent", "sigmoid_xent")
+
+
+def _targets(labels: jax.Array, num_classes: int) -> jax.Array:
+  if labels.ndim == 2:
+    return labels.astype(jnp.float32)
+  return jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+
+
+def batch_metrics(
+  logits: jax.Array, labels: jax.Array, mask: jax.Array, loss: str = "softmax_xent"
+) -> dict[str, jax.Array]:
+  """Masked sums for one batch.
+
+  Args:
+    logits: [B, K].
+    labels: [B] integer labels or [B, K] one/multi-hot targets.
+    mask: [B], 1 for real examples, 0 for padding.
+    loss: 'softmax_xent' or 'sigmoid_xent' (the paper's pretraining loss).
+
+  Returns:
+    {'correct', 'loss', 'count'}: sums over the real examples. A prediction is correct when the
+    argmax class is a positive label.
+  """
+  targets = _targets(labels, logits.shape[-1])
+  logits = logits.astype(jnp.float32)
+  if loss == "softmax_xent":
+    per_example = optax.softmax_cross_entropy(logits, targets)
+  elif loss == "sigmoid_xent":
+    per_example = jnp.sum(optax.sigmoid_binary_cross_entropy(logits, targets), axis=-1)
+  else:
+    raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+  top1 = jnp.argmax(logits, axis=-1)
+  correct = jnp.take_along_axis(targets, top1[:, None], axis=-1)[:, 0] > 0
+  mask = mask.astype(jnp.float32)
+  return {
+    "correct": jnp.sum(correct * mask),
+    "loss": jnp.sum(per_example * mask),
+    "count": jnp.sum(mask),
+  }
+
+
+class ClassificationEvaluator:
+  """Top-1 accuracy and mean loss of `predict_fn(params, images) -> logits [B, K]`.
+
+  Metrics: `{name}/accuracy`, `{name}/loss`, `{name}/num_examples`. With `max_examples` the
+  pass stops after the first batches holding that many rows (a quick look, not the metric).
+  """
+
+  def __init__(
+    self,
+    predict_fn: _utils.ArrayFn,
+    data: _utils.DataSource,
+    *,
+    loss: str = "softmax_xent",
+    name: str = "val",
+    every_steps: int = 0,
+    max_examples: int | None = None,
+  ):
+    if loss not in LOSSES:
+      raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    self.data = data
+    self.name = name
+    self.every_steps = every_steps
+    self.max_examples = max_examples or None  # 0 / None: the whole split
+
+    @jax.jit
+    def accumulate(sums, params, batch):
+      logits = predict_fn(params, batch["image"])
+      mask = batch.get("mask", jnp.ones(logits.shape[:1], jnp.float32))
+      new = batch_metrics(logits, batch["label"], mask, loss)
+      return jax.tree.map(jnp.add, sums, new)
+
+    self._accumulate = accumulate
+
+  def run(self, params: Any) -> dict[str, float]:
+    """Returns {f'{name}/accuracy', f'{name}/loss', f'{name}/num_examples'} over the split."""
+    sums = {k: jnp.zeros((), jnp.float32) for k in ("correct", "loss", "count")}
+    rows = 0
+    for batch in self.data():
+      if self.max_examples is not None and rows >= self.max_examples:
+        break
+      batch = {k: batch[k] for k in ("image", "label", "mask") if k in batch}
+      sums = self._accumulate(sums, params, batch)
+      rows += len(batch["label"])
+    sums = {k: float(_utils.to_host(v)) for k, v in sums.items()}
+    count = max(sums["count"], 1.0)
+    return {
+      f"{self.name}/accuracy": sums["correct"] / count,
+      f"{self.name}/loss": sums["loss"] / count,
+      f"{self.name}/num_examples": sums["count"],
+    }

@@ -1,0 +1,255 @@
+"""The linear-probe stage: `run(config, workdir)` (dispatched by `vit_jax.main`).
+
+Freezes a backbone from an earlier stage (an Orbax workdir or step directory, or an `.npz`),
+extracts its representation (the pre-logits when the checkpoint has them, else the pooled token)
+of every example of a training and a test split with one jitted function, and fits two linear
+classifiers on the training features (vit_jax.evaluators.linear): the closed-form ridge
+regression to {-1, +1}^K targets and L-BFGS softmax regression, each regulariser chosen on a
+held-out slice of the training split. Writes `linear_probe.json` and TensorBoard scalars to the
+workdir and returns the metrics.
+
+The architecture comes from, in order: `config.model` when the config has one, the
+`config.json` the trainer wrote next to the checkpoint, or the parameter shapes (plain ViTs).
+"""
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from etils import epath
+
+from vit_jax import checkpoint, evaluators, models, sharding, train_checkpoint
+
+RESULTS_FILE = "linear_probe.json"
+CONFIG_FILE = "config.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# The backbone of a previous stage.
+
+
+def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDict:
+  """Reconstructs a plain ViT's model config from its parameter shapes.
+
+  Reads patch size and width from `embedding/kernel` [p, p, 3, D], depth from the encoder
+  blocks (stacked or not), heads from `query/kernel` [D, heads, D/heads], the MLP width, the
+  classifier ('token' iff there is a `cls` parameter) and `representation_size` from
+  `pre_logits`. Hybrids (a ResNet stem) need an explicit config.
+  """
+  if "conv_root" in params:
+    raise ValueError("a hybrid (ResNet) checkpoint: give the model config explicitly")
+  p, _, _, hidden = np.shape(params["embedding"]["kernel"])
+  encoder = params["Transformer"]
+  if "encoderblock" in encoder:  # scanned: leaves have a leading [num_layers] axis
+    block, scan = encoder["encoderblock"], True
+    num_layers = np.shape(block["LayerNorm_0"]["scale"])[0]
+  else:
+    num_layers = sum(k.startswith("encoderblock_") for k in encoder)
+    block, scan = encoder["encoderblock_0"], False
+  attention = block["MultiHeadDotProductAttention_1"]
+  num_heads = np.shape(attention["query"]["kernel"])[-2]
+  mlp_dim = np.shape(block["MlpBlock_3"]["Dense_0"]["kernel"])[-1]
+  config = ml_collections.ConfigDict(
+    dict(
+      name="inferred",
+      patch_size=int(p),
+      hidden_size=int(hidden),
+      mlp_dim=int(mlp_dim),
+      num_heads=int(num_heads),
+      num_layers=int(num_layers),
+      dropout_rate=0.0,
+      attention_dropout_rate=0.0,
+      classifier="token" if "cls" in params else "gap",
+      representation_size=ml_collections.FieldReference(None, field_type=int),
+      resnet=None,
+      head_bias_init=0.0,
+      dtype="float32",
+      param_dtype="float32",
+      remat=False,
+      scan=scan,
+    )
+  )
+  if "pre_logits" in params:
+    config.representation_size = int(np.shape(params["pre_logits"]["kernel"])[-1])
+  return config
+
+
+def _checkpoint_dir(path: str) -> epath.Path | None:
+  """The workdir that holds a checkpoint path (None for a file such as an `.npz`)."""
+  path = epath.Path(path)
+  for candidate in (path, path.parent, path.parent.parent):
+    if (candidate / CONFIG_FILE).exists():
+      return candidate
+  return None
+
+
+def saved_config(path: str) -> ml_collections.ConfigDict | None:
+  """The stage config saved (as `config.json`) in the workdir of checkpoint `path`, if any."""
+  if str(path).endswith(".npz"):
+    directory = epath.Path(path).parent
+    if not (directory / CONFIG_FILE).exists():
+      return None
+  else:
+    directory = _checkpoint_dir(path)
+    if directory is None:
+      return None
+  return ml_collections.ConfigDict(json.loads((directory / CONFIG_FILE).read_text()))
+
+
+def load_backbone(
+  path: str, model_config: ml_collections.ConfigDict | None = None
+) -> tuple[ml_collections.ConfigDict, dict[str, Any], ml_collections.ConfigDict | None]:
+  """Reads a checkpoint of any stage and the architecture that goes with it.
+
+  Args:
+    path: `.npz`, an Orbax workdir, its `checkpoints/` or one step directory.
+    model_config: the architecture; None takes it from the saved `config.json`, else from the
+      parameter shapes.
+
+  Returns:
+    (model config, params as a nested dict of numpy arrays, the saved stage config or None).
+  """
+  params = train_checkpoint.restore_params(path)
+  stage_config = saved_config(path)
+  if model_config is None:
+    if stage_config is not None and "model" in stage_config:
+      model_config = stage_config.model
+    else:
+      model_config = model_config_from_params(params)
+  return ml_collections.ConfigDict(model_config.to_dict()), params, stage_config
+
+
+def representation_model(
+  model_config: ml_collections.ConfigDict,
+  params: dict[str, Any],
+  representation: str,
+  image_size: int | tuple[int, int],
+) -> tuple[Any, dict[str, Any]]:
+  """A headless model returning the chosen representation, and the parameters it uses.
+
+  Args:
+    model_config: the backbone's architecture.
+    params: the checkpoint's parameters (a head, if any, is dropped).
+    representation: 'pre_logits' (the Dense+tanh layer when the checkpoint has one, else the
+      pooled token) or 'pooled' (the class token / average pool before any pre-logits).
+    image_size: the input resolution; position embeddings are resized to its patch grid.
+
+  Returns:
+    (the Flax module, its parameters as a nested dict of numpy arrays).
+  """
+  if representation not in ("pre_logits", "pooled"):
+    raise ValueError(f"representation={representation!r}; expected 'pre_logits' or 'pooled'")
+  params = {k: v for k, v in params.items() if k != "head"}
+  rep_size = None
+  if representation == "pre_logits" and "pre_logits" in params:
+    rep_size = int(np.shape(params["pre_logits"]["kernel"])[-1])
+  else:
+    params.pop("pre_logits", None)
+  model = models.get_model(model_config, None, representation_size=rep_size, dropout_rate=0.0)
+  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]
+  )
+  old = params["Transformer"]["posembed_input"]["pos_embedding"]
+  new = shapes["Transformer"]["posembed_input"]["pos_embedding"]
+  if old.shape != new.shape:
+    prefix = int("cls" in params)
+    grid_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=(h, w)))
+    grid = checkpoint.patch_grid(grid_config, new.shape[1] - prefix)
+    transformer = dict(params["Transformer"])
+    transformer["posembed_input"] = {
+      "pos_embedding": checkpoint.resize_posemb(old, grid, num_prefix_tokens=prefix)
+    }
+    params["Transformer"] = transformer
+  return model, params
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage.
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Linear-probes `config.model_init` on `config.dataset`; returns (and writes) the metrics.
+
+  Config fields: see configs/linear_probe.py.
+  """
+  # Setup. (clu's writers import TensorFlow: not at module level, so predict stays TF-free.)
+  from vit_jax import logging_util
+
+  start = time.perf_counter()
+  if not config.model_init:
+    raise ValueError("config.model_init: the checkpoint to probe (workdir, step dir or .npz)")
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  mesh = sharding.make_mesh(config.mesh)
+  writer = logging_util.create_writer(workdir)
+  if jax.process_index() == 0:
+    (epath.Path(workdir) / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+
+  # Backbone.
+  explicit = config.model if "model" in config and config.model else None
+  model_config, params, saved = load_backbone(config.model_init, explicit)
+  dataset = config.dataset.to_dict()
+  if config.get("image_size_from_checkpoint") and saved is not None and "dataset" in saved:
+    dataset["image_size"] = saved.dataset.image_size  # the resolution the backbone was trained at
+  model, params = representation_model(
+    model_config, params, config.representation, dataset["image_size"]
+  )
+  params = jax.device_put(params, sharding.tree_shardings(params, mesh))
+  logging.info(
+    "linear probe: backbone %s from %s at %s px",
+    model_config.get("name"),
+    config.model_init,
+    dataset["image_size"],
+  )
+
+  # Features and probes.
+  make_data = evaluators.input_pipeline_data(mesh, sharding.BATCH_AXES)
+  probe = config.probe
+  evaluator = evaluators.LinearProbeEvaluator(
+    evaluators.representation_fn(model),
+    make_data(dataset, dataset["train_split"], config.batch_size),
+    make_data(dataset, dataset["eval_split"], config.batch_size),
+    evaluators.num_classes_of(dataset),
+    probes=tuple(probe.probes),
+    ridge_l2_regs=tuple(probe.ridge_l2_regs),
+    logreg_l2_regs=tuple(probe.logreg_l2_regs),
+    val_fraction=probe.val_fraction,
+    seed=config.seed,
+    max_examples=probe.max_examples,
+    name="linear_probe",
+  )
+  t0 = time.perf_counter()
+  features = evaluator.features(params)
+  t1 = time.perf_counter()
+  logging.info(
+    "linear probe: features train %s test %s in %.1fs",
+    features[0].shape,
+    features[2].shape,
+    t1 - t0,
+  )
+  results = evaluator.score(*features)
+  results["linear_probe/feature_seconds"] = t1 - t0
+  results["linear_probe/fit_seconds"] = time.perf_counter() - t1
+  results["linear_probe/total_seconds"] = time.perf_counter() - start
+  results["linear_probe/representation_size"] = float(features[0].shape[1])
+  for key, value in sorted(results.items()):
+    logging.info("%s = %.4f", key, value)
+
+  # Results.
+  writer.write_scalars(0, results)
+  writer.flush()
+  if jax.process_index() == 0:
+    out = dict(results, model_init=str(config.model_init), dataset=dataset.get("name"))
+    (epath.Path(workdir) / RESULTS_FILE).write_text(json.dumps(out, indent=2, sort_keys=True))
+  return results
+
+
+def read_results(workdir: str | os.PathLike) -> dict[str, Any]:
+  """The metrics a finished `run` wrote to `workdir`."""
+  return json.loads((epath.Path(workdir) / RESULTS_FILE).read_text())

@@ -1,0 +1,102 @@
+"""Observability of a training run: metric writers, progress/ETA, parameter overview, MFU.
+
+Only process 0 writes metrics (TensorBoard event files and metric log lines); the other processes
+get a writer that drops them, and still log progress through absl, so a hung host is visible in
+its own log. Nothing here synchronises devices.
+"""
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+from clu import metric_writers, parameter_overview, periodic_actions
+
+# Peak dense bf16 FLOP/s per device, by `jax.Device.device_kind` prefix (vendor data sheets).
+PEAK_FLOPS = {
+  "TPU v2": 45e12 / 2,  # per core: a v2 chip (two cores) peaks at 45 TFLOP/s
+  "TPU v3": 123e12 / 2,
+  "TPU v4": 275e12,
+  "TPU v5 lite": 197e12,
+  "TPU v5e": 197e12,
+  "TPU v5p": 459e12,
+  "TPU v5": 459e12,
+  "TPU v6 lite": 918e12,
+  "TPU v6e": 918e12,
+  "NVIDIA A100": 312e12,
+  "NVIDIA H100": 989e12,
+  "NVIDIA H200": 989e12,
+  "NVIDIA B200": 2250e12,
+}
+
+
+def create_writer(workdir: str) -> metric_writers.MetricWriter:
+  """TensorBoard + metric log lines on process 0, nothing elsewhere."""
+  if jax.process_index() > 0:
+    return metric_writers.MultiWriter([])
+  return metric_writers.create_default_writer(workdir, asynchronous=True)
+
+
+def log_parameter_overview(params: Any) -> int:
+  """Logs a table of parameter names, shapes and shardings; returns the parameter count."""
+  if jax.process_index() == 0:
+    # Without statistics: they would need every process to take part in the computation.
+    parameter_overview.log_parameter_overview(params, include_stats=False)
+  count = sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
+  logging.info("parameters: %s", f"{count:,}")
+  return count
+
+
+def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
+  """The device's peak FLOP/s if known (TPUs and recent NVIDIA GPUs), else None."""
+  kind = (device or jax.devices()[0]).device_kind
+  for prefix, flops in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])):
+    if kind.startswith(prefix):
+      return flops
+  return None
+
+
+def compiled_flops(compiled: Any) -> float | None:
+  """FLOPs per device of one call of an AOT-compiled function, from XLA's cost analysis."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 - not every backend implements it
+    return None
+  if isinstance(cost, list | tuple):
+    cost = cost[0] if cost else None
+  if not cost or "flops" not in cost:
+    return None
+  return float(cost["flops"])
+
+
+class Throughput:
+  """Images/s and MFU between two log points (wall clock, host side)."""
+
+  def __init__(self, batch_size: int, flops_per_step: float | None):
+    self._batch_size = batch_size
+    peak = peak_flops_per_device()
+    self._flops = flops_per_step
+    self._peak = peak
+    self._t, self._step = None, None
+
+  def __call__(self, step: int) -> dict[str, float]:
+    """Returns the throughput metrics since the previous call (empty on the first)."""
+    now = time.perf_counter()
+    out = {}
+    if self._t is not None and step > self._step:
+      steps_per_sec = (step - self._step) / (now - self._t)
+      out["images_per_sec"] = steps_per_sec * self._batch_size
+      if self._flops and self._peak:
+        out["mfu"] = steps_per_sec * self._flops / self._peak
+    self._t, self._step = now, step
+    return out
+
+
+def report_progress(
+  total_steps: int, writer: metric_writers.MetricWriter, every_steps: int
+) -> periodic_actions.ReportProgress:
+  """steps/s to the writer and an ETA log line every `every_steps` steps."""
+  return periodic_actions.ReportProgress(
+    num_train_steps=total_steps, writer=writer, every_steps=every_steps, every_secs=None
+  )

@@ -1,0 +1,97 @@
+r"""Entry point of every stage: `python -m vit_jax.main --config=... --workdir=...`.
+
+The config (configs/*.py, selected and parameterised with one string, see configs/common.py)
+names its stage: 'pretrain' and 'finetune' run vit_jax.train, 'linear_probe' runs
+vit_jax.linear_probe. Fields are overridden with `--config.field=value`; configs are locked, so a
+misspelt field is an error.
+
+Multi-host: on a multi-host TPU VM slice `jax.distributed.initialize()` runs automatically
+(`--distributed=auto`); elsewhere (CPU or GPU clusters) pass `--coordinator_address=host:port
+--num_processes=N --process_id=i` on every process. Every process runs the same command.
+
+Examples:
+  python -m vit_jax.main --config=configs/pretrain.py:dataset=fashion_mnist --workdir=/tmp/pt
+  python -m vit_jax.main --config=configs/finetune.py:dataset=cifar10,model=B/16 \
+      --config.model_init=gs://vit_models/imagenet21k/ViT-B_16.npz --workdir=gs://bucket/ft
+"""
+
+import os
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Stage config: configs/<stage>.py:<key=value,...>.", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and logs go here.")
+_DISTRIBUTED = flags.DEFINE_enum(
+  "distributed",
+  "auto",
+  ["auto", "on", "off"],
+  "jax.distributed.initialize: 'on' always (cluster auto-detection on TPU, SLURM, ...), 'off' "
+  "never, 'auto' when --coordinator_address is given or on a multi-host TPU VM slice.",
+)
+_COORDINATOR = flags.DEFINE_string(
+  "coordinator_address", None, "host:port of process 0 (CPU/GPU clusters)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Index of this process.")
+
+flags.mark_flags_as_required(["config", "workdir"])
+
+STAGES = ("pretrain", "finetune", "linear_probe")
+
+
+def _multihost_tpu() -> bool:
+  # Set by the TPU VM runtime on every worker of a slice; one entry per host.
+  return "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+
+
+def initialize_distributed(
+  mode: str,
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+) -> None:
+  """Connects the processes of a multi-host run (no-op for a single process)."""
+  if mode == "off" or (mode == "auto" and not coordinator_address and not _multihost_tpu()):
+    return
+  jax.distributed.initialize(
+    coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+  )
+  logging.info(
+    "jax.distributed: process %d of %d, %d local / %d global devices",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
+
+
+def run(config, workdir: str):
+  """Runs the stage `config.stage`; returns its final metrics."""
+  if config.stage not in STAGES:
+    raise ValueError(f"config.stage={config.stage!r}; expected one of {STAGES}")
+  if config.stage == "linear_probe":
+    from vit_jax import linear_probe
+
+    return linear_probe.run(config, workdir)
+  from vit_jax import train
+
+  return train.run(config, workdir)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  initialize_distributed(
+    _DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value
+  )
+  config = _CONFIG.value
+  logging.info("config:\n%s", config)
+  run(config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

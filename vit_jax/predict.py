@@ -1,0 +1,241 @@
+r"""Classifies image files with a trained checkpoint and prints the top-5 classes.
+
+  python -m vit_jax.predict --checkpoint=/tmp/vit_demo_finetune cat.png dog.jpg
+  python -m vit_jax.predict --checkpoint=ViT-B_16_imagenet2012.npz --class_names=names.txt x.jpg
+
+The checkpoint is a workdir (its latest step), a step directory or an `.npz`. What travels with
+it: a trainer workdir holds `config.json` (the stage config: model architecture, dataset name,
+image size and evaluation preprocessing); class names come from `--class_names` (a text file,
+one name a line), else from the dataset named in `config.json` (builtin datasets and tfds
+carry names), else the class index is printed. For a bare `.npz` the architecture is read from
+the parameter shapes and the image size from the position embeddings (or `--image_size`).
+
+Images are preprocessed as in evaluation — the saved `pp_eval` spec (`decode|resize|
+central_crop|value_range` ops), or resize to the model's size — with PIL and numpy; TensorFlow is
+imported only to look up a dataset's class names when no other source has them.
+"""
+
+import ast
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from PIL import Image
+
+from vit_jax import linear_probe, models
+
+_CHECKPOINT = flags.DEFINE_string(
+  "checkpoint", None, "Workdir, step directory or .npz of a trained classifier."
+)
+_CLASS_NAMES = flags.DEFINE_string(
+  "class_names", None, "Text file with one class name a line (overrides the dataset's)."
+)
+_IMAGE_SIZE = flags.DEFINE_integer(
+  "image_size", 0, "Input resolution; 0: from config.json or the position embeddings."
+)
+_MODEL = flags.DEFINE_string(
+  "model", None, "A vit_jax.models preset (e.g. B/16) for an .npz without config.json."
+)
+_TOP_K = flags.DEFINE_integer("top_k", 5, "How many classes to print per image.")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Images per forward pass.")
+
+DEFAULT_PP = "decode|resize|value_range(-1, 1)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Preprocessing with PIL (the deterministic ops of vit_jax.input_pipeline.preprocess).
+
+
+def _size(size: Any, image_size: int) -> int:
+  if size is None:
+    return image_size
+  if isinstance(size, float):
+    return int(round(size * image_size))
+  return int(size)
+
+
+def _resize(image: Image.Image, height: int, width: int) -> Image.Image:
+  # Bilinear with PIL's support scaled on shrinking: antialiased, like the TF pipeline.
+  return image.resize((width, height), Image.Resampling.BILINEAR)
+
+
+def _parse(spec: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+  ops = []
+  for part in filter(None, (p.strip() for p in spec.split("|"))):
+    call = ast.parse(part if "(" in part else part + "()", mode="eval").body
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+      raise ValueError(f"cannot parse preprocessing op {part!r} in {spec!r}")
+    args = tuple(ast.literal_eval(a) for a in call.args)
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    ops.append((call.func.id, args, kwargs))
+  return ops
+
+
+def preprocess(image: Image.Image, image_size: int, spec: str = DEFAULT_PP) -> np.ndarray:
+  """A PIL image → float32 [image_size, image_size, 3] per the evaluation spec.
+
+  Supports decode (to RGB: gray is replicated, alpha dropped), resize, resize_small,
+  central_crop and value_range; random (training) ops raise ValueError.
+  """
+  out: Any = image
+  for name, args, kwargs in _parse(spec):
+    if name == "decode":
+      out = out.convert("RGB")
+    elif name == "resize":
+      size = _size(_size_arg(args, kwargs), image_size)
+      out = _resize(out, size, size)
+    elif name == "resize_small":
+      size = _size(_size_arg(args, kwargs), image_size)
+      w, h = out.size
+      scale = size / min(h, w)
+      out = _resize(out, max(size, round(h * scale)), max(size, round(w * scale)))
+    elif name == "central_crop":
+      size = _size(_size_arg(args, kwargs), image_size)
+      w, h = out.size
+      y, x = (h - size) // 2, (w - size) // 2
+      out = out.crop((x, y, x + size, y + size))
+    elif name == "value_range":
+      vmin = args[0] if len(args) > 0 else kwargs.get("vmin", -1.0)
+      vmax = args[1] if len(args) > 1 else kwargs.get("vmax", 1.0)
+      out = np.asarray(out.convert("RGB"), np.float32) * ((vmax - vmin) / 255.0) + vmin
+    else:
+      raise ValueError(f"preprocessing op {name!r} is not deterministic; not used to predict")
+  if isinstance(out, Image.Image):
+    out = np.asarray(out.convert("RGB"), np.float32) * (2.0 / 255.0) - 1.0
+  if out.shape != (image_size, image_size, 3):
+    raise ValueError(f"{spec!r} gave shape {out.shape}, not ({image_size}, {image_size}, 3)")
+  return out
+
+
+def _size_arg(args, kwargs):
+  return args[0] if args else kwargs.get("size")
+
+
+# ---------------------------------------------------------------------------------------------
+# The classifier and what travels with it.
+
+
+class Classifier:
+  """A trained checkpoint with its architecture, input size, preprocessing and class names."""
+
+  def __init__(
+    self,
+    checkpoint: str,
+    *,
+    model: str | None = None,
+    image_size: int = 0,
+    class_names: Sequence[str] | None = None,
+  ):
+    """Args: see the module docstring and the flags of the same names."""
+    model_config = models.get_model_config(model) if model else None
+    model_config, params, saved = linear_probe.load_backbone(checkpoint, model_config)
+    if "head" not in params:
+      raise ValueError(f"{checkpoint} has no classification head (a headless backbone?)")
+    self.num_classes = int(np.shape(params["head"]["kernel"])[-1])
+    rep = params["pre_logits"]["kernel"].shape[-1] if "pre_logits" in params else None
+    self.model = models.get_model(
+      model_config, self.num_classes, representation_size=rep, dropout_rate=0.0
+    )
+    self.params = params
+    dataset = saved.get("dataset") if saved is not None else None
+    self.image_size = image_size or (dataset.image_size if dataset else self._posemb_size())
+    self.pp = (dataset.get("pp_eval") if dataset else None) or DEFAULT_PP
+    self.class_names = list(class_names) if class_names else _dataset_class_names(dataset)
+    if self.class_names and len(self.class_names) != self.num_classes:
+      logging.warning(
+        "%d class names for a %d-class head; printing indices",
+        len(self.class_names),
+        self.num_classes,
+      )
+      self.class_names = None
+    self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False))
+
+  def _posemb_size(self) -> int:
+    tokens = self.params["Transformer"]["posembed_input"]["pos_embedding"].shape[1]
+    grid = math.isqrt(tokens - int("cls" in self.params))
+    resnet = self.model.resnet
+    # A ResNet stem of S stages downsamples by 2^(S+1) before the patches (models.py).
+    stem = 2 ** (1 + len(resnet["num_layers"])) if resnet is not None else 1
+    return grid * self.model.patch_size * stem
+
+  def name(self, index: int) -> str:
+    return self.class_names[index] if self.class_names else f"class {index}"
+
+  def probabilities(self, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
+    """Class probabilities [N, K] (softmax of the logits) of PIL images."""
+    arrays = np.stack([preprocess(im, self.image_size, self.pp) for im in images])
+    out = []
+    for start in range(0, len(arrays), batch_size):
+      chunk = arrays[start : start + batch_size]
+      n = len(chunk)
+      chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
+      logits = self._apply(self.params, chunk)[:n]
+      out.append(np.asarray(jax.nn.softmax(logits, axis=-1)))
+    return np.concatenate(out)
+
+  def top_k(self, images: Sequence[Image.Image], k: int = 5) -> list[list[tuple[int, str, float]]]:
+    """For each image, the k most likely (class index, name, probability), best first."""
+    probs = self.probabilities(images)
+    k = min(k, self.num_classes)
+    result = []
+    for p in probs:
+      idx = np.argsort(-p, kind="stable")[:k]
+      result.append([(int(i), self.name(int(i)), float(p[i])) for i in idx])
+    return result
+
+
+def _dataset_class_names(dataset: ml_collections.ConfigDict | None) -> list[str] | None:
+  """Class names of the dataset a checkpoint was trained on (imports TensorFlow), or None."""
+  if not dataset or not dataset.get("name"):
+    return None
+  if dataset.get("class_names"):
+    return list(dataset.class_names)
+  try:
+    from vit_jax import input_pipeline  # TensorFlow: only to look the names up
+
+    info = input_pipeline.get_dataset_info(input_pipeline.dataset_config(**dataset.to_dict()))
+  except Exception as e:  # noqa: BLE001 — names are a nicety; predictions stand without them
+    logging.warning("no class names for dataset %s: %s", dataset.get("name"), e)
+    return None
+  return list(info.class_names) if info.class_names else None
+
+
+def read_class_names(path: str) -> list[str]:
+  with open(path) as f:
+    return [line.strip() for line in f if line.strip()]
+
+
+def format_predictions(path: str, top: list[tuple[int, str, float]]) -> str:
+  lines = [path]
+  for rank, (index, name, prob) in enumerate(top, 1):
+    label = name if name == f"class {index}" else f"{name} ({index})"
+    lines.append(f"  {rank}. {100 * prob:6.2f}%  {label}")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> None:
+  paths = list(argv[1:])
+  if not paths:
+    raise app.UsageError("give one or more image files after the flags")
+  missing = [p for p in paths if not os.path.exists(p)]
+  if missing:
+    raise app.UsageError(f"no such file: {', '.join(missing)}")
+  names = read_class_names(_CLASS_NAMES.value) if _CLASS_NAMES.value else None
+  classifier = Classifier(
+    _CHECKPOINT.value, model=_MODEL.value, image_size=_IMAGE_SIZE.value, class_names=names
+  )
+  images = [Image.open(p) for p in paths]
+  probs = classifier.probabilities(images, _BATCH_SIZE.value)
+  for path, p in zip(paths, probs, strict=True):
+    idx = np.argsort(-p, kind="stable")[: min(_TOP_K.value, classifier.num_classes)]
+    print(format_predictions(path, [(int(i), classifier.name(int(i)), float(p[i])) for i in idx]))
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("checkpoint")
+  app.run(main)

@@ -1,0 +1,378 @@
+"""The trainer of the pretrain and fine-tune stages: `run(config, workdir)`.
+
+One procedure, in bannered sections read top to bottom: setup, data, model, optimizer,
+checkpoint, loop, evaluators. It runs on any mesh (vit_jax.sharding), on one or many processes,
+and resumes from the latest complete checkpoint in the workdir.
+
+Determinism, which makes a resumed run bitwise equal to an uninterrupted one: the data order is
+a function of the seed and the iterator state saved with each checkpoint; the dropout key of
+step s is fold_in(rng, s) (and fold_in(., micro-batch) under gradient accumulation); the step
+is part of the state. Nothing depends on wall-clock time or on how often metrics are fetched.
+
+Non-finite losses: each step records on device the first step whose loss or gradient norm was
+not finite; the host reads that one scalar whenever it fetches metrics and before every
+checkpoint, so a bad step stops the run (FloatingPointError naming the step) and is never saved.
+
+Preemption: on TPU VMs (with jax.distributed) a preemption notice makes every process save the
+current step and return; the restarted job resumes there. Killed without notice, it resumes from
+the latest complete checkpoint and replays the same steps.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from vit_jax import (
+  checkpoint,
+  evaluators,
+  input_pipeline,
+  logging_util,
+  losses,
+  models,
+  optim,
+  sharding,
+  train_checkpoint,
+)
+
+CONFIG_FILE = "config.json"
+State = dict[str, Any]  # step int32 [], params, opt_state, rng uint32 [2]
+
+
+def _image_shape(config: ml_collections.ConfigDict) -> tuple[int, int]:
+  size = config.dataset.image_size
+  return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def make_train_step(
+  model: Any,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  loss_name: str,
+  num_classes: int,
+  accum_steps: int,
+  mesh: jax.sharding.Mesh,
+):
+  """Returns train_step(state, batch, first_bad) -> (state, metrics, first_bad), un-jitted.
+
+  The loss is the mean over the examples whose mask is 1, computed over the whole global batch
+  whatever `accum_steps` is: micro-batches sum masked losses and gradients, divided once at the
+  end. `first_bad` is the 1-based number of the first step with a non-finite loss, or -1.
+  """
+  loss_fn = losses.LOSSES[loss_name]
+
+  def micro_step(params, micro, key):
+    def loss_sum(p):
+      logits = model.apply({"params": p}, micro["image"], train=True, rngs={"dropout": key})
+      targets = losses.dense_targets(micro["label"], num_classes)
+      mask = micro["mask"]
+      per_example = loss_fn(logits, targets)
+      correct = jnp.argmax(logits, -1) == jnp.argmax(targets, -1)
+      return jnp.sum(per_example * mask), jnp.sum(correct * mask)
+
+    (total, correct), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
+    return grads, total, correct
+
+  def split(x):
+    # [B, ...] → [A, B/A, ...]: micro-batch i takes every A-th example, so each device keeps
+    # its own rows and no data moves between devices.
+    x = x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:])
+    x = jnp.swapaxes(x, 0, 1)
+    spec = P(None, sharding.BATCH_AXES, *([None] * (x.ndim - 2)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+  def train_step(state: State, batch: dict[str, jax.Array], first_bad: jax.Array):
+    params, step = state["params"], state["step"]
+    step_key = jax.random.fold_in(state["rng"], step)
+    batch = {k: batch[k] for k in ("image", "label", "mask")}
+    if accum_steps == 1:
+      grads, loss_sum, correct = micro_step(params, batch, jax.random.fold_in(step_key, 0))
+    else:
+      micro_batches = jax.tree_util.tree_map(split, batch)
+
+      def body(carry, xs):
+        i, micro = xs
+        out = micro_step(params, micro, jax.random.fold_in(step_key, i))
+        return jax.tree_util.tree_map(jnp.add, carry, out), None
+
+      zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.float32(0), jnp.float32(0))
+      (grads, loss_sum, correct), _ = jax.lax.scan(
+        body, zeros, (jnp.arange(accum_steps), micro_batches)
+      )
+    count = jnp.sum(batch["mask"])
+    denom = jnp.maximum(count, 1.0)
+    grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
+    loss = loss_sum / denom
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = tx.update(grads, state["opt_state"], params)
+    params = optax.apply_updates(params, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    first_bad = jnp.where((first_bad < 0) & ~finite, step + 1, first_bad)
+    new_state = dict(step=step + 1, params=params, opt_state=opt_state, rng=state["rng"])
+    metrics = dict(
+      loss=loss,
+      accuracy=correct / denom,
+      grad_norm=grad_norm,
+      learning_rate=schedule(step),
+      examples=count,
+    )
+    return new_state, metrics, first_bad
+
+  return train_step
+
+
+def _check_finite(first_bad: jax.Array, checkpointer: train_checkpoint.Checkpointer) -> None:
+  bad = int(jax.device_get(first_bad))
+  if bad >= 0:
+    last = checkpointer.latest_step()
+    raise FloatingPointError(
+      f"non-finite loss (NaN or inf) at step {bad}; stopping. The last good checkpoint "
+      f"(step {last}) in {checkpointer.directory} is intact."
+    )
+
+
+def _to_global(tree: Any, shardings: Any) -> Any:
+  """Host numpy tree (the same on every process) → global arrays with `shardings`."""
+  return jax.tree_util.tree_map(
+    lambda x, s: jax.make_array_from_callback(x.shape, s, lambda idx, x=x: x[idx]), tree, shardings
+  )
+
+
+def _load_init_params(config, abstract_params, head, param_shardings) -> Any:
+  """The pretrained parameters named by `config.model_init`, adapted to this model.
+
+  The new head comes from `head` (this model's initialisation), position embeddings are resized
+  and `pre_logits` dropped or kept by vit_jax.checkpoint.load_pretrained. Every process reads
+  the whole file (host memory), then keeps its shards.
+  """
+  expected = dict(abstract_params)
+  expected["head"] = head
+  path = str(config.model_init)
+  # A published `.npz` is read by load_pretrained itself; an Orbax workdir of a pretrain run is
+  # restored first and adapted in memory.
+  source = path if path.endswith(".npz") else train_checkpoint.restore_params(path)
+  params = checkpoint.load_pretrained(source, expected, config.model)
+  logging.info("initialised from %s", path)
+  return _to_global(params, param_shardings)
+
+
+def run(
+  config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None = None
+) -> dict[str, float]:
+  """Trains `config` (stage 'pretrain' or 'finetune') in `workdir`; returns the last metrics.
+
+  Args:
+    config: a stage config (configs/pretrain.py, configs/finetune.py).
+    workdir: checkpoints, `config.json` and TensorBoard files; a run resumes from it.
+    devices: the devices of the mesh (default: all of them).
+  """
+  # ----------------------------------------------------------------------------------------------
+  # Setup.
+  mesh = sharding.make_mesh(config.mesh, devices)
+  writer = logging_util.create_writer(workdir)
+  logging.info("mesh %s over %d processes", dict(mesh.shape), jax.process_count())
+  if jax.process_index() == 0:
+    # The stage config travels with the checkpoints: the linear probe and predict read the
+    # architecture and preprocessing from it.
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    (epath.Path(workdir) / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+    writer.write_hparams(_flat_hparams(config))
+  total_steps = int(config.total_steps)
+  batch_size, accum = int(config.batch_size), int(config.accum_steps)
+  shards = sharding.num_batch_shards(mesh)
+  if batch_size % (accum * shards):
+    raise ValueError(
+      f"batch_size {batch_size} must be a multiple of accum_steps ({accum}) × the batch shards "
+      f"of the mesh ({shards})"
+    )
+
+  # ----------------------------------------------------------------------------------------------
+  # Data (the iterator is created last, at the position restored from the checkpoint).
+  info = input_pipeline.get_dataset_info(config.dataset)
+  num_classes = int(info.num_classes)
+
+  # ----------------------------------------------------------------------------------------------
+  # Model.
+  model = models.get_model(config.model, num_classes)
+  height, width = _image_shape(config)
+  rng = jax.random.PRNGKey(config.seed)
+  init_key, dropout_key = jax.random.split(rng)
+
+  def init_params(key):
+    dummy = jnp.zeros((1, height, width, 3), jnp.float32)
+    return model.init({"params": key}, dummy, train=False)["params"]
+
+  # ----------------------------------------------------------------------------------------------
+  # Optimizer.
+  schedule = optim.make_schedule(config.schedule, total_steps)
+  tx = optim.make_optimizer(config.optimizer, schedule, config.grad_clip_norm)
+
+  def init_state(key):
+    params = init_params(key)
+    return dict(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=dropout_key)
+
+  abstract = jax.eval_shape(init_state, init_key)
+  replicated = sharding.replicated(mesh)
+  state_shardings = dict(
+    step=replicated,
+    params=sharding.tree_shardings(abstract["params"], mesh),
+    opt_state=sharding.tree_shardings(abstract["opt_state"], mesh),
+    rng=replicated,
+  )
+
+  # ----------------------------------------------------------------------------------------------
+  # Checkpoint: resume from the latest complete step, else initialise (from model_init if set).
+  checkpointer = train_checkpoint.Checkpointer(
+    workdir,
+    every_steps=config.checkpoint.every_steps,
+    keep=config.checkpoint.keep,
+    asynchronous=config.checkpoint.asynchronous,
+  )
+  latest = checkpointer.latest_step()
+  data_state = None
+  if latest is not None:
+    state, data_state = checkpointer.restore(
+      latest, train_checkpoint.abstract_tree(abstract, state_shardings)
+    )
+  else:
+    state = jax.jit(init_state, out_shardings=state_shardings)(init_key)
+    if config.model_init:
+      head = jax.jit(lambda k: init_params(k)["head"], out_shardings=replicated)(init_key)
+      head = jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), head)
+      params = _load_init_params(config, abstract["params"], head, state_shardings["params"])
+      opt_state = jax.jit(tx.init, out_shardings=state_shardings["opt_state"])(params)
+      state = dict(state, params=params, opt_state=opt_state)
+  start_step = int(jax.device_get(state["step"]))
+  logging_util.log_parameter_overview(state["params"])
+
+  # ----------------------------------------------------------------------------------------------
+  # Evaluators.
+  evals = evaluators.build(
+    config.evals,
+    model=model,
+    dataset=config.dataset,
+    batch_size=config.eval_batch_size,
+    mesh=mesh,
+    data_axes=sharding.BATCH_AXES,
+    num_classes=lambda ds: (
+      input_pipeline.get_dataset_info(input_pipeline.dataset_config(**ds)).num_classes
+    ),
+  )
+
+  # ----------------------------------------------------------------------------------------------
+  # Data iterator, at the restored position.
+  train_iter = input_pipeline.make_train_iterator(
+    config.dataset,
+    global_batch_size=batch_size,
+    mesh=mesh,
+    data_axes=sharding.BATCH_AXES,
+    seed=config.seed,
+    state=_local_data_state(data_state),
+  )
+  # ----------------------------------------------------------------------------------------------
+  # Loop.
+  step_fn = make_train_step(model, tx, schedule, config.loss, num_classes, accum, mesh)
+  first_bad = jax.device_put(jnp.int32(-1), replicated)
+  compiled = None
+  progress = logging_util.report_progress(total_steps, writer, config.log_every_steps)
+  throughput = None
+  metrics: dict[str, float] = {}
+  try:
+    for step in range(start_step + 1, total_steps + 1):
+      with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        batch = next(train_iter)
+        if compiled is None:
+          batch_shardings = {
+            k: sharding.batch_sharding(mesh, batch[k].ndim) for k in ("image", "label", "mask")
+          }
+          # Compiled ahead of time once: XLA's cost analysis gives the FLOPs for the MFU.
+          compiled = (
+            jax.jit(
+              step_fn,
+              in_shardings=(state_shardings, batch_shardings, replicated),
+              out_shardings=(state_shardings, replicated, replicated),
+              donate_argnums=(0,),
+            )
+            .lower(state, _select(batch), first_bad)
+            .compile()
+          )
+          throughput = logging_util.Throughput(batch_size, logging_util.compiled_flops(compiled))
+          throughput(step - 1)
+        state, step_metrics, first_bad = compiled(state, _select(batch), first_bad)
+      progress(step)
+
+      if step % config.log_every_steps == 0 or step == total_steps:
+        _check_finite(first_bad, checkpointer)
+        metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        metrics.update(throughput(step))
+        metrics["skipped_examples_this_host"] = float(train_iter.num_skipped)
+        writer.write_scalars(step, metrics)
+
+      preempted = checkpointer.reached_preemption(step)
+      if step == total_steps or preempted or checkpointer.should_save(step):
+        _check_finite(first_bad, checkpointer)
+        data_state = _gather_data_state(train_iter.get_state())
+        checkpointer.save(step, state, data_state, force=step == total_steps or preempted)
+      if preempted:
+        logging.warning("preempted at step %d: checkpoint saved, stopping", step)
+        break
+
+      for evaluator in evals:
+        if (evaluator.every_steps and step % evaluator.every_steps == 0) or step == total_steps:
+          with progress.timed(evaluator.name):
+            results = evaluator.run(state["params"])
+          writer.write_scalars(step, results)
+          metrics.update(results)
+  finally:
+    # A failed run still completes the saves it started (the last good checkpoint stays whole).
+    checkpointer.wait()
+    checkpointer.close()
+    train_iter.close()
+    writer.flush()
+  return metrics
+
+
+def _gather_data_state(local: dict[str, int]) -> dict[str, Any]:
+  """The input iterators' states of all processes (they differ in per-host counters)."""
+  if jax.process_count() == 1:
+    return {"process_states": [local]}
+  keys = sorted(local)
+  values = np.asarray([int(local[k]) for k in keys], np.int64)
+  gathered = np.asarray(multihost_utils.process_allgather(values))  # [processes, fields]
+  return {"process_states": [dict(zip(keys, map(int, row), strict=True)) for row in gathered]}
+
+
+def _local_data_state(saved: dict[str, Any] | None) -> dict[str, int] | None:
+  """This process's iterator state out of `_gather_data_state`'s (None: start of the data)."""
+  if not saved:
+    return None
+  states = saved["process_states"]
+  return states[jax.process_index()] if len(states) == jax.process_count() else states[0]
+
+
+def _select(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  return {k: batch[k] for k in ("image", "label", "mask")}
+
+
+def _flat_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  flat = {}
+
+  def visit(prefix, value):
+    if isinstance(value, dict):
+      for k, v in value.items():
+        visit(f"{prefix}.{k}" if prefix else k, v)
+    elif isinstance(value, bool | int | float | str):
+      flat[prefix] = value
+    elif value is not None:
+      flat[prefix] = str(value)
+
+  visit("", config.to_dict())
+  return flat
