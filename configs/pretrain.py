@@ -109,7 +109,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     head_bias_init=-10.0 if arg.loss == "sigmoid" else 0.0,
     dtype="float32" if demo else "bfloat16",
   )
-  config.model.representation_size = config.model.hidden_size
+  # A reference: --config.model.hidden_size=... also resizes the representation layer.
+  config.model.representation_size = config.model.get_ref("hidden_size")
   config.loss = f"{arg.loss}_xent"
   config.total_steps = preset["total_steps"]
   config.batch_size = preset["batch_size"]
