@@ -262,9 +262,6 @@ def run(
     batch_size=config.eval_batch_size,
     mesh=mesh,
     data_axes=sharding.BATCH_AXES,
-    num_classes=lambda ds: (
-      input_pipeline.get_dataset_info(input_pipeline.dataset_config(**ds)).num_classes
-    ),
   )
 
   # ----------------------------------------------------------------------------------------------
