@@ -170,6 +170,39 @@ class AddPositionEmbs(nn.Module):
     return x + pos_embedding.astype(x.dtype)
 
 
+class PatchEmbedding(nn.Module):
+  """Non-overlapping patches, flattened and projected: a conv with kernel = stride = patch.
+
+  The kernel keeps the conv layout [patch, patch, channels, width] of the checkpoints, but the
+  projection runs as one matmul over patches gathered by a reshape and transpose of the (small)
+  image: the same numbers as the VALID conv (which drops the pixels past the last whole patch),
+  and a plain matmul, with its cheaper weight gradient, on every backend.
+  """
+
+  patch_size: int
+  features: int
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x: [batch, height, width, channels] → [batch, patches, features] in row-major order."""
+    p = self.patch_size
+    batch, height, width, channels = x.shape
+    kernel = self.param(
+      "kernel", nn.initializers.lecun_normal(), (p, p, channels, self.features), self.param_dtype
+    )
+    bias = self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype)
+    gh, gw = height // p, width // p
+    x = x[:, : gh * p, : gw * p].astype(self.dtype)
+    if p > 1:
+      x = jnp.reshape(x, (batch, gh, p, gw, p, channels))
+      x = jnp.transpose(x, (0, 1, 3, 2, 4, 5))  # [batch, gh, gw, p, p, channels]
+    x = jnp.reshape(x, (batch, gh * gw, p * p * channels))
+    kernel = jnp.reshape(kernel, (p * p * channels, self.features)).astype(self.dtype)
+    return x @ kernel + bias.astype(self.dtype)
+
+
 class Encoder(nn.Module):
   """Position embeddings, `num_layers` blocks and the final LayerNorm (`Transformer/...`)."""
 
@@ -278,19 +311,15 @@ class VisionTransformer(nn.Module):
         self.dtype,
         self.param_dtype,
       )
-    # Linear projection of flattened patches (Eq. 1), as a conv with kernel = stride = patch.
-    p = self.patch_size
-    x = nn.Conv(
+    # Linear projection of flattened patches (Eq. 1).
+    x = PatchEmbedding(
+      self.patch_size,
       self.hidden_size,
-      (p, p),
-      strides=(p, p),
-      padding="VALID",
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       name="embedding",
     )(x)
-    batch, gh, gw, width = x.shape
-    x = jnp.reshape(x, (batch, gh * gw, width))  # [batch, patches, width]
+    batch, _, width = x.shape
     if self.classifier == "token":
       cls = self.param("cls", nn.initializers.zeros, (1, 1, width), self.param_dtype)
       x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, width)), x], axis=1)

@@ -1,0 +1,489 @@
+r"""Forward and train-step throughput of the ViT models, with timm's figures when it is installed.
+
+For each model, dtype and mode (forward; train step = forward + backward + optax update) this
+prints images/s, the achieved FLOP/s, its fraction of the device's peak and, when PyTorch and
+timm are importable, timm's images/s for the same architecture in the same run and the JAX/timm
+ratio. With `--baseline_rev` it also benchmarks `vit_jax/models_vit.py` (and `models_resnet.py`)
+as they are at that git revision, so a model change is measured before/after in one run.
+
+  # CPU defaults: ViT-B/16 at batch 8, ViT-Ti/16 at batch 32, 224px, fp32 and bf16:
+  python experiments/benchmark_model.py
+  # The working tree against the last commit, timm off, forward only:
+  python experiments/benchmark_model.py --baseline_rev=HEAD --timm=off --modes=forward
+  # A GPU or TPU (larger default batches there):
+  python experiments/benchmark_model.py --models=B/16 --dtypes=bfloat16
+
+Timing: every variant of one (model, dtype, mode) is built, compiled and warmed up first; then
+`--repeats` rounds each time `--iters` back-to-back steps of every variant in turn (interleaved,
+so a noisy machine slows all of them alike) and the median round is reported. JAX steps end in
+`jax.block_until_ready`, torch steps in `torch.cuda.synchronize()` on GPU.
+
+FLOPs: "model" FLOPs are the analytic count of the ViT's matmuls (multiply-add = 2 FLOPs; patch
+embedding, QKV, QK^T, AV, output projection, MLP, head; the train step counted as 3x forward),
+the convention of MFU figures and the same for JAX and timm. XLA's count, from
+`jitted.lower(...).compile().cost_analysis()`, is printed alongside: it includes elementwise
+work and the optimizer update, and misses FLOPs inside custom calls (cuDNN attention on GPU).
+The fraction of peak uses the model FLOPs.
+
+Peaks: dense per-chip figures from the vendors for known accelerators (`_PEAKS`). On TPU the fp32
+entry is the bf16 peak (jax's default matmul precision there is one bf16 pass); on NVIDIA GPUs it
+is the TF32 tensor-core peak (XLA's default precision for fp32 dots). On a CPU the peak is an
+estimate, cores x FMA units x SIMD width x 2 x clock, from /proc/cpuinfo, and bf16 has the fp32
+peak unless the CPU has AVX512-BF16/AMX; `--peak_tflops` overrides either.
+
+Threads: torch gets `--torch_threads` (default: the CPUs this process may use, which is also what
+XLA's CPU backend uses). `--xla_flags` is added to XLA_FLAGS before the backend starts, e.g.
+`--xla_flags=--xla_cpu_multi_thread_eigen=false`.
+
+PyTorch and timm are an optional extra (`--timm=auto` uses them when importable); nothing in the
+package or its tests imports them.
+"""
+
+import dataclasses
+import functools
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable
+
+from absl import app, flags
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+  sys.path.insert(0, _REPO)
+
+_MODELS = flags.DEFINE_list("models", ["B/16", "Ti/16"], "Model presets or aliases.")
+_BATCH_SIZES = flags.DEFINE_list(
+  "batch_sizes", [], "Batch size per model (same order as --models); empty: backend defaults."
+)
+_DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Computation dtypes.")
+_MODES = flags.DEFINE_list("modes", ["forward", "train"], "forward and/or train.")
+_IMAGE_SIZE = flags.DEFINE_integer("image_size", 224, "Square input resolution.")
+_NUM_CLASSES = flags.DEFINE_integer("num_classes", 1000, "Head width (ImageNet-1k as timm).")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps per variant after compilation.")
+_ITERS = flags.DEFINE_integer("iters", 3, "Back-to-back steps per timed round.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds; the median is reported.")
+_OPTIMIZER = flags.DEFINE_enum(
+  "optimizer", "adamw", ["adamw", "sgd"], "Train-step optimizer (sgd = SGD with momentum 0.9)."
+)
+_TIMM = flags.DEFINE_enum("timm", "auto", ["auto", "on", "off"], "Benchmark timm alongside.")
+_TORCH_THREADS = flags.DEFINE_integer("torch_threads", 0, "0: the CPUs this process may use.")
+_BASELINE_REV = flags.DEFINE_string(
+  "baseline_rev", None, "Git revision whose models_vit.py/models_resnet.py run as 'before'."
+)
+_XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS before jax starts.")
+_PEAK_TFLOPS = flags.DEFINE_float("peak_tflops", None, "Override the device peak (TFLOP/s).")
+
+# Default batch sizes per backend: small enough for 2 CPU cores to finish in minutes, large
+# enough on accelerators to fill the chip (single device; fits 16 GiB HBM on TPU v5e).
+_DEFAULT_BATCH = {
+  "cpu": {"ViT-B_16": 8, "ViT-Ti_16": 32},
+  "gpu": {"ViT-B_16": 256, "ViT-Ti_16": 1024},
+  "tpu": {"ViT-B_16": 128, "ViT-Ti_16": 512},
+}
+_FALLBACK_BATCH = {"cpu": 8, "gpu": 128, "tpu": 64}
+
+# timm names of the presets (same architecture; act_layer is set to the tanh GELU below).
+_TIMM_NAMES = {
+  "ViT-Ti_16": "vit_tiny_patch16_224",
+  "ViT-S_16": "vit_small_patch16_224",
+  "ViT-S_32": "vit_small_patch32_224",
+  "ViT-B_16": "vit_base_patch16_224",
+  "ViT-B_32": "vit_base_patch32_224",
+  "ViT-B_8": "vit_base_patch8_224",
+  "ViT-L_16": "vit_large_patch16_224",
+  "ViT-L_32": "vit_large_patch32_224",
+  "ViT-H_14": "vit_huge_patch14_224",
+}
+
+# Dense peak FLOP/s per chip (bf16, fp32) by a substring of `device.device_kind`, most specific
+# first. fp32: bf16 peak on TPU (default precision = one bf16 pass), TF32 peak on NVIDIA.
+_PEAKS = [
+  ("TPU v6", 918e12, 918e12),  # v6e (Trillium), "TPU v6 lite".
+  ("TPU v5p", 459e12, 459e12),
+  ("TPU v5 lite", 197e12, 197e12),  # v5e.
+  ("TPU v5e", 197e12, 197e12),
+  ("TPU v5", 459e12, 459e12),  # v5p reports "TPU v5".
+  ("TPU v4", 275e12, 275e12),
+  ("H200", 989e12, 494.5e12),
+  ("H100", 989e12, 494.5e12),  # SXM; the PCIe card is ~25% lower.
+  ("A100", 312e12, 156e12),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Device peak and analytic FLOPs.
+# ---------------------------------------------------------------------------------------------
+
+
+def _cpu_peak() -> tuple[float | None, str]:
+  """Estimates the fp32 peak of the CPUs this process may use from /proc/cpuinfo."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      info = f.read()
+  except OSError:
+    return None, "unknown (no /proc/cpuinfo)"
+  cpu_flags = set()
+  mhz = []
+  for line in info.splitlines():
+    if line.startswith("flags"):
+      cpu_flags.update(line.split(":", 1)[1].split())
+    elif line.startswith("cpu MHz"):
+      mhz.append(float(line.split(":", 1)[1]))
+  if not mhz:
+    return None, "unknown (no clock in /proc/cpuinfo)"
+  if "avx512f" in cpu_flags:
+    lanes = 16
+  elif "avx2" in cpu_flags and "fma" in cpu_flags:
+    lanes = 8
+  else:
+    return None, "unknown (no AVX2+FMA)"
+  cores = len(os.sched_getaffinity(0))
+  ghz = max(mhz) / 1e3
+  # Two FMA pipes per core on every AVX2/AVX-512 server core of the last decade (Haswell+, Zen).
+  peak = cores * 2 * lanes * 2 * ghz * 1e9
+  isa = "AVX-512" if lanes == 16 else "AVX2"
+  return peak, f"estimate: {cores} cores x 2 FMA x {lanes} fp32 lanes ({isa}) x 2 x {ghz:.2f} GHz"
+
+
+def device_peak(device, dtype: str) -> tuple[float | None, str]:
+  """Returns (peak FLOP/s or None, how it was obtained) for `device` computing in `dtype`."""
+  if _PEAK_TFLOPS.value:
+    return _PEAK_TFLOPS.value * 1e12, "--peak_tflops"
+  if device.platform == "cpu":
+    peak, how = _cpu_peak()
+    return peak, how + ("; no native bf16, so bf16 peak = fp32 peak" if dtype != "float32" else "")
+  for key, bf16, fp32 in _PEAKS:
+    if key.lower() in device.device_kind.lower():
+      return (fp32 if dtype == "float32" else bf16), f"table: {key}"
+  return None, f"unknown device kind {device.device_kind!r}"
+
+
+def analytic_flops(config, image_size: int, num_classes: int) -> float | None:
+  """Forward FLOPs of one image through a plain ViT (None for ResNet hybrids)."""
+  if config.resnet is not None:
+    return None
+  p, d, m, layers = config.patch_size, config.hidden_size, config.mlp_dim, config.num_layers
+  n = (image_size // p) ** 2
+  t = n + (1 if config.classifier == "token" else 0)
+  per_layer = 2 * t * d * 3 * d + 2 * 2 * t * t * d + 2 * t * d * d + 2 * 2 * t * d * m
+  flops = 2 * n * p * p * 3 * d + layers * per_layer
+  rep = config.representation_size
+  if rep:
+    flops += 2 * d * rep
+  return flops + 2 * (rep or d) * num_classes
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX variants.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Runner:
+  """One benchmarked variant: `run(n)` performs n steps and waits for them."""
+
+  name: str
+  run: Callable[[int], None]
+  xla_flops: float | None = None  # per step, from XLA's cost analysis
+  times: list[float] = dataclasses.field(default_factory=list)
+
+
+def _load_baseline_module(rev: str) -> types.ModuleType:
+  """Imports models_vit.py as of git revision `rev`, using models_resnet.py of the same rev."""
+
+  def load(path, name):
+    src = subprocess.run(
+      ["git", "-C", _REPO, "show", f"{rev}:{path}"], check=True, capture_output=True, text=True
+    ).stdout
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(src, f"{rev}:{path}", "exec"), module.__dict__)  # noqa: S102
+    return module
+
+  resnet = load("vit_jax/models_resnet.py", "_baseline_models_resnet")
+  vit = load("vit_jax/models_vit.py", "_baseline_models_vit")
+  vit.models_resnet = resnet  # Resolved at call time, so the baseline uses its own ResNet.
+  return vit
+
+
+def _cost_flops(compiled) -> float | None:
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 - some backends do not implement it.
+    return None
+  if isinstance(cost, list | tuple):
+    cost = cost[0] if cost else None
+  return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def jax_runner(name, module, batch, mode, image_size, num_classes, seed=0) -> Runner:
+  """Builds, compiles and warms up the JAX forward or train step of `module`."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  rng = jax.random.key(seed)
+  images = jax.random.uniform(rng, (batch, image_size, image_size, 3), jnp.float32, -1, 1)
+  labels = jax.random.randint(rng, (batch,), 0, num_classes)
+  params = jax.jit(lambda: module.init(rng, images[:1], train=False)["params"])()
+
+  if mode == "forward":
+
+    @jax.jit
+    def forward(params, images):
+      return module.apply({"params": params}, images, train=False)
+
+    compiled = forward.lower(params, images).compile()
+
+    def run(n):
+      out = None
+      for _ in range(n):
+        out = compiled(params, images)
+      jax.block_until_ready(out)
+
+  else:
+    if _OPTIMIZER.value == "adamw":
+      tx = optax.adamw(1e-4, weight_decay=0.05)
+    else:
+      tx = optax.sgd(1e-3, momentum=0.9)
+    opt_state = jax.jit(tx.init)(params)
+
+    def train_step(params, opt_state, images, labels):
+      def loss_fn(params):
+        logits = module.apply({"params": params}, images, train=True)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+      loss, grads = jax.value_and_grad(loss_fn)(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss
+
+    step = jax.jit(train_step, donate_argnums=(0, 1))
+    compiled = step.lower(params, opt_state, images, labels).compile()
+    state = [params, opt_state]
+
+    def run(n):
+      loss = None
+      for _ in range(n):
+        state[0], state[1], loss = compiled(state[0], state[1], images, labels)
+      jax.block_until_ready((state, loss))
+
+  runner = Runner(name, run, _cost_flops(compiled))
+  run(_WARMUP.value)
+  return runner
+
+
+# ---------------------------------------------------------------------------------------------
+# timm variant.
+# ---------------------------------------------------------------------------------------------
+
+
+def timm_runner(timm_name, batch, mode, dtype, image_size, num_classes) -> Runner:
+  """timm's model with the tanh GELU, eager, trained with the torch.optim twin of --optimizer."""
+  import timm
+  import torch
+  import torch.nn.functional as F
+
+  device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+  model = timm.create_model(
+    timm_name, pretrained=False, num_classes=num_classes, act_layer="gelu_tanh"
+  ).to(device)
+  images = torch.rand(batch, 3, image_size, image_size, device=device) * 2 - 1
+  labels = torch.randint(0, num_classes, (batch,), device=device)
+  autocast = functools.partial(
+    torch.autocast, device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"
+  )
+
+  def sync():
+    if device.type == "cuda":
+      torch.cuda.synchronize()
+
+  if mode == "forward":
+    model.eval()
+
+    def run(n):
+      with torch.inference_mode(), autocast():
+        for _ in range(n):
+          model(images)
+      sync()
+
+  else:
+    model.train()
+    if _OPTIMIZER.value == "adamw":
+      opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+    else:
+      opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def run(n):
+      for _ in range(n):
+        with autocast():
+          loss = F.cross_entropy(model(images), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+      sync()
+
+  run(_WARMUP.value)
+  return Runner("timm", run)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main.
+# ---------------------------------------------------------------------------------------------
+
+
+def _want_timm() -> bool:
+  if _TIMM.value == "off":
+    return False
+  try:
+    import timm  # noqa: F401
+    import torch  # noqa: F401
+  except ImportError:
+    if _TIMM.value == "on":
+      raise
+    return False
+  return True
+
+
+def main(argv):
+  del argv
+  if _XLA_FLAGS.value:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _XLA_FLAGS.value).strip()
+  import jax
+
+  from vit_jax import models
+
+  device = jax.devices()[0]
+  backend = device.platform
+  cpus = len(os.sched_getaffinity(0))
+  use_timm = _want_timm()
+  print(f"jax {jax.__version__} on {device.device_kind} ({backend}), {cpus} CPUs")
+  print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+  if use_timm:
+    import timm
+    import torch
+
+    torch.set_num_threads(_TORCH_THREADS.value or cpus)
+    torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(
+      f"torch {torch.__version__} on {torch_device}, timm {timm.__version__}, "
+      f"threads {torch.get_num_threads()}"
+    )
+  baseline = _load_baseline_module(_BASELINE_REV.value) if _BASELINE_REV.value else None
+  print(
+    f"optimizer {_OPTIMIZER.value}, warmup {_WARMUP.value}, {_REPEATS.value} rounds x "
+    f"{_ITERS.value} steps (median round)\n"
+  )
+
+  names = [models.resolve_name(m) for m in _MODELS.value]
+  if _BATCH_SIZES.value and len(_BATCH_SIZES.value) != len(names):
+    raise app.UsageError("--batch_sizes needs one entry per model")
+  rows = []
+  for i, name in enumerate(names):
+    if _BATCH_SIZES.value:
+      batch = int(_BATCH_SIZES.value[i])
+    else:
+      batch = _DEFAULT_BATCH.get(backend, {}).get(name, _FALLBACK_BATCH.get(backend, 8))
+    config = models.get_model_config(name)
+    fwd_flops = analytic_flops(config, _IMAGE_SIZE.value, _NUM_CLASSES.value)
+    for dtype in _DTYPES.value:
+      module = models.get_model(name, _NUM_CLASSES.value, dtype=dtype)
+      peak, peak_how = device_peak(device, dtype)
+      for mode in _MODES.value:
+        runners = [jax_runner("jax", module, batch, mode, _IMAGE_SIZE.value, _NUM_CLASSES.value)]
+        if baseline is not None:
+          fields = {
+            f.name: getattr(module, f.name)
+            for f in dataclasses.fields(module)
+            if f.name not in ("parent", "name")
+          }
+          old = baseline.VisionTransformer(**fields)
+          runners.append(
+            jax_runner(
+              "jax@" + _BASELINE_REV.value, old, batch, mode, _IMAGE_SIZE.value, _NUM_CLASSES.value
+            )
+          )
+        if use_timm and name in _TIMM_NAMES:
+          runners.append(
+            timm_runner(
+              _TIMM_NAMES[name], batch, mode, dtype, _IMAGE_SIZE.value, _NUM_CLASSES.value
+            )
+          )
+        for _ in range(_REPEATS.value):
+          for r in runners:
+            t0 = time.perf_counter()
+            r.run(_ITERS.value)
+            r.times.append((time.perf_counter() - t0) / _ITERS.value)
+        model_flops = fwd_flops * batch * (3 if mode == "train" else 1) if fwd_flops else None
+        ref = runners[0]
+        for r in runners:
+          step_s = statistics.median(r.times)
+          row = dict(
+            model=name,
+            batch=batch,
+            dtype=dtype,
+            mode=mode,
+            impl=r.name,
+            img_s=batch / step_s,
+            step_ms=step_s * 1e3,
+            spread=(max(r.times) - min(r.times)) / step_s,
+            best_img_s=batch / min(r.times),
+            tflops=model_flops / step_s / 1e12 if model_flops else None,
+            xla_tflops=r.xla_flops / step_s / 1e12 if r.xla_flops else None,
+            peak=model_flops / step_s / peak if model_flops and peak else None,
+            vs=(step_s / statistics.median(ref.times)) if r is not ref else None,
+            vs_best=(min(r.times) / min(ref.times)) if r is not ref else None,
+          )
+          rows.append(row)
+          _print_row(row, header=len(rows) == 1)
+        print(f"  peak {peak / 1e12:.3g} TFLOP/s ({peak_how})" if peak else f"  peak {peak_how}")
+        del runners
+  _print_summary(rows)
+
+
+def _fmt(x, spec, missing="-"):
+  return missing if x is None else format(x, spec)
+
+
+def _print_row(row, header=False):
+  if header:
+    print(
+      f"{'model':10} {'batch':>5} {'dtype':8} {'mode':7} {'impl':10} {'img/s':>8} {'ms/step':>9}"
+      f" {'spread':>6} {'best':>8} {'TFLOP/s':>7} {'XLA':>6} {'%peak':>6} {'jax/this':>8}"
+    )
+  print(
+    f"{row['model']:10} {row['batch']:5d} {row['dtype']:8} {row['mode']:7} {row['impl']:10}"
+    f" {row['img_s']:8.2f} {row['step_ms']:9.1f} {row['spread']:6.1%} {row['best_img_s']:8.2f}"
+    f" {_fmt(row['tflops'], '7.3f')} {_fmt(row['xla_tflops'], '6.3f')}"
+    f" {_fmt(row['peak'] and 100 * row['peak'], '6.1f')} {_fmt(row['vs'], '8.3f')}",
+    flush=True,
+  )
+
+
+def _print_summary(rows):
+  """One line per (model, dtype, mode): JAX images/s and its ratio to each other variant."""
+  print(
+    "\nSummary: images/s of the median round (of the best round); ratio = JAX's over the"
+    " other's, >1 means JAX is faster"
+  )
+  keys = []
+  for r in rows:
+    k = (r["model"], r["batch"], r["dtype"], r["mode"])
+    if k not in keys:
+      keys.append(k)
+  for k in keys:
+    group = [r for r in rows if (r["model"], r["batch"], r["dtype"], r["mode"]) == k]
+    parts = [f"{group[0]['impl']} {group[0]['img_s']:.2f} ({group[0]['best_img_s']:.2f})"]
+    parts += [
+      f"{r['impl']} {r['img_s']:.2f} ({r['best_img_s']:.2f}) ratio x{r['vs']:.3f} (x{r['vs_best']:.3f})"
+      for r in group[1:]
+    ]
+    print(f"  {k[0]} b{k[1]} {k[2]:8} {k[3]:7}: " + ", ".join(parts))
+
+
+if __name__ == "__main__":
+  app.run(main)
