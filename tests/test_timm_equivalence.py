@@ -6,6 +6,10 @@ compared on the same images. Needs the optional `timm` and `torch` (see the READ
 extra); skipped without them, and marked slow (run with `pytest -m slow`).
 """
 
+import importlib.util
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,31 +36,54 @@ def _random_params(model, image_size, seed=0):
   return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
-def _compare(tmp_path, preset, timm_name, fix_timm=None, float64=False):
-  timm = pytest.importorskip("timm")
-  torch = pytest.importorskip("torch")
-  torch.set_num_threads(2)
+# timm runs in a child process: PyTorch and TensorFlow crash when loaded into one process (the
+# input-pipeline tests of the same pytest worker import TensorFlow).
+_TIMM_LOGITS = r"""
+import sys
+import numpy as np
+import timm
+import torch
+from timm.layers import StdConv2d, StdConv2dSame
+
+npz, name, images, out, num_classes, float64, vit_jax_eps = sys.argv[1:]
+torch.set_num_threads(2)
+# The published weights were trained with the tanh approximation of GELU (flax's default);
+# timm defaults to the exact one.
+model = timm.create_model(name, pretrained=False, num_classes=int(num_classes), act_layer="gelu_tanh")
+if float64 == "1":
+  model.double()  # before loading, so the file's float32 values are copied exactly
+model.load_pretrained(npz)
+if vit_jax_eps == "1":
+  # Architecture constants, not weights, so no file carries them: weight standardisation uses
+  # 1e-5 in vit_jax (1e-8 in timm's hybrid), GroupNorm 1e-6 (flax's default; torch's is 1e-5).
+  # Left as they are, the logits differ by ~2e-2.
+  for module in model.patch_embed.backbone.modules():
+    if isinstance(module, (StdConv2d, StdConv2dSame)):
+      module.eps = 1e-5
+    elif isinstance(module, torch.nn.GroupNorm):
+      module.eps = 1e-6
+model.eval()
+with torch.no_grad():
+  x = torch.from_numpy(np.load(images)).permute(0, 3, 1, 2)  # NHWC -> NCHW
+  np.save(out, model(x.double() if float64 == "1" else x).numpy())
+"""
+
+
+def _compare(tmp_path, preset, timm_name, vit_jax_eps=False, float64=False):
+  for module in ("timm", "torch"):
+    if importlib.util.find_spec(module) is None:
+      pytest.skip(f"{module} is not installed (the optional [timm] extra)")
   model = models.get_model(preset, NUM_CLASSES)
   params = _random_params(model, 224)
   path = tmp_path / "model.npz"
   checkpoint.save(params, path)  # float32, as the published files
 
-  # The published weights were trained with the tanh approximation of GELU (flax's default);
-  # timm defaults to the exact one.
-  reference = timm.create_model(
-    timm_name, pretrained=False, num_classes=NUM_CLASSES, act_layer="gelu_tanh"
-  )
-  if float64:
-    reference.double()  # before loading, so the file's float32 values are copied exactly
-  reference.load_pretrained(str(path))
-  if fix_timm:
-    fix_timm(reference)
-  reference.eval()
-
   images = np.random.default_rng(1).uniform(-1, 1, (2, 224, 224, 3)).astype(np.float32)
-  with torch.no_grad():
-    x = torch.from_numpy(images).permute(0, 3, 1, 2)  # NHWC → NCHW
-    theirs = reference(x.double() if float64 else x).numpy()
+  np.save(tmp_path / "images.npy", images)
+  args = [path, timm_name, tmp_path / "images.npy", tmp_path / "timm.npy", NUM_CLASSES]
+  args += [int(float64), int(vit_jax_eps)]
+  subprocess.run([sys.executable, "-c", _TIMM_LOGITS, *map(str, args)], check=True, timeout=600)
+  theirs = np.load(tmp_path / "timm.npy")
   if float64:
     with jax.enable_x64(True):
       model = models.get_model(preset, NUM_CLASSES, dtype=jnp.float64, param_dtype=jnp.float64)
@@ -78,26 +105,8 @@ def test_vit_b16_matches_timm(tmp_path):
   _compare(tmp_path, "B/16", "vit_base_patch16_224")
 
 
-def _vit_jax_resnet_eps(reference):
-  """Gives timm's hybrid ResNet the epsilons of vit_jax's.
-
-  These are architecture constants, not weights, so no file carries them: weight
-  standardisation uses 1e-5 in vit_jax (1e-8 in timm's hybrid), GroupNorm 1e-6 (flax's default;
-  torch's is 1e-5). Left as they are, the logits differ by ~2e-2.
-  """
-  # Optional dependencies: imported only when the test runs (after importorskip).
-  import torch
-  from timm.layers import StdConv2d, StdConv2dSame
-
-  for module in reference.patch_embed.backbone.modules():
-    if isinstance(module, StdConv2d | StdConv2dSame):
-      module.eps = 1e-5
-    elif isinstance(module, torch.nn.GroupNorm):
-      module.eps = 1e-6
-
-
 def test_r50_vit_b16_hybrid_matches_timm(tmp_path):
   # In float64: in float32 the 16 ResNet units alone amplify the two libraries' different matmul
   # rounding to ~1e-5 in the logits, as large as the tolerance, which would hide nothing but
   # would make the check flaky.
-  _compare(tmp_path, "R50+B/16", "vit_base_r50_s16_224", _vit_jax_resnet_eps, float64=True)
+  _compare(tmp_path, "R50+B/16", "vit_base_r50_s16_224", vit_jax_eps=True, float64=True)
