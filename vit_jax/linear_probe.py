@@ -55,26 +55,11 @@ def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDic
   attention = block["MultiHeadDotProductAttention_1"]
   num_heads = np.shape(attention["query"]["kernel"])[-2]
   mlp_dim = np.shape(block["MlpBlock_3"]["Dense_0"]["kernel"])[-1]
-  config = ml_collections.ConfigDict(
-    dict(
-      name="inferred",
-      patch_size=int(p),
-      hidden_size=int(hidden),
-      mlp_dim=int(mlp_dim),
-      num_heads=int(num_heads),
-      num_layers=int(num_layers),
-      dropout_rate=0.0,
-      attention_dropout_rate=0.0,
-      classifier="token" if "cls" in params else "gap",
-      representation_size=ml_collections.FieldReference(None, field_type=int),
-      resnet=None,
-      head_bias_init=0.0,
-      dtype="float32",
-      param_dtype="float32",
-      remat=False,
-      scan=scan,
-    )
+  config = models.vit_config(
+    "inferred", int(p), int(hidden), int(mlp_dim), int(num_heads), int(num_layers)
   )
+  config.classifier = "token" if "cls" in params else "gap"
+  config.scan = scan
   if "pre_logits" in params:
     config.representation_size = int(np.shape(params["pre_logits"]["kernel"])[-1])
   return config

@@ -35,7 +35,8 @@ def _register(name: str, alias: str):
   return wrap
 
 
-def _vit(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, resnet=None):
+def vit_config(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, resnet=None):
+  """A model ConfigDict with every field, for the given architecture (defaults elsewhere)."""
   return ml_collections.ConfigDict(
     dict(
       name=name,
@@ -78,7 +79,9 @@ for _size, _patch in [
   ("H", 14),
 ]:
   _name = f"ViT-{_size}_{_patch}"
-  _register(_name, f"{_size}/{_patch}")(lambda n=_name, p=_patch, w=_WIDTHS[_size]: _vit(n, p, *w))
+  _register(_name, f"{_size}/{_patch}")(
+    lambda n=_name, p=_patch, w=_WIDTHS[_size]: vit_config(n, p, *w)
+  )
 
 
 @_register("R50+ViT-B_16", "R50+B/16")
@@ -86,20 +89,20 @@ def _r50_b16():
   # A ResNet-50 cut to 3 stages with (3, 4, 9) units downsamples by 2^(1+3) = 16, so 1x1 patches
   # on its feature map give the /16 tokens of ViT-B/16.
   resnet = ml_collections.ConfigDict(dict(num_layers=(3, 4, 9), width_factor=1))
-  return _vit("R50+ViT-B_16", 1, *_WIDTHS["B"], resnet=resnet)
+  return vit_config("R50+ViT-B_16", 1, *_WIDTHS["B"], resnet=resnet)
 
 
 @_register("R50+ViT-L_32", "R50+L/32")
 def _r50_l32():
   # The full four-stage ResNet-50 (3, 4, 6, 3) downsamples by 2^(1+4) = 32.
   resnet = ml_collections.ConfigDict(dict(num_layers=(3, 4, 6, 3), width_factor=1))
-  return _vit("R50+ViT-L_32", 1, *_WIDTHS["L"], resnet=resnet)
+  return vit_config("R50+ViT-L_32", 1, *_WIDTHS["L"], resnet=resnet)
 
 
 @_register("ViT-testing", "testing")
 def _testing():
   """A two-layer ViT that 2 CPU cores train in seconds (tests, `runlocal`)."""
-  return _vit("ViT-testing", 4, 32, 64, 2, 2)
+  return vit_config("ViT-testing", 4, 32, 64, 2, 2)
 
 
 def resolve_name(name: str) -> str:
