@@ -5,18 +5,28 @@ clipping at global norm 1, linear warmup then linear decay. Fine-tuning (App. B.
 momentum 0.9, clipping at global norm 1, warmup then cosine decay.
 
 Weight decay is decoupled (Loshchilov & Hutter, as `optax.adamw`): after the optimizer's update,
-p ← p − lr_t · wd · p, applied to kernels and embeddings (leaves of rank ≥ 2), not to biases,
-LayerNorm scales or the class token.
+p ← p − lr_t · wd · p, applied to the parameters whose `/`-joined name matches one of
+`optimizer.decay_patterns` (regular expressions, `re.search`; default: kernels only, as
+big_vision's `wd_mults`), never by rank: a leaf's rank changes with `model.scan=True` (a leading
+layer axis), its name does not, so the decayed set is the same with scan on and off. Biases,
+LayerNorm scales, the class token and the position embeddings are not decayed by default.
 
 Gradient accumulation is not done here (it lives in the train step, so the optimizer state
 is the same whatever the micro-batching). This file must not import TensorFlow.
 """
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import ml_collections
 import optax
+
+from vit_jax import sharding
+
+# Kernels of every Dense/Conv layer (patch embedding, attention, MLP, pre-logits, head, ResNet).
+DEFAULT_DECAY_PATTERNS = (r"(^|/)kernel$",)
 
 
 def make_schedule(config: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
@@ -46,8 +56,12 @@ def make_schedule(config: ml_collections.ConfigDict, total_steps: int) -> optax.
   return optax.join_schedules([optax.linear_schedule(0.0, base, warmup), decay], [warmup])
 
 
-def _decay_mask(params: Any) -> Any:
-  return jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
+def decay_mask(params: Any, patterns: Sequence[str] = DEFAULT_DECAY_PATTERNS) -> Any:
+  """A tree of bools like `params`: True where the leaf's name matches one of `patterns`."""
+  compiled = [re.compile(p) for p in patterns]
+  return jax.tree_util.tree_map_with_path(
+    lambda path, _: any(c.search(sharding.path_name(path)) for c in compiled), params
+  )
 
 
 def make_optimizer(
@@ -56,8 +70,8 @@ def make_optimizer(
   """The optimizer.
 
   Args:
-    config: `name` ('adam' | 'sgd'); for adam `b1`, `b2`, `weight_decay`; for sgd `momentum`,
-      `weight_decay`.
+    config: `name` ('adam' | 'sgd'); for adam `b1`, `b2`; for sgd `momentum`; both
+      `weight_decay` and optionally `decay_patterns` (default DEFAULT_DECAY_PATTERNS).
     schedule: learning rate per step.
     grad_clip_norm: clip gradients to this global norm first; None or 0 disables.
 
@@ -75,6 +89,9 @@ def make_optimizer(
   else:
     raise ValueError(f"unknown optimizer {config.name!r}")
   if config.weight_decay:
-    parts.append(optax.add_decayed_weights(float(config.weight_decay), mask=_decay_mask))
+    patterns = tuple(config.get("decay_patterns", DEFAULT_DECAY_PATTERNS))
+    parts.append(
+      optax.add_decayed_weights(float(config.weight_decay), mask=lambda p: decay_mask(p, patterns))
+    )
   parts.append(optax.scale_by_learning_rate(schedule))
   return optax.chain(*parts)
