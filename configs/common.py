@@ -22,7 +22,7 @@ from typing import Any
 
 import ml_collections
 
-from vit_jax import models
+from vit_jax import models, optim
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -76,6 +76,49 @@ def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
       raise KeyError(f"model field {key!r} does not exist; fields: {sorted(config)}")
     config[key] = value
   return config
+
+
+def adam_config(weight_decay: float) -> ml_collections.ConfigDict:
+  """Adam of the paper's pretraining (β1=0.9, β2=0.999), decoupled decay on `decay_patterns`."""
+  return ml_collections.ConfigDict(
+    dict(
+      name="adam",
+      b1=0.9,
+      b2=0.999,
+      weight_decay=weight_decay,
+      decay_patterns=optim.DEFAULT_DECAY_PATTERNS,
+    )
+  )
+
+
+def sgd_config(momentum: float = 0.9, weight_decay: float = 0.0) -> ml_collections.ConfigDict:
+  """SGD with momentum of the paper's fine-tuning (no weight decay)."""
+  return ml_collections.ConfigDict(
+    dict(
+      name="sgd",
+      momentum=momentum,
+      weight_decay=weight_decay,
+      decay_patterns=optim.DEFAULT_DECAY_PATTERNS,
+    )
+  )
+
+
+def fewshot_eval(
+  config: ml_collections.ConfigDict,
+  dataset: dict[str, Any],
+  every_steps: int,
+  shots: tuple[int, ...] = (1, 5, 10, 25),
+) -> ml_collections.ConfigDict:
+  """A few-shot evaluator entry on a downstream `dataset` (dataset_config fields).
+
+  The images are resized to the stage's resolution: the entry's `image_size` is a reference to
+  `config.dataset.image_size`, so `--config.dataset.image_size` and `runlocal` move it too.
+  """
+  entry = ml_collections.ConfigDict(
+    dict(type="fewshot", every_steps=every_steps, dataset=dict(dataset), shots=shots)
+  )
+  entry.dataset.image_size = config.dataset.get_ref("image_size")
+  return entry
 
 
 def mesh_config(data: int = -1, fsdp: int = 1, model: int = 1) -> ml_collections.ConfigDict:

@@ -17,6 +17,9 @@ ARGS = {
   "pretrain": [
     "dataset=imagenet21k",
     "dataset=jft,model=L/16",
+    "dataset=jft,model=H/14",
+    "dataset=imagenet21k,model=L/32,epochs=30",
+    "dataset=imagenet2012,model=B/32",
     "dataset=fashion_mnist",
     "dataset=imagenet21k,loss=softmax",
   ],
@@ -26,7 +29,7 @@ ARGS = {
     "dataset=cifar100,model=L/16",
     "dataset=oxford_iiit_pet",
     "dataset=oxford_flowers102",
-    "dataset=vtab,vtab_task=dtd",
+    "dataset=cifar10,holdout=false,lr=0.01",
     "dataset=animal_mnist",
   ],
   "linear_probe": ["", "dataset=fashion_mnist"],
@@ -107,16 +110,89 @@ def test_finetune_presets_match_the_paper():
     "cifar100": 10_000,
     "oxford_iiit_pet": 500,
     "oxford_flowers102": 500,
-    "vtab": 2_500,
   }
+  # The paper's development sets: 1% of ImageNet, 2% of CIFAR, 10% of Pets and Flowers.
+  minival = {"imagenet2012": 1, "cifar10": 2, "cifar100": 2, "oxford_iiit_pet": 10}
+  minival["oxford_flowers102"] = 10
   for dataset, total in steps.items():
     config = _get("finetune", f"dataset={dataset}")
     assert config.total_steps == total, dataset
     assert config.batch_size == 512
-    assert config.optimizer.to_dict() == dict(name="sgd", momentum=0.9, weight_decay=0.0)
+    assert config.optimizer.name == "sgd" and config.optimizer.momentum == 0.9
+    assert config.optimizer.weight_decay == 0.0
     assert config.grad_clip_norm == 1.0
     assert config.schedule.name == "warmup_cosine"
     assert config.model.representation_size is None
+    pct = minival[dataset]
+    assert config.dataset.train_split == f"train[:{100 - pct}%]"
+    assert config.evals.minival.split == f"train[{100 - pct}%:]"
+    assert not config.init_from_scratch and not config.model_init
+    final = _get("finetune", f"dataset={dataset},holdout=false,lr=0.01")
+    assert final.dataset.train_split == "train" and "minival" not in final.evals
+    assert final.schedule.base_lr == 0.01
+
+
+# The paper's Table 3: (dataset, model) -> epochs, base lr, decay, weight decay, dropout.
+TABLE_3 = {
+  ("jft", "B/16"): (7, 8e-4, "linear", 0.1, 0.0),
+  ("jft", "B/32"): (7, 8e-4, "linear", 0.1, 0.0),
+  ("jft", "L/32"): (7, 6e-4, "linear", 0.1, 0.0),
+  ("jft", "L/16"): (14, 4e-4, "linear", 0.1, 0.0),
+  ("jft", "H/14"): (14, 3e-4, "linear", 0.1, 0.0),
+  ("jft", "R50+B/16"): (7, 8e-4, "linear", 0.1, 0.0),
+  ("jft", "R50+L/32"): (7, 2e-4, "linear", 0.1, 0.0),
+  ("imagenet21k", "B/16"): (90, 1e-3, "linear", 0.03, 0.1),
+  ("imagenet21k", "B/32"): (90, 1e-3, "linear", 0.03, 0.1),
+  ("imagenet21k", "L/16"): (90, 1e-3, "linear", 0.03, 0.1),
+  ("imagenet21k", "L/32"): (90, 1e-3, "linear", 0.03, 0.1),
+  ("imagenet2012", "B/16"): (300, 3e-3, "cosine", 0.3, 0.1),
+  ("imagenet2012", "L/16"): (300, 3e-3, "cosine", 0.3, 0.1),
+}
+IMAGES = {"jft": 303_000_000, "imagenet21k": 14_197_122, "imagenet2012": 1_281_167}
+
+
+@pytest.mark.parametrize("dataset,model", sorted(TABLE_3))
+def test_pretrain_recipes_are_the_papers_table_3(dataset, model):
+  epochs, lr, decay, wd, dropout = TABLE_3[(dataset, model)]
+  config = _get("pretrain", f"dataset={dataset},model={model}")
+  assert config.total_steps == round(epochs * IMAGES[dataset] / 4096)
+  assert config.schedule.base_lr == lr
+  assert config.schedule.name == f"warmup_{decay}"
+  assert config.schedule.warmup_steps == 10_000 and config.schedule.end_lr == 0.0
+  assert config.batch_size == 4096
+  assert config.optimizer.name == "adam" and (config.optimizer.b1, config.optimizer.b2) == (
+    0.9,
+    0.999,
+  )
+  assert config.optimizer.weight_decay == wd
+  assert config.model.dropout_rate == dropout
+  # "For ImageNet we found it beneficial to additionally apply gradient clipping at global norm 1"
+  assert config.grad_clip_norm == (1.0 if dataset == "imagenet2012" else 0.0)
+
+
+def test_pretrain_other_lengths_and_missing_entries():
+  # Table 3's second length for L/16 on JFT (7 of "7/14") and L on ImageNet-21k (30 of "30/90").
+  assert _get("pretrain", "dataset=jft,model=L/16,epochs=7").total_steps == 517_822
+  assert _get("pretrain", "dataset=imagenet21k,model=L/16,epochs=30").total_steps == 103_983
+  with pytest.raises(ValueError, match="not 3"):
+    _get("pretrain", "dataset=jft,model=B/16,epochs=3")
+  with pytest.raises(ValueError, match="no imagenet21k recipe for ViT-H_14"):
+    _get("pretrain", "dataset=imagenet21k,model=H/14")
+  config = _get("pretrain", "dataset=imagenet21k,model=H/14,epochs=90,lr=1e-3")
+  assert config.total_steps == 311_948 and config.schedule.base_lr == 1e-3
+
+
+def test_pretrain_fewshot_runs_on_downstream_datasets():
+  for arg, names in (
+    ("dataset=jft", {"imagenet2012", "cifar100", "oxford_iiit_pet"}),
+    ("dataset=fashion_mnist", {"animal_mnist", "mnist_5k"}),
+  ):
+    config = _get("pretrain", arg)
+    fewshot = [e for e in config.evals.values() if e.type == "fewshot"]
+    assert {e.dataset.name for e in fewshot} == names
+    assert config.dataset.name not in names
+    config.dataset.image_size = 48  # the downstream images follow the pretraining resolution
+    assert all(e.dataset.image_size == 48 for e in fewshot)
 
 
 def test_pretrain_sigmoid_head_bias():

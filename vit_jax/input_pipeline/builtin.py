@@ -11,6 +11,11 @@
 The last three have no official split: `test` is the last 10% of each class (in file order),
 `train` the rest, so the split is fixed and stratified. Each loader returns images uint8 [N, H, W, 1]
 and labels int64 [N].
+
+Splits can be sliced in tfds's syntax: `train[:3750]` / `train[1000:]` take examples in file
+order; `train[:98%]` / `train[98%:]` take the percentage *of each class* (the first 98% of
+every class, in file order), so a held-out slice of a class-sorted split has every class, and
+`train[:98%]` and `train[98%:]` are disjoint and cover the split.
 """
 
 import dataclasses
@@ -19,6 +24,7 @@ import gzip
 import importlib.util
 import os
 import pickle
+import re
 
 import numpy as np
 
@@ -171,10 +177,33 @@ def load(name: str) -> ArrayDataset:
   return LOADERS[name]()
 
 
+_SLICE = re.compile(r"^(\w+)\[(-?\d*)(%?):(-?\d*)(%?)\]$")
+
+
 def get_split(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """(images uint8 [N, H, W, 1], labels int64 [N]) of a split or a slice of one (see above)."""
   dataset = load(name)
-  if split not in dataset.splits:
+  match = _SLICE.match(split)
+  base = match.group(1) if match else split
+  if base not in dataset.splits:
     raise ValueError(
-      f"Builtin dataset {name!r} has no split {split!r}; splits: {sorted(dataset.splits)}"
+      f"Builtin dataset {name!r} has no split {base!r}; splits: {sorted(dataset.splits)}"
     )
-  return dataset.splits[split]
+  images, labels = dataset.splits[base]
+  if not match:
+    return images, labels
+  start, start_pct, stop, stop_pct = match.group(2, 3, 4, 5)
+  if start_pct != stop_pct and start and stop:
+    raise ValueError(f"split {split!r}: mix of percent and absolute bounds")
+  if not (start_pct or stop_pct):
+    rows = np.arange(len(labels))[slice(int(start) if start else None, int(stop) if stop else None)]
+  else:
+    rows = []
+    for c in np.unique(labels):
+      members = np.flatnonzero(labels == c)
+      lo, hi = (None if not b else int(round(len(members) * int(b) / 100)) for b in (start, stop))
+      rows.append(members[lo:hi])
+    rows = np.sort(np.concatenate(rows))
+  if not len(rows):
+    raise ValueError(f"split {split!r} of builtin dataset {name!r} is empty")
+  return images[rows], labels[rows]

@@ -219,6 +219,7 @@ def count_tfrecords(path: str) -> int:
   return sum(len(chunk[0]) for chunk in _read_tfrecord_chunks(path.encode()))
 
 
+@tf.autograph.experimental.do_not_convert
 def _tfrecord_file_dataset(path: tf.Tensor) -> tf.data.Dataset:
   ds = tf.data.Dataset.from_generator(
     _read_tfrecord_chunks,
@@ -230,7 +231,9 @@ def _tfrecord_file_dataset(path: tf.Tensor) -> tf.data.Dataset:
     ),
   ).unbatch()
   return ds.map(
-    lambda record, index, ok: {"record": record, "file": path, "index": index, "ok": ok}
+    tf.autograph.experimental.do_not_convert(
+      lambda record, index, ok: {"record": record, "file": path, "index": index, "ok": ok}
+    )
   )
 
 
@@ -384,7 +387,11 @@ class TfdsSource(Source):
       except Exception:  # Split sizes unknown (mock data): count.
         ds = self._as_dataset(host)
         n = int(ds.cardinality())
-        self._lengths[host] = n if n >= 0 else int(ds.reduce(0, lambda c, _: c + 1))
+        self._lengths[host] = (
+          n
+          if n >= 0
+          else int(ds.reduce(0, tf.autograph.experimental.do_not_convert(lambda c, _: c + 1)))
+        )
     return self._lengths[host]
 
   @functools.cached_property
@@ -429,7 +436,7 @@ def get_dataset_info(config) -> DatasetInfo:
   if config.source == "builtin":
     data = builtin.load(config.name)
     class_names = list(data.class_names)
-    num_examples = {s: len(data.splits[s][1]) if s in data.splits else None for s in splits}
+    num_examples = {s: len(builtin.get_split(config.name, s)[1]) for s in splits}
   elif config.source == "folder":
     class_names = folder_class_names(config.data_dir) if config.data_dir else None
     num_examples = {s: FolderSource(config, s, 0, 1).num_items for s in splits}
