@@ -65,10 +65,12 @@ def _assert_trees(a, b, exact=False, atol=1e-5):
 def test_stages_run_a_few_steps(tmp_path):
   """pretrain (with its evaluators) → finetune from its Orbax checkpoint at another resolution."""
   config = pretrain.get_config("dataset=fashion_mnist,runlocal")
-  config.evals.fewshot.every_steps = 0  # at the end only
+  config.evals.fewshot_animal_mnist.every_steps = 0  # at the end only
+  del config.evals["fewshot_mnist_5k"]
   metrics = main.run(config, str(tmp_path / "pretrain"))
   assert np.isfinite(metrics["loss"])
-  assert "val/accuracy" in metrics and "fewshot/1shot" in metrics
+  # Few-shot on the downstream set, not on the pretraining data.
+  assert "val/accuracy" in metrics and "fewshot_animal_mnist/1shot" in metrics
   assert (tmp_path / "pretrain" / "config.json").exists()
   assert train_checkpoint.Checkpointer(str(tmp_path / "pretrain"), 3, 2).latest_step() == 6
 
@@ -85,11 +87,19 @@ def test_stages_run_a_few_steps(tmp_path):
 def test_linear_probe_stage_runs(tmp_path):
   config = small_config(total_steps=2, every_steps=2)
   train.run(config, str(tmp_path / "pretrain"))
-  from configs import linear_probe
+  from configs import linear_probe as probe_config
+  from vit_jax import linear_probe
 
-  config = linear_probe.get_config("dataset=fashion_mnist,runlocal")
+  config = probe_config.get_config("dataset=fashion_mnist,runlocal")
   config.model_init = str(tmp_path / "pretrain")
-  main.run(config, str(tmp_path / "probe"))
+  returned = main.run(config, str(tmp_path / "probe"))
+  saved = linear_probe.read_results(tmp_path / "probe")
+  assert saved["model_init"] == config.model_init and saved["dataset"] == "fashion_mnist"
+  # The probe read the pre-logits of the pretrained backbone (width 32 under runlocal).
+  assert saved["linear_probe/representation_size"] == 32
+  for name in ("ridge_accuracy", "logreg_accuracy"):
+    assert 0.0 <= saved[f"linear_probe/{name}"] <= 1.0
+    assert saved[f"linear_probe/{name}"] == returned[f"linear_probe/{name}"]
 
 
 def test_mesh_equivalence_and_restore_onto_another_mesh(tmp_path):

@@ -5,6 +5,7 @@ get a writer that drops them, and still log progress through absl, so a hung hos
 its own log. Nothing here synchronises devices.
 """
 
+import contextlib
 import time
 from typing import Any
 
@@ -71,25 +72,41 @@ def compiled_flops(compiled: Any) -> float | None:
 
 
 class Throughput:
-  """Images/s and MFU between two log points (wall clock, host side)."""
+  """Images/s and MFU between two log points, counting only time spent training.
+
+  Wall-clock time inside `paused()` (evaluation, checkpoint saves) is left out.
+  """
 
   def __init__(self, batch_size: int, flops_per_step: float | None):
     self._batch_size = batch_size
-    peak = peak_flops_per_device()
     self._flops = flops_per_step
-    self._peak = peak
+    self._peak = peak_flops_per_device()
     self._t, self._step = None, None
+    self._paused = 0.0  # seconds paused since the previous call
+
+  @contextlib.contextmanager
+  def paused(self, pending: Any = None):
+    """Excludes the time of the `with` body; `pending` (arrays) is waited for first, so steps
+    still running on the devices count as training time."""
+    if pending is not None:
+      jax.block_until_ready(pending)
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._paused += time.perf_counter() - start
 
   def __call__(self, step: int) -> dict[str, float]:
     """Returns the throughput metrics since the previous call (empty on the first)."""
     now = time.perf_counter()
     out = {}
     if self._t is not None and step > self._step:
-      steps_per_sec = (step - self._step) / (now - self._t)
+      seconds = max(now - self._t - self._paused, 1e-9)
+      steps_per_sec = (step - self._step) / seconds
       out["images_per_sec"] = steps_per_sec * self._batch_size
       if self._flops and self._peak:
         out["mfu"] = steps_per_sec * self._flops / self._peak
-    self._t, self._step = now, step
+    self._t, self._step, self._paused = now, step, 0.0
     return out
 
 

@@ -9,6 +9,16 @@ a function of the seed and the iterator state saved with each checkpoint; the dr
 step s is fold_in(rng, s) (and fold_in(., micro-batch) under gradient accumulation); the step
 is part of the state. Nothing depends on wall-clock time or on how often metrics are fetched.
 
+Metrics: each step adds its sums (loss, correct top-1, examples, gradient norm) to an on-device
+window that the host reads and resets at every log step, so a logged loss or accuracy is the mean
+over the window's examples, not the last step's. Training accuracy is top-1 for single-label data
+and precision@1 (the top-scoring class is one of the image's labels) for multi-label data.
+Images/s and MFU count only time spent training: evaluation and checkpoint saves are excluded.
+
+Workdir: a config that differs from the workdir's saved `config.json` in a field that may not
+change on resume stops the run before anything is touched (vit_jax.workdir); `config.json` is
+written, atomically, once the state is restored or initialised.
+
 Non-finite losses: each step records on device the first step whose loss or gradient norm was
 not finite; the host reads that one scalar whenever it fetches metrics and before every
 checkpoint, so a bad step stops the run (FloatingPointError naming the step) and is never saved.
@@ -26,7 +36,6 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -42,9 +51,32 @@ from vit_jax import (
   sharding,
   train_checkpoint,
 )
+from vit_jax import (
+  workdir as workdir_lib,
+)
 
-CONFIG_FILE = "config.json"
 State = dict[str, Any]  # step int32 [], params, opt_state, rng uint32 [2]
+# Sums over the steps since the last log: loss_sum, correct, examples, grad_norm_sum, steps
+# (float32 []), and first_bad (int32 []): 1-based first step whose loss was not finite, or -1.
+Window = dict[str, jax.Array]
+_WINDOW_SUMS = ("loss_sum", "correct", "examples", "grad_norm_sum", "steps")
+
+
+def empty_window() -> Window:
+  """A fresh metrics window (host values; the step places it on the mesh)."""
+  return {**{k: np.float32(0) for k in _WINDOW_SUMS}, "first_bad": np.int32(-1)}
+
+
+def window_metrics(window: Window) -> dict[str, float]:
+  """Means over a window read back from the device: loss, accuracy and gradient norm."""
+  w = {k: float(v) for k, v in jax.device_get(window).items()}
+  examples, steps = max(w["examples"], 1.0), max(w["steps"], 1.0)
+  return dict(
+    loss=w["loss_sum"] / examples,
+    accuracy=w["correct"] / examples,
+    grad_norm=w["grad_norm_sum"] / steps,
+    examples=w["examples"],
+  )
 
 
 def _image_shape(config: ml_collections.ConfigDict) -> tuple[int, int]:
@@ -60,12 +92,14 @@ def make_train_step(
   num_classes: int,
   accum_steps: int,
   mesh: jax.sharding.Mesh,
+  multi_label: bool = False,
 ):
-  """Returns train_step(state, batch, first_bad) -> (state, metrics, first_bad), un-jitted.
+  """Returns train_step(state, batch, window) -> (state, window, learning_rate), un-jitted.
 
   The loss is the mean over the examples whose mask is 1, computed over the whole global batch
   whatever `accum_steps` is: micro-batches sum masked losses and gradients, divided once at the
-  end. `first_bad` is the 1-based number of the first step with a non-finite loss, or -1.
+  end. The step adds its sums to `window` (see `Window`) and records there the first step with a
+  non-finite loss or gradient norm. Accuracy counts top-1 hits, or precision@1 if `multi_label`.
   """
   loss_fn = losses.LOSSES[loss_name]
 
@@ -75,7 +109,11 @@ def make_train_step(
       targets = losses.dense_targets(micro["label"], num_classes)
       mask = micro["mask"]
       per_example = loss_fn(logits, targets)
-      correct = jnp.argmax(logits, -1) == jnp.argmax(targets, -1)
+      top1 = jnp.argmax(logits, -1)
+      if multi_label:  # precision@1: the top class is one of the labels
+        correct = jnp.take_along_axis(targets, top1[:, None], axis=-1)[:, 0] > 0
+      else:
+        correct = top1 == jnp.argmax(targets, -1)
       return jnp.sum(per_example * mask), jnp.sum(correct * mask)
 
     (total, correct), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
@@ -89,7 +127,7 @@ def make_train_step(
     spec = P(None, sharding.BATCH_AXES, *([None] * (x.ndim - 2)))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
-  def train_step(state: State, batch: dict[str, jax.Array], first_bad: jax.Array):
+  def train_step(state: State, batch: dict[str, jax.Array], window: Window):
     params, step = state["params"], state["step"]
     step_key = jax.random.fold_in(state["rng"], step)
     batch = {k: batch[k] for k in ("image", "label", "mask")}
@@ -115,22 +153,23 @@ def make_train_step(
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     params = optax.apply_updates(params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    first_bad = jnp.where((first_bad < 0) & ~finite, step + 1, first_bad)
-    new_state = dict(step=step + 1, params=params, opt_state=opt_state, rng=state["rng"])
-    metrics = dict(
-      loss=loss,
-      accuracy=correct / denom,
-      grad_norm=grad_norm,
-      learning_rate=schedule(step),
-      examples=count,
+    first_bad = window["first_bad"]
+    window = dict(
+      loss_sum=window["loss_sum"] + loss_sum,
+      correct=window["correct"] + correct,
+      examples=window["examples"] + count,
+      grad_norm_sum=window["grad_norm_sum"] + grad_norm,
+      steps=window["steps"] + 1.0,
+      first_bad=jnp.where((first_bad < 0) & ~finite, step + 1, first_bad),
     )
-    return new_state, metrics, first_bad
+    new_state = dict(step=step + 1, params=params, opt_state=opt_state, rng=state["rng"])
+    return new_state, window, schedule(step)
 
   return train_step
 
 
-def _check_finite(first_bad: jax.Array, checkpointer: train_checkpoint.Checkpointer) -> None:
-  bad = int(jax.device_get(first_bad))
+def _check_finite(window: Window, checkpointer: train_checkpoint.Checkpointer) -> None:
+  bad = int(jax.device_get(window["first_bad"]))
   if bad >= 0:
     last = checkpointer.latest_step()
     raise FloatingPointError(
@@ -176,15 +215,16 @@ def run(
   """
   # ----------------------------------------------------------------------------------------------
   # Setup.
+  if config.stage == "finetune" and not config.model_init and not config.init_from_scratch:
+    raise ValueError(
+      "fine-tuning without config.model_init (the pretrained checkpoint) would train from "
+      "random initialisation; set --config.model_init=<workdir or .npz>, or "
+      "--config.init_from_scratch=true to do that on purpose"
+    )
+  if train_checkpoint.committed_steps(workdir):
+    workdir_lib.check_config(workdir, config)
   mesh = sharding.make_mesh(config.mesh, devices)
-  writer = logging_util.create_writer(workdir)
   logging.info("mesh %s over %d processes", dict(mesh.shape), jax.process_count())
-  if jax.process_index() == 0:
-    # The stage config travels with the checkpoints: the linear probe and predict read the
-    # architecture and preprocessing from it.
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    (epath.Path(workdir) / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
-    writer.write_hparams(_flat_hparams(config))
   total_steps = int(config.total_steps)
   batch_size, accum = int(config.batch_size), int(config.accum_steps)
   shards = sharding.num_batch_shards(mesh)
@@ -252,6 +292,12 @@ def run(
       state = dict(state, params=params, opt_state=opt_state)
   start_step = int(jax.device_get(state["step"]))
   logging_util.log_parameter_overview(state["params"])
+  writer = logging_util.create_writer(workdir)
+  if jax.process_index() == 0:
+    # The stage config travels with the checkpoints: the linear probe and predict read the
+    # architecture and preprocessing from it.
+    workdir_lib.save_config(workdir, config)
+    writer.write_hparams(_flat_hparams(config))
 
   # ----------------------------------------------------------------------------------------------
   # Evaluators.
@@ -276,8 +322,10 @@ def run(
   )
   # ----------------------------------------------------------------------------------------------
   # Loop.
-  step_fn = make_train_step(model, tx, schedule, config.loss, num_classes, accum, mesh)
-  first_bad = jax.device_put(jnp.int32(-1), replicated)
+  step_fn = make_train_step(
+    model, tx, schedule, config.loss, num_classes, accum, mesh, bool(info.multi_label)
+  )
+  window = jax.device_put(empty_window(), replicated)
   compiled = None
   progress = logging_util.report_progress(total_steps, writer, config.log_every_steps)
   throughput = None
@@ -298,33 +346,36 @@ def run(
               out_shardings=(state_shardings, replicated, replicated),
               donate_argnums=(0,),
             )
-            .lower(state, _select(batch), first_bad)
+            .lower(state, _select(batch), window)
             .compile()
           )
           throughput = logging_util.Throughput(batch_size, logging_util.compiled_flops(compiled))
           throughput(step - 1)
-        state, step_metrics, first_bad = compiled(state, _select(batch), first_bad)
+        state, window, learning_rate = compiled(state, _select(batch), window)
       progress(step)
 
       if step % config.log_every_steps == 0 or step == total_steps:
-        _check_finite(first_bad, checkpointer)
-        metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        _check_finite(window, checkpointer)
+        metrics = window_metrics(window)
+        metrics["learning_rate"] = float(learning_rate)
         metrics.update(throughput(step))
         metrics["skipped_examples_this_host"] = float(train_iter.num_skipped)
         writer.write_scalars(step, metrics)
+        window = jax.device_put(empty_window(), replicated)
 
       preempted = checkpointer.reached_preemption(step)
       if step == total_steps or preempted or checkpointer.should_save(step):
-        _check_finite(first_bad, checkpointer)
+        _check_finite(window, checkpointer)
         data_state = _gather_data_state(train_iter.get_state())
-        checkpointer.save(step, state, data_state, force=step == total_steps or preempted)
+        with throughput.paused(window):
+          checkpointer.save(step, state, data_state, force=step == total_steps or preempted)
       if preempted:
         logging.warning("preempted at step %d: checkpoint saved, stopping", step)
         break
 
       for evaluator in evals:
         if (evaluator.every_steps and step % evaluator.every_steps == 0) or step == total_steps:
-          with progress.timed(evaluator.name):
+          with progress.timed(evaluator.name), throughput.paused(window):
             results = evaluator.run(state["params"])
           writer.write_scalars(step, results)
           metrics.update(results)

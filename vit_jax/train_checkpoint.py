@@ -115,10 +115,26 @@ def _state_dir(path: epath.Path) -> epath.Path:
     return path / _STATE
   if (path / CHECKPOINT_DIR).is_dir():
     path = path / CHECKPOINT_DIR
-  steps = [int(p.name) for p in path.iterdir() if p.name.isdigit() and (p / _STATE).is_dir()]
+  steps = committed_steps(path)
   if not steps:
-    raise FileNotFoundError(f"no Orbax checkpoint under {path}")
+    raise FileNotFoundError(f"no committed Orbax checkpoint under {path}")
   return path / str(max(steps)) / _STATE
+
+
+def committed_steps(path: str | os.PathLike) -> list[int]:
+  """Steps under `path` (a workdir or its `checkpoints/`) that Orbax has committed.
+
+  Orbax's own discovery, the one CheckpointManager resumes from: a step counts once it was
+  renamed from its temporary directory (or, on object stores, carries the commit marker), so a
+  half-written step is never read.
+  """
+  path = epath.Path(path)
+  if (path / CHECKPOINT_DIR).is_dir():
+    path = path / CHECKPOINT_DIR
+  if not path.is_dir():
+    return []
+  found = ocp.step.standard_name_format().find_all(path)
+  return sorted(m.step for m in found if (m.path / _STATE).is_dir())
 
 
 def restore_params(path: str | os.PathLike) -> dict[str, Any]:

@@ -1,0 +1,176 @@
+"""The train step's arithmetic and the trainer's guards around a workdir.
+
+Gradient accumulation equals one big batch; metrics are window means; multi-label accuracy is
+precision@1; a finetune without weights, or a resume with another config, stops before anything
+in the workdir is touched.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from configs import finetune, pretrain
+from vit_jax import logging_util, models, optim, sharding, train, workdir
+
+
+def _step_fn(accum_steps, loss="softmax_xent", multi_label=False, num_classes=4):
+  model = models.get_model("testing", num_classes=num_classes)
+  # SGD: the update is the gradient itself (Adam's normalisation would magnify float noise of
+  # near-zero gradients, which is not what this compares).
+  config = finetune.get_config("dataset=animal_mnist")
+  schedule = optax.constant_schedule(0.1)
+  tx = optim.make_optimizer(config.optimizer, schedule, grad_clip_norm=1.0)
+  mesh = sharding.make_mesh(pretrain.common.mesh_config(), jax.devices()[:1])
+  fn = train.make_train_step(model, tx, schedule, loss, num_classes, accum_steps, mesh, multi_label)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)["params"]
+  state = dict(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=jax.random.key(1))
+  return jax.jit(fn), state
+
+
+def _batch(n=8, num_classes=4, seed=0):
+  rng = np.random.default_rng(seed)
+  return dict(
+    image=rng.uniform(-1, 1, (n, 16, 16, 3)).astype(np.float32),
+    label=rng.integers(0, num_classes, n).astype(np.int32),
+    mask=np.ones(n, np.float32),
+  )
+
+
+def test_two_micro_batches_equal_one_batch():
+  batch = _batch()
+  out = {}
+  for accum in (1, 2):
+    step, state = _step_fn(accum)
+    window = train.empty_window()
+    for _ in range(2):
+      state, window, _ = step(state, batch, window)
+    out[accum] = (state["params"], train.window_metrics(window))
+  leaves = [jax.tree_util.tree_leaves(out[a][0]) for a in (1, 2)]
+  for a, b in zip(*leaves, strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  for key in ("loss", "accuracy", "grad_norm", "examples"):
+    np.testing.assert_allclose(out[1][1][key], out[2][1][key], rtol=1e-6)
+
+
+def test_window_metrics_are_means_over_the_logging_window():
+  step, state = _step_fn(1)
+  window = train.empty_window()
+  losses, hits, norms = [], [], []
+  for seed in range(3):
+    batch = _batch(seed=seed)
+    # The loss and accuracy of this step alone, from a fresh window.
+    _, alone, _ = step(state, batch, train.empty_window())
+    alone = train.window_metrics(alone)
+    losses.append(alone["loss"])
+    hits.append(alone["accuracy"])
+    norms.append(alone["grad_norm"])
+    state, window, _ = step(state, batch, window)
+  mean = train.window_metrics(window)
+  np.testing.assert_allclose(mean["loss"], np.mean(losses), rtol=1e-5)
+  np.testing.assert_allclose(mean["accuracy"], np.mean(hits), rtol=1e-6)
+  np.testing.assert_allclose(mean["grad_norm"], np.mean(norms), rtol=1e-5)
+  assert mean["examples"] == 24
+
+
+def test_multi_label_accuracy_is_precision_at_1():
+  num_classes = 4
+  step, state = _step_fn(1, loss="sigmoid_xent", multi_label=True, num_classes=num_classes)
+  batch = _batch(num_classes=num_classes)
+  # The (zero-initialised) head scores every class alike: argmax picks class 0 for every image.
+  labels = np.zeros((8, num_classes), np.float32)
+  labels[:3, 0] = 1  # 3 images carry class 0 among their labels
+  labels[:, 2] = 1  # all carry class 2, which top-1 accuracy against argmax(labels) would count
+  batch["label"] = labels
+  _, window, _ = step(state, batch, train.empty_window())
+  assert train.window_metrics(window)["accuracy"] == pytest.approx(3 / 8)
+
+
+def test_throughput_leaves_out_paused_time(monkeypatch):
+  clock = iter([0.0, 10.0, 14.0, 20.0])
+  monkeypatch.setattr(logging_util.time, "perf_counter", lambda: next(clock))
+  throughput = logging_util.Throughput(batch_size=100, flops_per_step=None)
+  throughput(0)  # t=0
+  with throughput.paused():  # t=10 .. 14: an evaluation
+    pass
+  out = throughput(2)  # t=20: 2 steps in 20 - 4 seconds of training
+  assert out["images_per_sec"] == pytest.approx(2 * 100 / 16)
+
+
+def test_finetune_without_weights_is_refused(tmp_path):
+  config = finetune.get_config("dataset=animal_mnist,runlocal")
+  with pytest.raises(ValueError, match="init_from_scratch"):
+    train.run(config, str(tmp_path / "ft"))
+  assert not (tmp_path / "ft").exists()
+
+
+def _tiny(total_steps=2):
+  config = pretrain.get_config("dataset=fashion_mnist,runlocal")
+  config.evals = {}
+  config.total_steps = total_steps
+  config.checkpoint.every_steps = 2
+  return config
+
+
+def test_resume_with_another_config_is_refused_and_nothing_is_touched(tmp_path):
+  run_dir = tmp_path / "run"
+  train.run(_tiny(), str(run_dir), devices=jax.devices()[:1])
+  before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+  saved = (run_dir / "config.json").read_text()
+
+  changed = _tiny()
+  changed.model.hidden_size = 48
+  changed.optimizer.weight_decay = 0.5
+  with pytest.raises(ValueError) as error:
+    train.run(changed, str(run_dir), devices=jax.devices()[:1])
+  message = str(error.value)
+  assert "\n" not in message
+  assert "model.hidden_size: 32 -> 48" in message and "optimizer.weight_decay" in message
+  assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+  assert (run_dir / "config.json").read_text() == saved
+
+  # What may change on resume does not stop it: a longer run, other eval/log frequencies.
+  longer = _tiny(total_steps=4)
+  longer.log_every_steps = 1
+  train.run(longer, str(run_dir), devices=jax.devices()[:1])
+  assert json.loads((run_dir / "config.json").read_text())["total_steps"] == 4
+
+
+def test_config_differences_list_only_frozen_fields():
+  config = _tiny()
+  saved = json.loads(config.to_json_best_effort())
+  assert workdir.differences(saved, config) == []
+  config.total_steps = 100
+  config.mesh.fsdp = 2
+  config.evals.val = dict(type="classification", every_steps=5)
+  assert workdir.differences(saved, config) == []
+  config.dataset.image_size = 24
+  assert workdir.differences(saved, config) == ["dataset.image_size: 16 -> 24"]
+
+
+def test_write_json_is_atomic(tmp_path):
+  path = tmp_path / "x.json"
+  workdir.write_json(path, {"a": 1})
+  workdir.write_json(path, {"a": 2})
+  assert json.loads(path.read_text()) == {"a": 2}
+  assert [p.name for p in tmp_path.iterdir()] == ["x.json"]  # no temporary left behind
+
+
+def test_committed_steps_ignore_half_written_ones(tmp_path):
+  from vit_jax import train_checkpoint
+
+  train.run(_tiny(total_steps=4), str(tmp_path), devices=jax.devices()[:1])
+  # A save cut short: Orbax's temporary directory of step 6, with a state inside.
+  partial = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1234"
+  (partial / "state").mkdir(parents=True)
+  assert train_checkpoint.committed_steps(tmp_path) == [2, 4]
+  checkpointer = train_checkpoint.Checkpointer(str(tmp_path), every_steps=2, keep=3)
+  assert checkpointer.latest_step() == 4
+  checkpointer.close()
+  params = train_checkpoint.restore_params(tmp_path)  # the latest committed step: 4
+  step4 = train_checkpoint.restore_params(tmp_path / "checkpoints" / "4")
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(step4), strict=True):
+    np.testing.assert_array_equal(a, b)

@@ -1,0 +1,100 @@
+"""What a stage keeps in its workdir besides checkpoints: `config.json`, and atomic JSON writes.
+
+A workdir belongs to one run. Rerunning a command resumes it; rerunning it with a different
+config would pair checkpoints with settings they were not trained with (or fail deep inside the
+restore). So before anything is restored or written, the config is compared with the saved
+`config.json`; a difference outside `RESUMABLE_FIELDS` stops the run with one line naming the
+fields, and nothing in the workdir is touched. `config.json` is written only after the state was
+restored or initialised, through a temporary file and a rename, so a reader never sees half a
+file and a failed start leaves the old one in place.
+
+This file must not import TensorFlow.
+"""
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+from etils import epath
+
+CONFIG_FILE = "config.json"
+
+# Fields (dotted paths, regular expressions matched in full) that may change when a run is
+# resumed: how long it runs, how often it logs, evaluates and saves, evaluator settings, the
+# mesh (checkpoints restore onto any mesh), where the data lives and how it is read, and
+# rematerialisation (same parameters and numbers). Everything else is part of what was trained.
+RESUMABLE_FIELDS = (
+  r"total_steps",
+  r"log_every_steps",
+  r"eval_batch_size",
+  r"evals(\..*)?",
+  r"checkpoint\.(every_steps|keep|asynchronous)",
+  r"mesh\..*",
+  r"model_init",
+  r"init_from_scratch",
+  r"dataset\.(data_dir|num_threads|prefetch)",
+  r"model\.remat",
+)
+
+
+def write_json(path: str | epath.PathLike, value: Any) -> None:
+  """Writes `value` as JSON to `path` atomically (a temporary file renamed over the target)."""
+  path = epath.Path(path)
+  tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+  text = value if isinstance(value, str) else json.dumps(value, indent=2, sort_keys=True)
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  if isinstance(tree, Mapping):
+    out = {}
+    for key, value in tree.items():
+      out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+  return {prefix: tree}
+
+
+def _comparable(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict[str, Any]:
+  """A config as the flat JSON values `config.json` holds (tuples become lists, ...)."""
+  if isinstance(config, ml_collections.ConfigDict):
+    config = json.loads(config.to_json_best_effort())
+  return _flatten(config)
+
+
+def differences(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> list[str]:
+  """'field: saved -> now' for each field that differs and may not change on resume."""
+  old, new = _comparable(saved), _comparable(config)
+  allowed = re.compile("|".join(f"(?:{p})" for p in RESUMABLE_FIELDS))
+  out = []
+  for key in sorted(set(old) | set(new)):
+    if allowed.fullmatch(key) or old.get(key, "<absent>") == new.get(key, "<absent>"):
+      continue
+    out.append(f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}")
+  return out
+
+
+def check_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Refuses to resume `workdir` with a config that differs from the saved one.
+
+  Raises:
+    ValueError: one line naming the workdir and the differing fields.
+  """
+  path = epath.Path(workdir) / CONFIG_FILE
+  if not path.exists():
+    return
+  diff = differences(json.loads(path.read_text()), config)
+  if diff:
+    shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
+    raise ValueError(
+      f"{workdir} holds a run with another config: {shown}. Use a new --workdir, or the "
+      f"saved settings ({path}); what may change on resume: vit_jax.workdir.RESUMABLE_FIELDS"
+    )
+
+
+def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes `config` as the workdir's `config.json` (atomically)."""
+  write_json(epath.Path(workdir) / CONFIG_FILE, config.to_json_best_effort(indent=2))
