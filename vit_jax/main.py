@@ -5,6 +5,10 @@ names its stage: 'pretrain' and 'finetune' run vit_jax.train, 'linear_probe' run
 vit_jax.linear_probe. Fields are overridden with `--config.field=value`; configs are locked, so a
 misspelt field is an error.
 
+The terminal shows progress, metrics, warnings and errors; everything else (library chatter,
+native messages) goes to the log file named on the first line (vit_jax.console), and a failed run
+ends with one line saying what went wrong. `--verbose` shows everything on the terminal instead.
+
 Multi-host: on a multi-host TPU VM slice `jax.distributed.initialize()` runs automatically
 (`--distributed=auto`); elsewhere (CPU or GPU clusters) pass `--coordinator_address=host:port
 --num_processes=N --process_id=i` on every process. Every process runs the same command.
@@ -16,6 +20,7 @@ Examples:
 """
 
 import os
+import sys
 
 import jax
 from absl import app, flags, logging
@@ -37,6 +42,9 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Index of this process.")
+_VERBOSE = flags.DEFINE_bool(
+  "verbose", False, "Every log line on the terminal (default: to the log file in the workdir)."
+)
 
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -85,12 +93,28 @@ def run(config, workdir: str):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  initialize_distributed(
-    _DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value
-  )
-  config = _CONFIG.value
-  logging.info("config:\n%s", config)
-  run(config, _WORKDIR.value)
+  from vit_jax import console
+
+  process = _PROCESS_ID.value or 0
+  log = None if _VERBOSE.value else console.setup(_WORKDIR.value, process)
+  try:
+    initialize_distributed(
+      _DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value
+    )
+    config = _CONFIG.value
+    logging.info("config:\n%s", config, extra={"terminal": False})
+    logging.info(
+      "%s: model %s on %s, %s steps, workdir %s",
+      config.stage,
+      config.model.get("name") if config.get("model") else "from model_init",
+      config.dataset.name,
+      config.get("total_steps", "-"),
+      _WORKDIR.value,
+    )
+    run(config, _WORKDIR.value)
+  except Exception as e:  # noqa: BLE001 - every failure ends with one line, details in the log
+    console.fail(e, log)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

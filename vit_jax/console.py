@@ -1,0 +1,76 @@
+"""What a run shows on the terminal, and the log file that keeps everything else.
+
+`setup(workdir)` sends the process's whole stderr (absl log lines of every library, TensorFlow's
+and XLA's native messages, tracebacks of background threads) to a log file, and puts a filtered
+stream on the terminal: this project's own log lines, clu's metric and progress lines, and every
+warning or error. Library chatter (Orbax's per-save lines, TensorFlow's raw read errors, asyncio
+tracebacks after a failure) stays in the file. `fail(error)` ends a failed run with one line on
+the terminal; the traceback goes to the file.
+
+The log file is `<workdir>/logs/<time>-p<process>.log` for a local workdir, or in the temporary
+directory for a remote (gs://) one. This file must not import TensorFlow.
+"""
+
+import logging
+import os
+import sys
+import tempfile
+import time
+
+from absl import logging as absl_logging
+
+# Log records from these source paths reach the terminal below WARNING: the project itself and
+# clu's metric writer and progress reports (steps/s, ETA, metric lines).
+_SHOWN_SOURCES = (
+  os.path.dirname(os.path.abspath(__file__)),
+  os.sep + os.path.join("clu", "metric_writers", "logging_writer.py"),
+  os.sep + os.path.join("clu", "platform", "local.py"),
+)
+
+_terminal = None  # the filtered stream, once set up
+
+
+class _TerminalFilter(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    if not getattr(record, "terminal", True):  # logging.info(..., extra={"terminal": False})
+      return False
+    if record.levelno >= logging.WARNING:
+      return True
+    path = os.path.abspath(record.pathname)
+    return any(s in path for s in _SHOWN_SOURCES)
+
+
+def log_path(workdir: str, process_index: int = 0) -> str:
+  """Where `setup` writes the log of this process."""
+  name = f"{time.strftime('%Y%m%d-%H%M%S')}-p{process_index}.log"
+  if "://" in workdir:
+    return os.path.join(tempfile.gettempdir(), f"vit_jax-{name}")
+  return os.path.join(workdir, "logs", name)
+
+
+def setup(workdir: str, process_index: int = 0) -> str:
+  """Routes stderr to the log file and filtered lines to the terminal; returns the log's path."""
+  global _terminal
+  path = log_path(workdir, process_index)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  sys.stderr.flush()
+  terminal_fd = os.dup(2)
+  log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+  os.dup2(log_fd, 2)  # native code and every Python stderr writer now write to the file
+  os.close(log_fd)
+  _terminal = os.fdopen(terminal_fd, "w", buffering=1)
+  handler = logging.StreamHandler(_terminal)
+  handler.setFormatter(absl_logging.PythonFormatter())
+  handler.addFilter(_TerminalFilter())
+  logging.getLogger().addHandler(handler)
+  print(f"vit_jax: full log in {path}", file=_terminal)
+  return path
+
+
+def fail(error: BaseException, path: str | None) -> None:
+  """Logs `error` with its traceback (file) and prints one line naming it (terminal)."""
+  absl_logging.error("run failed", exc_info=error, extra={"terminal": False})
+  message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+  where = f" (full log: {path})" if path else ""
+  line = f"vit_jax: error: {type(error).__name__}: {message}{where}"
+  print(line, file=_terminal or sys.stderr, flush=True)
