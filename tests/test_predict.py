@@ -117,3 +117,31 @@ def test_command_line_prints_top_classes_with_names(tmp_path):
   probs = [float(line.split("%")[0].split()[-1]) for line in lines[1:4]]
   assert sum(probs) == pytest.approx(100.0, abs=0.05) and probs == sorted(probs, reverse=True)
   assert all(any(f"{n} (" in line for n in NAMES) for line in lines[1:4])
+
+
+def test_other_image_size_resizes_posemb_and_sigmoid_heads_get_sigmoid(tmp_path):
+  model, params = _trained_params(image_size=16)
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  checkpoint.save(params, str(workdir / "params.npz"))
+  config = {
+    "model": models.get_model_config("testing").to_dict(),
+    "dataset": {"name": "toy", "image_size": 16, "class_names": NAMES},
+    "loss": "sigmoid_xent",
+  }
+  (workdir / "config.json").write_text(json.dumps(config))
+  image = Image.open(_images(tmp_path, 1)[0])
+  # 24px: a 6x6 patch grid where the checkpoint has 4x4; the same resize the probe uses.
+  clf = predict.Classifier(str(workdir / "params.npz"), image_size=24)
+  assert clf.params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 37, 32)
+  expected_posemb = checkpoint.resize_posemb(
+    params["Transformer"]["posembed_input"]["pos_embedding"], 6
+  )
+  np.testing.assert_array_equal(
+    clf.params["Transformer"]["posembed_input"]["pos_embedding"], expected_posemb
+  )
+  (probs,) = clf.probabilities([image])
+  x = predict.preprocess(image, 24)[None]
+  logits = model.apply({"params": clf.params}, x, train=False)[0]
+  np.testing.assert_allclose(probs, jax.nn.sigmoid(logits), rtol=1e-5)
+  assert not np.isclose(probs.sum(), 1.0)  # independent class scores, not a distribution

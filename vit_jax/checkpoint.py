@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from vit_jax import checkpoint_convert
@@ -283,6 +284,42 @@ def patch_grid(model_config: Any, num_patches: int) -> tuple[int, int]:
       f"model's position embedding has {num_patches} patches"
     )
   return grid
+
+
+def fit_posemb(
+  params: Mapping[str, Any],
+  model: Any,
+  model_config: Any,
+  image_size: int | Sequence[int],
+) -> Params:
+  """`params` with position embeddings resized for `model` at `image_size` (a shallow copy).
+
+  What the linear probe and predict do with a checkpoint used at another resolution than it was
+  trained at (fine-tuning goes through `load_pretrained`, which does the same and more).
+
+  Args:
+    params: nested parameters of a ViT (`Transformer/posembed_input/pos_embedding` [1, T, D]).
+    model: the Flax module that will apply them.
+    model_config: its ConfigDict (patch size, ResNet stem).
+    image_size: the input resolution, `s` or `(h, w)`.
+  """
+  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]
+  )
+  old = params["Transformer"]["posembed_input"]["pos_embedding"]
+  new = shapes["Transformer"]["posembed_input"]["pos_embedding"]
+  params = dict(params)
+  if old.shape != new.shape:
+    prefix = int("cls" in params)
+    grid_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=(h, w)))
+    grid = patch_grid(grid_config, new.shape[1] - prefix)
+    transformer = dict(params["Transformer"])
+    transformer["posembed_input"] = {
+      "pos_embedding": resize_posemb(old, grid, num_prefix_tokens=prefix)
+    }
+    params["Transformer"] = transformer
+  return params
 
 
 # ---------------------------------------------------------------------------------------------

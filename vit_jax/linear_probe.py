@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
@@ -137,21 +136,7 @@ def representation_model(
   else:
     params.pop("pre_logits", None)
   model = models.get_model(model_config, None, representation_size=rep_size, dropout_rate=0.0)
-  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-  shapes = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]
-  )
-  old = params["Transformer"]["posembed_input"]["pos_embedding"]
-  new = shapes["Transformer"]["posembed_input"]["pos_embedding"]
-  if old.shape != new.shape:
-    prefix = int("cls" in params)
-    grid_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=(h, w)))
-    grid = checkpoint.patch_grid(grid_config, new.shape[1] - prefix)
-    transformer = dict(params["Transformer"])
-    transformer["posembed_input"] = {
-      "pos_embedding": checkpoint.resize_posemb(old, grid, num_prefix_tokens=prefix)
-    }
-    params["Transformer"] = transformer
+  params = checkpoint.fit_posemb(params, model, model_config, image_size)
   return model, params
 
 

@@ -15,7 +15,6 @@ central_crop|value_range` ops), or resize to the model's size — with PIL and n
 imported only to look up a dataset's class names when no other source has them.
 """
 
-import ast
 import math
 import os
 from collections.abc import Sequence
@@ -27,7 +26,8 @@ import numpy as np
 from absl import app, flags, logging
 from PIL import Image
 
-from vit_jax import linear_probe, models
+from vit_jax import checkpoint as checkpoint_lib
+from vit_jax import linear_probe, models, pp_spec
 
 _CHECKPOINT = flags.DEFINE_string(
   "checkpoint", None, "Workdir, step directory or .npz of a trained classifier."
@@ -64,18 +64,6 @@ def _resize(image: Image.Image, height: int, width: int) -> Image.Image:
   return image.resize((width, height), Image.Resampling.BILINEAR)
 
 
-def _parse(spec: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-  ops = []
-  for part in filter(None, (p.strip() for p in spec.split("|"))):
-    call = ast.parse(part if "(" in part else part + "()", mode="eval").body
-    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
-      raise ValueError(f"cannot parse preprocessing op {part!r} in {spec!r}")
-    args = tuple(ast.literal_eval(a) for a in call.args)
-    kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-    ops.append((call.func.id, args, kwargs))
-  return ops
-
-
 def preprocess(image: Image.Image, image_size: int, spec: str = DEFAULT_PP) -> np.ndarray:
   """A PIL image → float32 [image_size, image_size, 3] per the evaluation spec.
 
@@ -83,7 +71,7 @@ def preprocess(image: Image.Image, image_size: int, spec: str = DEFAULT_PP) -> n
   central_crop and value_range; random (training) ops raise ValueError.
   """
   out: Any = image
-  for name, args, kwargs in _parse(spec):
+  for name, args, kwargs in pp_spec.parse(spec):
     if name == "decode":
       out = out.convert("RGB")
     elif name == "resize":
@@ -141,9 +129,13 @@ class Classifier:
     self.model = models.get_model(
       model_config, self.num_classes, representation_size=rep, dropout_rate=0.0
     )
-    self.params = params
     dataset = saved.get("dataset") if saved is not None else None
+    self.params = params
     self.image_size = image_size or (dataset.image_size if dataset else self._posemb_size())
+    # Another resolution than the checkpoint's: position embeddings resized to its patch grid.
+    self.params = checkpoint_lib.fit_posemb(params, self.model, model_config, self.image_size)
+    # A head trained with sigmoid cross-entropy (multi-label) scores classes independently.
+    self.sigmoid = saved is not None and saved.get("loss") == "sigmoid_xent"
     self.pp = (dataset.get("pp_eval") if dataset else None) or DEFAULT_PP
     self.class_names = list(class_names) if class_names else _dataset_class_names(dataset)
     if self.class_names and len(self.class_names) != self.num_classes:
@@ -167,7 +159,8 @@ class Classifier:
     return self.class_names[index] if self.class_names else f"class {index}"
 
   def probabilities(self, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
-    """Class probabilities [N, K] (softmax of the logits) of PIL images."""
+    """Class probabilities [N, K] of PIL images: softmax of the logits, or their sigmoid for a
+    head trained with sigmoid cross-entropy (then rows need not sum to 1)."""
     arrays = np.stack([preprocess(im, self.image_size, self.pp) for im in images])
     out = []
     for start in range(0, len(arrays), batch_size):
@@ -175,7 +168,8 @@ class Classifier:
       n = len(chunk)
       chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
       logits = self._apply(self.params, chunk)[:n]
-      out.append(np.asarray(jax.nn.softmax(logits, axis=-1)))
+      probs = jax.nn.sigmoid(logits) if self.sigmoid else jax.nn.softmax(logits, axis=-1)
+      out.append(np.asarray(probs))
     return np.concatenate(out)
 
   def top_k(self, images: Sequence[Image.Image], k: int = 5) -> list[list[tuple[int, str, float]]]:

@@ -27,6 +27,11 @@ from vit_jax.input_pipeline import preprocess, sources
 
 _ERROR_MARK = "vit_jax.input_pipeline error: "
 
+# Every function traced by tf.data here is plain graph code: AutoGraph conversion (which re-parses
+# the Python source with `ast`) buys nothing and is a hazard on CPython 3.11.7, whose `ast.parse`
+# can fail with "AST constructor recursion depth mismatch" while other threads parse too.
+graph_fn = tf.autograph.experimental.do_not_convert
+
 
 def _hosts(process_index: int | None, process_count: int | None) -> tuple[int, int]:
   index = jax.process_index() if process_index is None else process_index
@@ -60,6 +65,7 @@ def _example_fns(config, source: sources.Source, num_classes: int, pp_spec: str)
   multi = bool(config.multi_label)
   label_spec = tf.zeros([num_classes], tf.float32) if multi else tf.zeros([], tf.int32)
 
+  @graph_fn
   def process(raw, rng):
     image, labels = source.parse(raw)
     labels = tf.reshape(labels, [-1])
@@ -81,6 +87,7 @@ def _example_fns(config, source: sources.Source, num_classes: int, pp_spec: str)
       "num_labels": tf.size(labels),
     }
 
+  @graph_fn
   def sandboxed(raw, rng):
     where = source.where(raw)
     fallback = {
@@ -93,8 +100,9 @@ def _example_fns(config, source: sources.Source, num_classes: int, pp_spec: str)
     }
     good = tf.data.Dataset.from_tensors((raw, rng)).map(process).ignore_errors()
     out = good.concatenate(tf.data.Dataset.from_tensors(fallback)).take(1)
-    return out.map(lambda ex: {**ex, "where": where})
+    return out.map(graph_fn(lambda ex: {**ex, "where": where}))
 
+  @graph_fn
   def check(ex):
     message = tf.strings.join(
       [
@@ -289,13 +297,14 @@ class TrainIterator:
     if start:
       epoch0, offset = divmod(start, source.host_length(host))
 
+    @graph_fn
     def epoch(e):
       e = tf.cast(e, tf.int64)
       rng_base = tf.constant(seed * 1_000_003 + 1_000 + host, tf.int64)
       return (
         source.epoch(e, True, seed)
         .enumerate()
-        .map(lambda i, raw: (raw, tf.stack([rng_base, e * 2**32 + i])))
+        .map(graph_fn(lambda i, raw: (raw, tf.stack([rng_base, e * 2**32 + i]))))
       )
 
     ds = epoch(epoch0).skip(offset)
@@ -308,7 +317,7 @@ class TrainIterator:
       alpha, multi = float(config.mixup_alpha), bool(config.multi_label)
       mix_seed = tf.constant(seed * 1_000_003 + 2_000 + host, tf.int64)
       ds = tf.data.Dataset.zip(ds, batches).map(
-        lambda b, i: _mixup(b, tf.stack([mix_seed, i]), alpha, self.num_classes, multi),
+        graph_fn(lambda b, i: _mixup(b, tf.stack([mix_seed, i]), alpha, self.num_classes, multi)),
         num_parallel_calls=tf.data.AUTOTUNE,
       )
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
@@ -391,7 +400,7 @@ class EvalIterable:
   def _dataset(self) -> tf.data.Dataset:
     config, size = self._config, self._config.image_size
     ds = self._source.epoch(tf.constant(0, tf.int64), False, 0).take(self._host_length).enumerate()
-    ds = ds.map(lambda i, raw: (raw, tf.stack([tf.constant(0, tf.int64), i])))
+    ds = ds.map(graph_fn(lambda i, raw: (raw, tf.stack([tf.constant(0, tf.int64), i]))))
     sandboxed, check = _example_fns(config, self._source, self.num_classes, config.pp_eval)
     ds = _process(ds, sandboxed, check)
     pad = {

@@ -22,13 +22,13 @@ Ops (images are uint8 [h, w, 3] between ops, float32 only after `value_range`):
 This module holds TensorFlow ops only; batching and host logic live in pipeline.py.
 """
 
-import ast
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
+from vit_jax import pp_spec
 from vit_jax.input_pipeline import randaugment as randaugment_lib
 
 _OPS: dict[str, Callable[..., tf.Tensor]] = {}
@@ -202,26 +202,10 @@ def value_range(
 
 def parse_spec(spec: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
   """`'a|b(1, x=2)'` → [('a', (), {}), ('b', (1,), {'x': 2})]; raises ValueError on unknown ops."""
-  ops = []
-  for part in spec.split("|"):
-    part = part.strip()
-    if not part:
-      continue
-    try:
-      call = ast.parse(part if "(" in part else part + "()", mode="eval").body
-      if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
-        raise ValueError
-      args = tuple(ast.literal_eval(a) for a in call.args)
-      kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-    except (SyntaxError, ValueError) as e:
-      raise ValueError(f"Cannot parse preprocessing op {part!r} in {spec!r}") from e
-    if call.func.id not in _OPS:
-      raise ValueError(
-        f"Unknown preprocessing op {call.func.id!r} in {spec!r}; known ops: {sorted(_OPS)}"
-      )
-    ops.append((call.func.id, args, kwargs))
-  if not ops:
-    raise ValueError("Empty preprocessing spec.")
+  ops = pp_spec.parse(spec)
+  for name, _, _ in ops:
+    if name not in _OPS:
+      raise ValueError(f"Unknown preprocessing op {name!r} in {spec!r}; known ops: {sorted(_OPS)}")
   return ops
 
 

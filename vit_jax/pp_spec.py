@@ -1,0 +1,115 @@
+"""Parses preprocessing specs: `'decode|resize(224)|value_range(-1, 1)'` into (op, args, kwargs).
+
+The grammar is small: ops separated by `|`, each a name with an optional argument list of
+literals (ints, floats, quoted strings, True/False/None, and parenthesised tuples of them),
+positional first, then `key=value`. It is parsed here by hand rather than with `ast`, because
+CPython 3.11.7's `ast.parse` can fail with "SystemError: AST constructor recursion depth
+mismatch" while other threads compile code (tf.data and tfds start such threads), and specs are
+parsed while input pipelines run. Shared by the TensorFlow pipeline
+(vit_jax.input_pipeline.preprocess) and predict's numpy version; imports neither.
+"""
+
+import re
+from typing import Any
+
+Op = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+_TOKEN = re.compile(
+  r"""\s*(?:
+    (?P<number>[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)
+  | (?P<string>'[^']*'|"[^"]*")
+  | (?P<name>[A-Za-z_]\w*)
+  | (?P<punct>[(),=])
+  )""",
+  re.VERBOSE,
+)
+_CONSTANTS = {"True": True, "False": False, "None": None}
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+  out, pos = [], 0
+  text = text.rstrip()
+  while pos < len(text):
+    m = _TOKEN.match(text, pos)
+    if not m or m.end() == pos:
+      raise ValueError(f"unexpected {text[pos:].strip()[:20]!r}")
+    kind = m.lastgroup
+    out.append((kind, m.group(kind)))
+    pos = m.end()
+  return out
+
+
+class _Parser:
+  def __init__(self, tokens: list[tuple[str, str]]):
+    self.tokens, self.i = tokens, 0
+
+  def peek(self) -> tuple[str, str] | None:
+    return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+  def take(self, value: str | None = None) -> tuple[str, str]:
+    token = self.peek()
+    if token is None or (value is not None and token[1] != value):
+      raise ValueError(f"expected {value or 'more'}, got {token[1] if token else 'the end'!r}")
+    self.i += 1
+    return token
+
+  def literal(self) -> Any:
+    kind, text = self.take()
+    if kind == "number":
+      return float(text) if any(c in text for c in ".eE") else int(text)
+    if kind == "string":
+      return text[1:-1]
+    if kind == "name" and text in _CONSTANTS:
+      return _CONSTANTS[text]
+    if text == "(":
+      items = []
+      while self.peek() and self.peek()[1] != ")":
+        items.append(self.literal())
+        if self.peek() and self.peek()[1] == ",":
+          self.take(",")
+      self.take(")")
+      return tuple(items)
+    raise ValueError(f"{text!r} is not a literal")
+
+  def call(self) -> Op:
+    kind, name = self.take()
+    if kind != "name":
+      raise ValueError(f"{name!r} is not an op name")
+    args, kwargs = [], {}
+    if self.peek():
+      self.take("(")
+      while self.peek() and self.peek()[1] != ")":
+        token, after = (
+          self.peek(),
+          (self.tokens[self.i + 1] if self.i + 1 < len(self.tokens) else None),
+        )
+        if token[0] == "name" and after and after[1] == "=":
+          self.i += 2
+          kwargs[token[1]] = self.literal()
+        elif kwargs:
+          raise ValueError("positional argument after keyword argument")
+        else:
+          args.append(self.literal())
+        if self.peek() and self.peek()[1] == ",":
+          self.take(",")
+      self.take(")")
+    if self.peek():
+      raise ValueError(f"unexpected {self.peek()[1]!r} after the argument list")
+    return name, tuple(args), kwargs
+
+
+def parse(spec: str) -> list[Op]:
+  """`'a|b(1, x=2)'` -> [('a', (), {}), ('b', (1,), {'x': 2})].
+
+  Raises:
+    ValueError: naming the op that cannot be parsed, or for an empty spec.
+  """
+  ops = []
+  for part in filter(None, (p.strip() for p in spec.split("|"))):
+    try:
+      ops.append(_Parser(_tokens(part)).call())
+    except ValueError as e:
+      raise ValueError(f"Cannot parse preprocessing op {part!r} in {spec!r}: {e}") from None
+  if not ops:
+    raise ValueError("Empty preprocessing spec.")
+  return ops
