@@ -218,14 +218,15 @@ def main(argv: list[str] | None = None) -> dict:
       f"--config.total_steps={budget.pretrain_steps}",
       f"--config.schedule.warmup_steps={max(budget.pretrain_steps // 20, 1)}",
       f"--config.evals.val.every_steps={every}",
-      f"--config.evals.fewshot.every_steps={every}",
+      f"--config.evals.fewshot_animal_mnist.every_steps={every}",
+      f"--config.evals.fewshot_mnist_5k.every_steps={every}",
       f"--config.checkpoint.every_steps={budget.pretrain_steps}",
     ],
     work["pretrain"],
     args.verbose,
   )
   finetune_args = (
-    ["--config=configs/finetune.py:dataset=animal_mnist"]
+    ["--config=configs/finetune.py:dataset=animal_mnist,holdout=false"]
     + dataset_flags(shards, "animal_mnist")
     + train_common
     + [
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
     probe = json.load(f)
   scratch, scratch_s = run_stage(
     "4. fine-tune the same model on Animal-MNIST from scratch (same budget)",
-    finetune_args,
+    finetune_args + ["--config.init_from_scratch=true"],
     work["scratch"],
     args.verbose,
   )
@@ -272,7 +273,9 @@ def main(argv: list[str] | None = None) -> dict:
       "1. pretrain",
       "fashion_mnist",
       budget.pretrain_steps,
-      f"val {pretrain['val/accuracy']:.1%}, 10-shot {pretrain.get('fewshot/10shot', 0):.1%}",
+      f"val {pretrain['val/accuracy']:.1%}, 10-shot "
+      f"animal {pretrain.get('fewshot_animal_mnist/10shot', 0):.1%} "
+      f"mnist {pretrain.get('fewshot_mnist_5k/10shot', 0):.1%}",
       pretrain_s,
     ),
     (

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from vit_jax import predict
@@ -37,10 +38,11 @@ def test_quick_demo_then_predict(tmp_path):
   for stage in ("pretrain", "finetune", "scratch"):
     assert 0.0 <= results[stage]["val/accuracy"] <= 1.0, stage
   assert results["pretrain"]["step"] == 30 and results["finetune"]["step"] == 20
-  assert set(results["pretrain"]) >= {"fewshot/1shot", "fewshot/25shot"}
+  assert set(results["pretrain"]) >= {"fewshot_animal_mnist/1shot", "fewshot_mnist_5k/25shot"}
   assert 0.0 <= results["probe"]["linear_probe/logreg_accuracy"] <= 1.0
   assert results["probe"]["linear_probe/representation_size"] == 64  # the pre-logits
-  assert results["gain_points"] == results["gain_points"]  # a number, not NaN
+  gain = 100 * (results["finetune"]["val/accuracy"] - results["scratch"]["val/accuracy"])
+  assert results["gain_points"] == pytest.approx(gain)
 
   # The fine-tuned workdir classifies an image with the dataset's class names.
   images, labels = builtin.get_split("animal_mnist", "test")
