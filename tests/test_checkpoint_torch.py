@@ -108,6 +108,10 @@ def test_timm_gap_and_hybrid_round_trip():
   assert stem + "stages.0.blocks.1.downsample.conv.weight" not in sd
   assert sd["patch_embed.proj.weight"].shape == (32, 256, 1, 1)
   _assert_bit_exact(checkpoint_torch.from_torch(sd, num_heads=2), hybrid)
+  # The architecture of a hybrid is read back from its shapes (units per stage, width).
+  config = linear_probe.model_config_from_params(checkpoint.unflatten_params(hybrid))
+  assert (tuple(config.resnet.num_layers), config.resnet.width_factor) == ((2, 1), 0.5)
+  assert (config.patch_size, config.num_heads, config.num_layers) == (1, 2, 2)
 
 
 def test_hf_layout_round_trip_is_bit_exact():
@@ -318,7 +322,10 @@ def test_load_pretrained_fine_tunes_from_a_timm_file(tmp_path):
   config = models.get_model_config("testing")
   config.image_size = 48
   model = models.get_model(config, 3)
-  init = model.init(jax.random.key(0), jnp.zeros((1, 48, 48, 3)), train=False)["params"]
+  init = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, 48, 48, 3)), train=False)
+  )["params"]
+  init["head"] = {"kernel": np.zeros((32, 3), np.float32), "bias": np.zeros(3, np.float32)}
   adapted = checkpoint.load_pretrained(path, init, config)
   assert adapted["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 145, 32)
   np.testing.assert_array_equal(adapted["cls"], flat["cls"])
