@@ -29,6 +29,8 @@ EXTRAS_REQUIRE = {
   # those that use it are marked slow and skip without it. torch is pinned to the build that the
   # README installs (see README, "Checking against timm").
   "timm": ["torch==2.14.1", "torchvision==0.29.1", "timm>=1.0.31,<1.1"],
+  # Hugging Face's side of tests/test_torch_interop.py (slow; skipped without it). Needs torch.
+  "hf": ["transformers>=5.24,<5.25"],
 }
 
 setup(
