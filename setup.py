@@ -14,6 +14,7 @@ INSTALL_REQUIRES = [
   "optax>=0.2.8,<0.3",
   "orbax-checkpoint>=0.12.8,<0.13",
   "pillow>=10,<14",
+  "safetensors>=0.8,<0.9",  # timm / Hugging Face weights, read and written with its numpy API
   "scikit-image>=0.24,<0.27",  # sample photos for the benchmarks and examples
   "scikit-learn>=1.5,<2",  # ships the `digits` offline dataset (read with numpy)
   "scipy>=1.13,<2",
@@ -28,6 +29,8 @@ EXTRAS_REQUIRE = {
   # those that use it are marked slow and skip without it. torch is pinned to the build that the
   # README installs (see README, "Checking against timm").
   "timm": ["torch==2.14.1", "torchvision==0.29.1", "timm>=1.0.31,<1.1"],
+  # Hugging Face's side of tests/test_torch_interop.py (slow; skipped without it). Needs torch.
+  "hf": ["transformers>=5.24,<5.25"],
 }
 
 setup(

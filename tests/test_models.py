@@ -277,3 +277,25 @@ def test_aliases_and_config_input():
   config.image_size = 32  # read by checkpoint.load_pretrained, not a module field
   model = models.get_model(config, num_classes=2, dropout_rate=0.1)
   assert model.dropout_rate == 0.1 and model.hidden_size == 32
+
+
+def test_exact_gelu_option_keeps_the_parameters_and_changes_only_the_activation():
+  from vit_jax.models_vit import MlpBlock
+
+  assert models.get_model_config("testing").gelu_approximate  # the published weights' tanh GELU
+  tanh = models.get_model("testing", num_classes=4)
+  exact = models.get_model("testing", num_classes=4, gelu_approximate=False)
+  params, images = _init(tanh)
+  assert jax.tree.structure(params) == jax.tree.structure(_init(exact)[0])
+  params = _randomize(params, scale=0.5)
+  diff = np.abs(_apply(exact, params, images) - _apply(tanh, params, images)).max()
+  assert 1e-6 < diff < 0.05  # the two GELUs differ by at most ~5e-4 per unit
+  # The MLP alone computes Dense_1(erf-GELU(Dense_0(x))).
+  x = jax.random.normal(jax.random.key(2), (2, 5, 8))
+  mlp = MlpBlock(mlp_dim=16, gelu_approximate=False)
+  p = _randomize(mlp.init(jax.random.key(0), x, True)["params"], scale=0.5)
+  h = x @ p["Dense_0"]["kernel"] + p["Dense_0"]["bias"]
+  h = 0.5 * h * (1.0 + jax.scipy.special.erf(h / np.sqrt(2.0)))
+  np.testing.assert_allclose(
+    mlp.apply({"params": p}, x, True), h @ p["Dense_1"]["kernel"] + p["Dense_1"]["bias"], atol=1e-6
+  )

@@ -47,9 +47,8 @@ from timm.layers import StdConv2d, StdConv2dSame
 
 npz, name, images, out, num_classes, float64, vit_jax_eps = sys.argv[1:]
 torch.set_num_threads(2)
-# The published weights were trained with the tanh approximation of GELU (flax's default);
-# timm defaults to the exact one.
-model = timm.create_model(name, pretrained=False, num_classes=int(num_classes), act_layer="gelu_tanh")
+# timm with its own defaults (exact GELU); ours runs with gelu_approximate=False to match.
+model = timm.create_model(name, pretrained=False, num_classes=int(num_classes))
 if float64 == "1":
   model.double()  # before loading, so the file's float32 values are copied exactly
 model.load_pretrained(npz)
@@ -73,7 +72,8 @@ def _compare(tmp_path, preset, timm_name, vit_jax_eps=False, float64=False):
   for module in ("timm", "torch"):
     if importlib.util.find_spec(module) is None:
       pytest.skip(f"{module} is not installed (the optional [timm] extra)")
-  model = models.get_model(preset, NUM_CLASSES)
+  # timm's default GELU is the exact one; the published weights' tanh approximation is ours.
+  model = models.get_model(preset, NUM_CLASSES, gelu_approximate=False)
   params = _random_params(model, 224)
   path = tmp_path / "model.npz"
   checkpoint.save(params, path)  # float32, as the published files
@@ -86,7 +86,9 @@ def _compare(tmp_path, preset, timm_name, vit_jax_eps=False, float64=False):
   theirs = np.load(tmp_path / "timm.npy")
   if float64:
     with jax.enable_x64(True):
-      model = models.get_model(preset, NUM_CLASSES, dtype=jnp.float64, param_dtype=jnp.float64)
+      model = models.get_model(
+        preset, NUM_CLASSES, dtype=jnp.float64, param_dtype=jnp.float64, gelu_approximate=False
+      )
       params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
       ours = np.asarray(
         model.apply({"params": params}, jnp.asarray(images, jnp.float64), train=False)

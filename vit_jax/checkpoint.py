@@ -3,7 +3,9 @@
 The file format is the published vit_jax one: flat `/`-separated names with the pre-linen
 counters (`Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/query/kernel`, ...), one
 array per name, never pickled. `load` also reads big_vision files (renamed by
-`checkpoint_convert`); `save` always writes the published layout, with encoder blocks unstacked.
+`checkpoint_convert`) and timm / Hugging Face state dicts in `.safetensors` files (renamed by
+`checkpoint_torch`, read with safetensors' numpy API: no torch); `save` always writes the
+published layout, with encoder blocks unstacked, and `save_safetensors` a PyTorch-side layout.
 
 In memory, parameters are nested dicts of numpy arrays with the module names of
 `vit_jax.models_vit` (the published names); with `scan=True` the blocks are one
@@ -14,6 +16,7 @@ import without TensorFlow. Training state (optimizer, step) is Orbax's business,
 """
 
 import io
+import json
 import logging
 import math
 import os
@@ -27,12 +30,18 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import safetensors
+import safetensors.numpy
 
-from vit_jax import checkpoint_convert
+from vit_jax import checkpoint_convert, checkpoint_torch
 
 Params = dict[str, Any]  # nested dict of np.ndarray
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
+# Files of parameters (as opposed to Orbax checkpoint directories).
+PARAM_FILE_SUFFIXES = (".npz", ".safetensors")
+# What a Hugging Face or timm model directory holds next to its weights.
+CONFIG_FILE = "config.json"
 # Entries beyond this many are counted, not listed, in error messages.
 _MAX_LISTED = 40
 
@@ -101,20 +110,54 @@ def _is_remote(path) -> bool:
   return "://" in os.fspath(path)
 
 
-def load(path: str | os.PathLike) -> Params:
-  """Loads the parameters of a vit_jax or big_vision `.npz` file.
+def is_params_file(path: str | os.PathLike) -> bool:
+  """Whether `path` names a file `load` reads (`.npz` or `.safetensors`), not a directory."""
+  return os.fspath(path).endswith(PARAM_FILE_SUFFIXES)
+
+
+def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
+  """Loads the parameters of a vit_jax, big_vision, timm or Hugging Face ViT file.
+
+  The layout is recognised from the names: `.npz` files in the vit_jax or big_vision layout,
+  `.safetensors` files holding a timm `VisionTransformer` (plain or R50 hybrid) or a Hugging
+  Face `ViTModel` / `ViTForImageClassification` state dict (see `checkpoint_torch`).
 
   Args:
     path: local path, or any `tf.io.gfile` path (`gs://...`) when TensorFlow is installed.
+    num_heads: attention heads of a PyTorch-layout file, whose arrays do not say; None reads it
+      from the `config.json` beside the file, else takes the preset's of the same width.
 
   Returns:
     Nested dict of numpy arrays in the published vit_jax layout. Scan-stacked files stay
     stacked (`Transformer/encoderblock`); see `stack_encoder_blocks`.
 
   Raises:
-    ValueError: the file holds pickled (object) arrays, or names with no faithful mapping.
+    ValueError: the file holds pickled (object) arrays, names with no faithful mapping, or an
+      architecture this ViT cannot represent.
   """
   path = os.fspath(path)
+  if path.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl")):
+    raise ValueError(
+      f"{path} is a pickle, which this loader never unpickles: save the state dict as "
+      "safetensors (safetensors.torch.save_file(model.state_dict(), 'model.safetensors'))"
+    )
+  flat = _read_safetensors(path) if path.endswith(".safetensors") else _read_npz(path)
+  if checkpoint_torch.layout_of(flat) is not None:
+    fields = checkpoint_torch.config_fields(read_foreign_config(path))
+    eps = fields.get("layer_norm_eps", 1e-6)
+    if eps != 1e-6:
+      logging.warning(
+        "%s: its config sets layer_norm_eps=%g; vit_jax's LayerNorm uses 1e-6 (a difference "
+        "of the order of 1e-6 relative in the activations)",
+        path,
+        eps,
+      )
+    num_heads = num_heads or fields.get("num_heads")
+    return unflatten_params(checkpoint_torch.from_torch(flat, num_heads, source=path))
+  return unflatten_params(checkpoint_convert.to_vit_jax_layout(flat))
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
   opener = _gfile().GFile if _is_remote(path) else open
   with opener(path, "rb") as f:
     npz = np.load(f, allow_pickle=False)
@@ -130,7 +173,65 @@ def load(path: str | os.PathLike) -> Params:
             f"{path}: array {name!r} cannot be read without unpickling ({e}); checkpoints must "
             "hold plain numeric arrays, and this loader never unpickles"
           ) from e
-  return unflatten_params(checkpoint_convert.to_vit_jax_layout(flat))
+  return flat
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  if _is_remote(path):
+    with _gfile().GFile(path, "rb") as f:
+      data = f.read()
+  else:
+    with open(path, "rb") as f:  # a missing file raises FileNotFoundError here, as for .npz
+      data = f.read()
+  try:
+    return dict(safetensors.numpy.load(data))
+  except Exception as e:  # safetensors raises its own SafetensorError for a malformed header
+    raise ValueError(f"{path}: not a readable safetensors file ({e})") from e
+
+
+def file_layout(path: str | os.PathLike) -> str:
+  """'timm' or 'hf' for a PyTorch-layout file, else 'npz' (vit_jax or big_vision names).
+
+  Reads only the names (a safetensors header, an npz directory), not the arrays.
+  """
+  path = os.fspath(path)
+  if path.endswith(".safetensors") and not _is_remote(path):
+    with safetensors.safe_open(path, framework="np") as f:
+      names = list(f.keys())
+  elif path.endswith(".safetensors"):
+    names = list(_read_safetensors(path))
+  else:
+    opener = _gfile().GFile if _is_remote(path) else open
+    with opener(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
+      names = list(npz.files)
+  return checkpoint_torch.layout_of(dict.fromkeys(names)) or "npz"
+
+
+def read_foreign_config(path: str | os.PathLike) -> dict[str, Any] | None:
+  """The timm or transformers `config.json` in the directory of weights file `path`, if any.
+
+  A vit_jax stage config (the trainer's `config.json`, with a `model` entry) is not one.
+  """
+  path = os.fspath(path)
+  config_path = os.path.join(os.path.dirname(path), CONFIG_FILE)
+  if _is_remote(path):
+    gfile = _gfile()
+    if not gfile.exists(config_path):
+      return None
+    with gfile.GFile(config_path, "r") as f:
+      text = f.read()
+  else:
+    if not os.path.isfile(config_path):
+      return None
+    with open(config_path) as f:
+      text = f.read()
+  try:
+    config = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{config_path} is not valid JSON ({e})") from e
+  if not isinstance(config, dict) or "model" in config:
+    return None
+  return config
 
 
 def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
@@ -173,6 +274,33 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
       np.savez(f, allow_pickle=False, **flat)
       f.flush()
       os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def save_safetensors(flat: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
+  """Writes a flat state dict (`checkpoint_torch.to_timm` / `to_hf`) as a `.safetensors` file.
+
+  The file carries the `{'format': 'pt'}` metadata that transformers expects, is written with
+  safetensors' numpy API (no torch) under a temporary name and renamed over `path`. Dtypes are
+  kept (safetensors holds bfloat16).
+  """
+  path = os.fspath(path)
+  flat = {k: np.ascontiguousarray(v) for k, v in flat.items()}
+  if _is_remote(path):
+    data = safetensors.numpy.save(flat, metadata={"format": "pt"})
+    gfile = _gfile()
+    with gfile.GFile(path, "wb") as f:
+      f.write(data)
+    return
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+  os.close(fd)
+  try:
+    safetensors.numpy.save_file(flat, tmp, metadata={"format": "pt"})
     os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):
@@ -337,7 +465,8 @@ def load_pretrained(
   - encoder blocks are stacked or unstacked as in `init_params`; dtypes follow `init_params`.
 
   Args:
-    path: a vit_jax or big_vision `.npz` (see `load`), or a parameter tree already in memory
+    path: a vit_jax or big_vision `.npz` or a timm / Hugging Face `.safetensors` (see `load`),
+      or a parameter tree already in memory
       (e.g. restored from a pretraining run's Orbax checkpoint).
     init_params: the model's parameters (or a variables dict with one 'params' entry). Leaves
       may be `jax.ShapeDtypeStruct`s except the head's, whose values are used.

@@ -14,6 +14,7 @@ The architecture comes from, in order: `config.model` when the config has one, t
 
 import json
 import os
+import re
 import time
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from vit_jax import checkpoint, evaluators, models, sharding, train_checkpoint
+from vit_jax import checkpoint, checkpoint_torch, evaluators, models, sharding, train_checkpoint
 
 RESULTS_FILE = "linear_probe.json"
 CONFIG_FILE = "config.json"
@@ -34,15 +35,15 @@ CONFIG_FILE = "config.json"
 
 
 def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDict:
-  """Reconstructs a plain ViT's model config from its parameter shapes.
+  """Reconstructs a ViT's model config from its parameter shapes.
 
-  Reads patch size and width from `embedding/kernel` [p, p, 3, D], depth from the encoder
+  Reads patch size and width from `embedding/kernel` [p, p, C, D], depth from the encoder
   blocks (stacked or not), heads from `query/kernel` [D, heads, D/heads], the MLP width, the
-  classifier ('token' iff there is a `cls` parameter) and `representation_size` from
-  `pre_logits`. Hybrids (a ResNet stem) need an explicit config.
+  classifier ('token' iff there is a `cls` parameter), `representation_size` from
+  `pre_logits`, and for hybrids the ResNet's units per stage (`block{s}/unit{u}`) and width
+  factor (`conv_root/kernel` [7, 7, 3, 64 * width]). The GELU (`gelu_approximate`) is not in
+  the shapes: it keeps its default.
   """
-  if "conv_root" in params:
-    raise ValueError("a hybrid (ResNet) checkpoint: give the model config explicitly")
   p, _, _, hidden = np.shape(params["embedding"]["kernel"])
   encoder = params["Transformer"]
   if "encoderblock" in encoder:  # scanned: leaves have a leading [num_layers] axis
@@ -59,6 +60,15 @@ def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDic
   )
   config.classifier = "token" if "cls" in params else "gap"
   config.scan = scan
+  if "conv_root" in params:
+    stages = sorted(int(k[len("block") :]) for k in params if re.fullmatch(r"block\d+", k))
+    units = [
+      sum(re.fullmatch(r"unit\d+", u) is not None for u in params[f"block{s}"]) for s in stages
+    ]
+    width = np.shape(params["conv_root"]["kernel"])[-1] / 64
+    config.resnet = ml_collections.ConfigDict(
+      dict(num_layers=tuple(units), width_factor=int(width) if width == int(width) else width)
+    )
   if "pre_logits" in params:
     config.representation_size = int(np.shape(params["pre_logits"]["kernel"])[-1])
   return config
@@ -74,7 +84,13 @@ def _checkpoint_dir(path: str) -> epath.Path | None:
 
 
 def saved_config(path: str) -> ml_collections.ConfigDict | None:
-  """The stage config saved (as `config.json`) in the workdir of checkpoint `path`, if any."""
+  """The stage config saved (as `config.json`) in the workdir of checkpoint `path`, if any.
+
+  A timm or transformers `config.json` beside a `.safetensors` file is not a stage config (see
+  `load_backbone`).
+  """
+  if str(path).endswith(".safetensors"):
+    return None
   if str(path).endswith(".npz"):
     directory = epath.Path(path).parent
     if not (directory / CONFIG_FILE).exists():
@@ -92,9 +108,11 @@ def load_backbone(
   """Reads a checkpoint of any stage and the architecture that goes with it.
 
   Args:
-    path: `.npz`, an Orbax workdir, its `checkpoints/` or one step directory.
+    path: `.npz`, timm / Hugging Face `.safetensors`, an Orbax workdir, its `checkpoints/` or
+      one step directory.
     model_config: the architecture; None takes it from the saved `config.json`, else from the
-      parameter shapes.
+      parameter shapes (and, for `.safetensors`, the GELU of the timm / transformers
+      `config.json` beside it: exact unless it says otherwise, as both libraries default).
 
   Returns:
     (model config, params as a nested dict of numpy arrays, the saved stage config or None).
@@ -106,6 +124,9 @@ def load_backbone(
       model_config = stage_config.model
     else:
       model_config = model_config_from_params(params)
+      if str(path).endswith(".safetensors"):
+        fields = checkpoint_torch.config_fields(checkpoint.read_foreign_config(path))
+        model_config.gelu_approximate = fields.get("gelu_approximate", False)
   return ml_collections.ConfigDict(model_config.to_dict()), params, stage_config
 
 

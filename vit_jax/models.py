@@ -55,6 +55,8 @@ def vit_config(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, re
       param_dtype="float32",
       remat=False,
       scan=False,
+      # The published weights use the tanh approximation; timm and Hugging Face the exact GELU.
+      gelu_approximate=True,
     )
   )
 

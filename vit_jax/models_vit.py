@@ -100,12 +100,18 @@ class MultiHeadDotProductAttention(nn.Module):
 
 
 class MlpBlock(nn.Module):
-  """Dense → GELU (tanh approximation, as the published weights) → Dense, with dropout."""
+  """Dense → GELU → Dense, with dropout.
+
+  The published weights were trained with the tanh approximation of GELU (flax's default,
+  `gelu_approximate=True`); timm and Hugging Face default to the exact (erf) GELU, which
+  `gelu_approximate=False` computes.
+  """
 
   mlp_dim: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  gelu_approximate: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -116,7 +122,7 @@ class MlpBlock(nn.Module):
       kernel_init=_xavier,
       bias_init=_tiny_normal,
     )
-    y = nn.gelu(dense(self.mlp_dim, name="Dense_0")(x), approximate=True)
+    y = nn.gelu(dense(self.mlp_dim, name="Dense_0")(x), approximate=self.gelu_approximate)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     y = dense(x.shape[-1], name="Dense_1")(y)
     return nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
@@ -131,6 +137,7 @@ class Encoder1DBlock(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  gelu_approximate: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -142,7 +149,13 @@ class Encoder1DBlock(nn.Module):
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + y
     y = nn.LayerNorm(name="LayerNorm_2", **kw)(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, name="MlpBlock_3", **kw)(y, deterministic)
+    y = MlpBlock(
+      self.mlp_dim,
+      self.dropout_rate,
+      gelu_approximate=self.gelu_approximate,
+      name="MlpBlock_3",
+      **kw,
+    )(y, deterministic)
     return x + y
 
 
@@ -215,6 +228,7 @@ class Encoder(nn.Module):
   param_dtype: Dtype = jnp.float32
   remat: bool = False
   scan: bool = False
+  gelu_approximate: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -228,6 +242,7 @@ class Encoder(nn.Module):
       attention_dropout_rate=self.attention_dropout_rate,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      gelu_approximate=self.gelu_approximate,
     )
     block_cls = _ScannedEncoder1DBlock if self.scan else Encoder1DBlock
     if self.remat:
@@ -267,6 +282,9 @@ class VisionTransformer(nn.Module):
     dtype: computation dtype; parameters are kept in `param_dtype`.
     remat: rematerialise each block in the backward pass.
     scan: run the blocks with nn.scan over stacked parameters (fast compilation of deep models).
+    gelu_approximate: the MLP's GELU; True (default) is the tanh approximation the published
+      weights were trained with, False the exact erf GELU that timm and Hugging Face use by
+      default (and that matches them exactly). No parameter depends on it.
   """
 
   num_classes: int | None
@@ -285,6 +303,7 @@ class VisionTransformer(nn.Module):
   param_dtype: Dtype = jnp.float32
   remat: bool = False
   scan: bool = False
+  gelu_approximate: bool = True
 
   @nn.compact
   def __call__(
@@ -333,6 +352,7 @@ class VisionTransformer(nn.Module):
       param_dtype=self.param_dtype,
       remat=self.remat,
       scan=self.scan,
+      gelu_approximate=self.gelu_approximate,
       name="Transformer",
     )(x, not train)
     x = x[:, 0] if self.classifier == "token" else jnp.mean(x, axis=1)

@@ -195,9 +195,9 @@ def _load_init_params(config, abstract_params, head, param_shardings) -> Any:
   expected = dict(abstract_params)
   expected["head"] = head
   path = str(config.model_init)
-  # A published `.npz` is read by load_pretrained itself; an Orbax workdir of a pretrain run is
-  # restored first and adapted in memory.
-  source = path if path.endswith(".npz") else train_checkpoint.restore_params(path)
+  # A published `.npz` (or timm / HF `.safetensors`) is read by load_pretrained itself; an Orbax
+  # workdir of a pretrain run is restored first and adapted in memory.
+  source = path if checkpoint.is_params_file(path) else train_checkpoint.restore_params(path)
   params = checkpoint.load_pretrained(source, expected, config.model)
   logging.info("initialised from %s", path)
   return _to_global(params, param_shardings)

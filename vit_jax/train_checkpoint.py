@@ -141,7 +141,8 @@ def restore_params(path: str | os.PathLike) -> dict[str, Any]:
   """Reads parameters from any checkpoint a stage may start from.
 
   Args:
-    path: a `.npz` (vit_jax or big_vision layout, local or `gs://`; see vit_jax.checkpoint.load),
+    path: a `.npz` (vit_jax or big_vision layout, local or `gs://`) or a timm / Hugging Face
+      `.safetensors` (see vit_jax.checkpoint.load),
       or an Orbax checkpoint written by the trainer: a workdir (its latest step), its
       `checkpoints/` directory (latest step) or one step directory `checkpoints/<step>`.
 
@@ -149,7 +150,7 @@ def restore_params(path: str | os.PathLike) -> dict[str, Any]:
     Nested dict of numpy arrays (host memory, on every process), in the module layout of
     vit_jax.models_vit. Only the parameters are read, not the optimizer state.
   """
-  if str(path).endswith(".npz"):
+  if checkpoint.is_params_file(path):
     return checkpoint.load(path)
   state_dir = _state_dir(epath.Path(path))
   checkpointer = ocp.PyTreeCheckpointer()

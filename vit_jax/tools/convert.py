@@ -1,0 +1,163 @@
+r"""Converts ViT weights between vit_jax `.npz`, Orbax workdirs, timm and Hugging Face.
+
+  python -m vit_jax.tools.convert --in=ViT-B_16.npz --out=/tmp/vit_b16_timm --to=timm
+  python -m vit_jax.tools.convert --in=/tmp/vit_demo_finetune --out=/tmp/demo_hf --to=hf
+  python -m vit_jax.tools.convert --in=/tmp/hf_vit --out=/tmp/hf_vit_npz   # --to=npz by default
+
+`--in` is a vit_jax or big_vision `.npz`, a timm or Hugging Face `.safetensors` (or a directory
+holding `model.safetensors` / `model.npz`, as both libraries save them), or a trainer workdir /
+step directory (its latest Orbax checkpoint). `--out` is a directory that receives:
+
+- `--to=timm`: `model.safetensors` + `config.json` (architecture, model_args, pretrained_cfg):
+  `timm.create_model('local-dir:OUT', pretrained=True)` builds and loads it;
+- `--to=hf`: `model.safetensors` + `config.json` (a `ViTConfig`):
+  `ViTForImageClassification.from_pretrained(OUT)` (or `ViTModel`, for a headless model);
+- `--to=npz`: `model.npz` in the published layout + `config.json` holding the model config, which
+  `predict`, the linear probe and `model_init` read.
+
+The architecture comes from `--model` (a preset), else the `config.json` of the input (trainer
+workdir, or timm / transformers), else the parameter shapes. The GELU travels in the config:
+vit_jax's default tanh approximation is written as timm's `gelu_tanh` / transformers'
+`gelu_pytorch_tanh`, and timm / transformers files (exact GELU by default) become models with
+`gelu_approximate=False`, so the converted model computes what the original did. Only numpy and
+safetensors' numpy API are used: no torch.
+"""
+
+import json
+import os
+import sys
+from typing import Any
+
+import ml_collections
+from absl import app, flags, logging
+
+from vit_jax import (
+  checkpoint,
+  checkpoint_convert,
+  checkpoint_torch,
+  linear_probe,
+  models,
+  train_checkpoint,
+)
+
+FORMATS = ("timm", "hf", "npz")
+WEIGHTS = {"timm": "model.safetensors", "hf": "model.safetensors", "npz": "model.npz"}
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("in", None, "Input: .npz, .safetensors, a model directory or a workdir.")
+flags.DEFINE_string("out", None, "Output directory (created).")
+flags.DEFINE_enum("to", None, FORMATS, "Output layout; default npz for timm/HF inputs, else timm.")
+flags.DEFINE_string("model", None, "A vit_jax.models preset (e.g. B/16) for the architecture.")
+flags.DEFINE_integer("num_heads", None, "Attention heads of a .safetensors without config.json.")
+
+
+def resolve_input(path: str) -> str:
+  """The weights file inside a timm / Hugging Face / converted model directory, else `path`."""
+  if os.path.isdir(path):
+    for name in ("model.safetensors", "model.npz"):
+      if os.path.isfile(os.path.join(path, name)):
+        return os.path.join(path, name)
+    if os.path.isfile(os.path.join(path, "model.safetensors.index.json")):
+      raise ValueError(f"{path}: sharded safetensors are not supported; a ViT fits in one file")
+  return path
+
+
+def read_model(
+  path: str, model: str | None = None, num_heads: int | None = None
+) -> tuple[ml_collections.ConfigDict, dict[str, Any], str]:
+  """Reads any supported input.
+
+  Returns:
+    (model config, flat parameters in the published layout with blocks unstacked, the input's
+    layout: 'timm', 'hf', 'npz' or 'orbax').
+  """
+  path = resolve_input(path)
+  if checkpoint.is_params_file(path):
+    params = checkpoint.load(path, num_heads=num_heads)
+  else:
+    params = train_checkpoint.restore_params(path)
+  layout = checkpoint.file_layout(path) if checkpoint.is_params_file(path) else "orbax"
+  if model:
+    model_config = models.get_model_config(model)
+  else:
+    saved = linear_probe.saved_config(path)
+    if saved is not None and "model" in saved:
+      model_config = ml_collections.ConfigDict(saved.model.to_dict())
+    else:
+      model_config = linear_probe.model_config_from_params(params)
+      if layout in (checkpoint_torch.TIMM, checkpoint_torch.HF):
+        fields = checkpoint_torch.config_fields(checkpoint.read_foreign_config(path))
+        model_config.gelu_approximate = fields.get("gelu_approximate", False)
+  flat = checkpoint_convert.unstack_flat(checkpoint.flatten_params(params))
+  model_config.scan = False  # the written blocks are unstacked
+  return model_config, flat, layout
+
+
+def convert(
+  in_path: str,
+  out_dir: str,
+  to: str | None = None,
+  model: str | None = None,
+  num_heads: int | None = None,
+) -> dict[str, str]:
+  """Writes the weights of `in_path` to `out_dir` in layout `to`, with a `config.json`.
+
+  Args:
+    in_path: see the module docstring.
+    out_dir: output directory; must not be a trainer workdir.
+    to: 'timm', 'hf' or 'npz'; None: 'npz' for timm / HF inputs, else 'timm'.
+    model: a vit_jax.models preset for the architecture (else inferred).
+    num_heads: attention heads of a `.safetensors` without `config.json`.
+
+  Returns:
+    {'weights': path, 'config': path}.
+  """
+  model_config, flat, layout = read_model(in_path, model, num_heads)
+  to = to or ("npz" if layout in (checkpoint_torch.TIMM, checkpoint_torch.HF) else "timm")
+  if to not in FORMATS:
+    raise ValueError(f"--to={to!r}; expected one of {FORMATS}")
+  if os.path.isdir(os.path.join(out_dir, train_checkpoint.CHECKPOINT_DIR)):
+    raise ValueError(f"--out={out_dir} is a trainer workdir; write the conversion elsewhere")
+  num_classes = int(flat["head/kernel"].shape[-1]) if "head/kernel" in flat else 0
+  weights = os.path.join(out_dir, WEIGHTS[to])
+  if to == "timm":
+    state_dict = checkpoint_torch.to_timm(flat)
+    config = checkpoint_torch.config_for_timm(model_config, flat, num_classes)
+  elif to == "hf":
+    state_dict, architecture = checkpoint_torch.to_hf(flat)
+    config = checkpoint_torch.config_for_hf(model_config, flat, num_classes, architecture)
+  else:
+    config = {"model": model_config.to_dict()}
+  os.makedirs(out_dir, exist_ok=True)
+  if to == "npz":
+    checkpoint.save(checkpoint.unflatten_params(flat), weights)
+  else:
+    checkpoint.save_safetensors(state_dict, weights)
+  config_path = os.path.join(out_dir, checkpoint.CONFIG_FILE)
+  with open(config_path, "w") as f:
+    json.dump(config, f, indent=2)
+  logging.info(
+    "convert: %s (%s) -> %s (%s), %d parameters, gelu_approximate=%s",
+    in_path,
+    layout,
+    weights,
+    to,
+    len(flat),
+    model_config.get("gelu_approximate", True),
+  )
+  return {"weights": weights, "config": config_path}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  try:
+    written = convert(FLAGS["in"].value, FLAGS.out, FLAGS.to, FLAGS.model, FLAGS.num_heads)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f"convert: {e}")  # one line naming the culprit, exit status 1
+  print(f"wrote {written['weights']} and {written['config']}")
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["in", "out"])
+  app.run(main)
