@@ -18,7 +18,8 @@ current step and return; the restarted job resumes there. Killed without notice,
 the latest complete checkpoint and replays the same steps.
 """
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -164,6 +165,84 @@ def _load_init_params(config, abstract_params, head, param_shardings) -> Any:
   return _to_global(params, param_shardings)
 
 
+class TrainStep(NamedTuple):
+  """The train step of a config on a mesh, before any data or state value exists (see `build`)."""
+
+  model: Any
+  schedule: optax.Schedule
+  tx: optax.GradientTransformation
+  init_key: jax.Array  # the parameters' initialisation key
+  init_params: Callable[[jax.Array], Any]  # key -> params
+  init_state: Callable[[jax.Array], State]  # key -> state
+  abstract_state: State  # jax.ShapeDtypeStruct leaves
+  state_shardings: State  # NamedSharding leaves
+  step_fn: Callable  # make_train_step's, un-jitted
+  mesh: jax.sharding.Mesh
+
+  def jit_step(self, batch: dict[str, Any]) -> Callable:
+    """The jitted step with the trainer's shardings, for a batch of these ranks (arrays or shapes).
+
+    Called as step(state, batch, first_bad); the state is donated.
+    """
+    batch_shardings = {k: sharding.batch_sharding(self.mesh, np.ndim(v)) for k, v in batch.items()}
+    replicated = sharding.replicated(self.mesh)
+    return jax.jit(
+      self.step_fn,
+      in_shardings=(self.state_shardings, batch_shardings, replicated),
+      out_shardings=(self.state_shardings, replicated, replicated),
+      donate_argnums=(0,),
+    )
+
+
+def build(
+  config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, num_classes: int
+) -> TrainStep:
+  """The model, optimizer, state shapes and shardings, and step function of `config` on `mesh`.
+
+  Nothing is allocated: the planner (vit_jax.tools.plan) compiles the same step for a TPU
+  topology from this, and `run` initialises or restores the state with it.
+  """
+  model = models.get_model(config.model, num_classes)
+  height, width = _image_shape(config)
+  rng = jax.random.PRNGKey(config.seed)
+  init_key, dropout_key = jax.random.split(rng)
+
+  def init_params(key):
+    dummy = jnp.zeros((1, height, width, 3), jnp.float32)
+    return model.init({"params": key}, dummy, train=False)["params"]
+
+  schedule = optim.make_schedule(config.schedule, int(config.total_steps))
+  tx = optim.make_optimizer(config.optimizer, schedule, config.grad_clip_norm)
+
+  def init_state(key):
+    params = init_params(key)
+    return dict(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=dropout_key)
+
+  abstract = jax.eval_shape(init_state, init_key)
+  replicated = sharding.replicated(mesh)
+  state_shardings = dict(
+    step=replicated,
+    params=sharding.tree_shardings(abstract["params"], mesh),
+    opt_state=sharding.tree_shardings(abstract["opt_state"], mesh),
+    rng=replicated,
+  )
+  step_fn = make_train_step(
+    model, tx, schedule, config.loss, num_classes, int(config.accum_steps), mesh
+  )
+  return TrainStep(
+    model=model,
+    schedule=schedule,
+    tx=tx,
+    init_key=init_key,
+    init_params=init_params,
+    init_state=init_state,
+    abstract_state=abstract,
+    state_shardings=state_shardings,
+    step_fn=step_fn,
+    mesh=mesh,
+  )
+
+
 def run(
   config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None = None
 ) -> dict[str, float]:
@@ -200,33 +279,11 @@ def run(
   num_classes = int(info.num_classes)
 
   # ----------------------------------------------------------------------------------------------
-  # Model.
-  model = models.get_model(config.model, num_classes)
-  height, width = _image_shape(config)
-  rng = jax.random.PRNGKey(config.seed)
-  init_key, dropout_key = jax.random.split(rng)
-
-  def init_params(key):
-    dummy = jnp.zeros((1, height, width, 3), jnp.float32)
-    return model.init({"params": key}, dummy, train=False)["params"]
-
-  # ----------------------------------------------------------------------------------------------
-  # Optimizer.
-  schedule = optim.make_schedule(config.schedule, total_steps)
-  tx = optim.make_optimizer(config.optimizer, schedule, config.grad_clip_norm)
-
-  def init_state(key):
-    params = init_params(key)
-    return dict(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=dropout_key)
-
-  abstract = jax.eval_shape(init_state, init_key)
+  # Model, optimizer, the state's shapes and shardings, the step function.
+  built = build(config, mesh, num_classes)
+  model, tx, init_params, init_state = built.model, built.tx, built.init_params, built.init_state
+  init_key, abstract, state_shardings = built.init_key, built.abstract_state, built.state_shardings
   replicated = sharding.replicated(mesh)
-  state_shardings = dict(
-    step=replicated,
-    params=sharding.tree_shardings(abstract["params"], mesh),
-    opt_state=sharding.tree_shardings(abstract["opt_state"], mesh),
-    rng=replicated,
-  )
 
   # ----------------------------------------------------------------------------------------------
   # Checkpoint: resume from the latest complete step, else initialise (from model_init if set).
@@ -276,7 +333,6 @@ def run(
   )
   # ----------------------------------------------------------------------------------------------
   # Loop.
-  step_fn = make_train_step(model, tx, schedule, config.loss, num_classes, accum, mesh)
   first_bad = jax.device_put(jnp.int32(-1), replicated)
   compiled = None
   progress = logging_util.report_progress(total_steps, writer, config.log_every_steps)
@@ -287,19 +343,9 @@ def run(
       with jax.profiler.StepTraceAnnotation("train", step_num=step):
         batch = next(train_iter)
         if compiled is None:
-          batch_shardings = {
-            k: sharding.batch_sharding(mesh, batch[k].ndim) for k in ("image", "label", "mask")
-          }
           # Compiled ahead of time once: XLA's cost analysis gives the FLOPs for the MFU.
           compiled = (
-            jax.jit(
-              step_fn,
-              in_shardings=(state_shardings, batch_shardings, replicated),
-              out_shardings=(state_shardings, replicated, replicated),
-              donate_argnums=(0,),
-            )
-            .lower(state, _select(batch), first_bad)
-            .compile()
+            built.jit_step(_select(batch)).lower(state, _select(batch), first_bad).compile()
           )
           throughput = logging_util.Throughput(batch_size, logging_util.compiled_flops(compiled))
           throughput(step - 1)
