@@ -14,9 +14,12 @@ import numpy as np
 from absl import logging
 from clu import metric_writers, parameter_overview, periodic_actions
 
-# Peak dense bf16 FLOP/s per device, by `jax.Device.device_kind` prefix (vendor data sheets).
+# Peak dense bf16 FLOP/s per device, by `jax.Device.device_kind` prefix. TPUs: Cloud TPU system
+# architecture pages (cloud.google.com/tpu/docs/v2, /v3, /v4, /v5e, /v5p, /v6e): per chip v2 45,
+# v3 123, v4 275, v5e 197, v5p 459, v6e 918 TFLOP/s. v2 and v3 chips are two devices (one per
+# TensorCore); v4 and v5p run as one "megacore" device per chip; v5e and v6e have one core.
 PEAK_FLOPS = {
-  "TPU v2": 45e12 / 2,  # per core: a v2 chip (two cores) peaks at 45 TFLOP/s
+  "TPU v2": 45e12 / 2,
   "TPU v3": 123e12 / 2,
   "TPU v4": 275e12,
   "TPU v5 lite": 197e12,
@@ -30,6 +33,32 @@ PEAK_FLOPS = {
   "NVIDIA H200": 989e12,
   "NVIDIA B200": 2250e12,
 }
+
+# HBM per device, same sources: per chip v2 16 GiB, v3 32 GiB (two devices each), v4 32 GiB,
+# v5e 16 GB, v5p 95 GB, v6e 32 GB (counted here as GiB, as the runtime reports them); GPUs:
+# vendor data sheets (GB).
+HBM_BYTES = {
+  "TPU v2": 8 * 2**30,
+  "TPU v3": 16 * 2**30,
+  "TPU v4": 32 * 2**30,
+  "TPU v5 lite": 16 * 2**30,
+  "TPU v5e": 16 * 2**30,
+  "TPU v5p": 95 * 2**30,
+  "TPU v5": 95 * 2**30,
+  "TPU v6 lite": 32 * 2**30,
+  "TPU v6e": 32 * 2**30,
+  "NVIDIA A100": 80e9,
+  "NVIDIA H100": 80e9,
+  "NVIDIA H200": 141e9,
+}
+
+
+def _by_kind(table: dict[str, float], device: jax.Device | None) -> float | None:
+  kind = (device or jax.devices()[0]).device_kind
+  for prefix, value in sorted(table.items(), key=lambda kv: -len(kv[0])):
+    if kind.startswith(prefix):
+      return value
+  return None
 
 
 def create_writer(workdir: str) -> metric_writers.MetricWriter:
@@ -51,11 +80,13 @@ def log_parameter_overview(params: Any) -> int:
 
 def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
   """The device's peak FLOP/s if known (TPUs and recent NVIDIA GPUs), else None."""
-  kind = (device or jax.devices()[0]).device_kind
-  for prefix, flops in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])):
-    if kind.startswith(prefix):
-      return flops
-  return None
+  return _by_kind(PEAK_FLOPS, device)
+
+
+def hbm_bytes_per_device(device: jax.Device | None = None) -> int | None:
+  """The device's memory (HBM) in bytes if known, else None."""
+  hbm = _by_kind(HBM_BYTES, device)
+  return None if hbm is None else int(hbm)
 
 
 def compiled_flops(compiled: Any) -> float | None:

@@ -28,7 +28,8 @@ current step and return; the restarted job resumes there. Killed without notice,
 the latest complete checkpoint and replays the same steps.
 """
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 from vit_jax import (
   checkpoint,
+  compiled_stats,
   evaluators,
   input_pipeline,
   logging_util,
@@ -65,6 +67,15 @@ _WINDOW_SUMS = ("loss_sum", "correct", "examples", "grad_norm_sum", "steps")
 def empty_window() -> Window:
   """A fresh metrics window (host values; the step places it on the mesh)."""
   return {**{k: np.float32(0) for k in _WINDOW_SUMS}, "first_bad": np.int32(-1)}
+
+
+def abstract_window(mesh: jax.sharding.Mesh) -> Window:
+  """The window's shapes, replicated on `mesh` (for ahead-of-time compilation)."""
+  replicated = sharding.replicated(mesh)
+  return {
+    k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype, sharding=replicated)
+    for k, v in empty_window().items()
+  }
 
 
 def window_metrics(window: Window) -> dict[str, float]:
@@ -203,6 +214,91 @@ def _load_init_params(config, abstract_params, head, param_shardings) -> Any:
   return _to_global(params, param_shardings)
 
 
+class TrainStep(NamedTuple):
+  """The train step of a config on a mesh, before any data or state value exists (see `build`)."""
+
+  model: Any
+  schedule: optax.Schedule
+  tx: optax.GradientTransformation
+  init_key: jax.Array  # the parameters' initialisation key
+  init_params: Callable[[jax.Array], Any]  # key -> params
+  init_state: Callable[[jax.Array], State]  # key -> state
+  abstract_state: State  # jax.ShapeDtypeStruct leaves
+  state_shardings: State  # NamedSharding leaves
+  step_fn: Callable  # make_train_step's, un-jitted
+  mesh: jax.sharding.Mesh
+
+  def jit_step(self, batch: dict[str, Any]) -> Callable:
+    """The jitted step with the trainer's shardings, for a batch of these ranks (arrays or shapes).
+
+    Called as step(state, batch, window) -> (state, window, learning_rate); the state is donated.
+    """
+    batch_shardings = {k: sharding.batch_sharding(self.mesh, np.ndim(v)) for k, v in batch.items()}
+    replicated = sharding.replicated(self.mesh)
+    return jax.jit(
+      self.step_fn,
+      in_shardings=(self.state_shardings, batch_shardings, replicated),
+      out_shardings=(self.state_shardings, replicated, replicated),
+      donate_argnums=(0,),
+    )
+
+
+def build(
+  config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, num_classes: int
+) -> TrainStep:
+  """The model, optimizer, state shapes and shardings, and step function of `config` on `mesh`.
+
+  Nothing is allocated: the planner (vit_jax.tools.plan) compiles the same step for a TPU
+  topology from this, and `run` initialises or restores the state with it.
+  """
+  model = models.get_model(config.model, num_classes)
+  height, width = _image_shape(config)
+  rng = jax.random.PRNGKey(config.seed)
+  init_key, dropout_key = jax.random.split(rng)
+
+  def init_params(key):
+    dummy = jnp.zeros((1, height, width, 3), jnp.float32)
+    return model.init({"params": key}, dummy, train=False)["params"]
+
+  schedule = optim.make_schedule(config.schedule, int(config.total_steps))
+  tx = optim.make_optimizer(config.optimizer, schedule, config.grad_clip_norm)
+
+  def init_state(key):
+    params = init_params(key)
+    return dict(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=dropout_key)
+
+  abstract = jax.eval_shape(init_state, init_key)
+  replicated = sharding.replicated(mesh)
+  state_shardings = dict(
+    step=replicated,
+    params=sharding.tree_shardings(abstract["params"], mesh),
+    opt_state=sharding.tree_shardings(abstract["opt_state"], mesh),
+    rng=replicated,
+  )
+  step_fn = make_train_step(
+    model,
+    tx,
+    schedule,
+    config.loss,
+    num_classes,
+    int(config.accum_steps),
+    mesh,
+    bool(config.dataset.multi_label),
+  )
+  return TrainStep(
+    model=model,
+    schedule=schedule,
+    tx=tx,
+    init_key=init_key,
+    init_params=init_params,
+    init_state=init_state,
+    abstract_state=abstract,
+    state_shardings=state_shardings,
+    step_fn=step_fn,
+    mesh=mesh,
+  )
+
+
 def run(
   config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None = None
 ) -> dict[str, float]:
@@ -240,33 +336,11 @@ def run(
   num_classes = int(info.num_classes)
 
   # ----------------------------------------------------------------------------------------------
-  # Model.
-  model = models.get_model(config.model, num_classes)
-  height, width = _image_shape(config)
-  rng = jax.random.PRNGKey(config.seed)
-  init_key, dropout_key = jax.random.split(rng)
-
-  def init_params(key):
-    dummy = jnp.zeros((1, height, width, 3), jnp.float32)
-    return model.init({"params": key}, dummy, train=False)["params"]
-
-  # ----------------------------------------------------------------------------------------------
-  # Optimizer.
-  schedule = optim.make_schedule(config.schedule, total_steps)
-  tx = optim.make_optimizer(config.optimizer, schedule, config.grad_clip_norm)
-
-  def init_state(key):
-    params = init_params(key)
-    return dict(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=dropout_key)
-
-  abstract = jax.eval_shape(init_state, init_key)
+  # Model, optimizer, the state's shapes and shardings, the step function.
+  built = build(config, mesh, num_classes)
+  model, tx, init_params, init_state = built.model, built.tx, built.init_params, built.init_state
+  init_key, abstract, state_shardings = built.init_key, built.abstract_state, built.state_shardings
   replicated = sharding.replicated(mesh)
-  state_shardings = dict(
-    step=replicated,
-    params=sharding.tree_shardings(abstract["params"], mesh),
-    opt_state=sharding.tree_shardings(abstract["opt_state"], mesh),
-    rng=replicated,
-  )
 
   # ----------------------------------------------------------------------------------------------
   # Checkpoint: resume from the latest complete step, else initialise (from model_init if set).
@@ -322,9 +396,6 @@ def run(
   )
   # ----------------------------------------------------------------------------------------------
   # Loop.
-  step_fn = make_train_step(
-    model, tx, schedule, config.loss, num_classes, accum, mesh, bool(info.multi_label)
-  )
   window = jax.device_put(empty_window(), replicated)
   compiled = None
   progress = logging_util.report_progress(total_steps, writer, config.log_every_steps)
@@ -335,21 +406,9 @@ def run(
       with jax.profiler.StepTraceAnnotation("train", step_num=step):
         batch = next(train_iter)
         if compiled is None:
-          batch_shardings = {
-            k: sharding.batch_sharding(mesh, batch[k].ndim) for k in ("image", "label", "mask")
-          }
           # Compiled ahead of time once: XLA's cost analysis gives the FLOPs for the MFU.
-          compiled = (
-            jax.jit(
-              step_fn,
-              in_shardings=(state_shardings, batch_shardings, replicated),
-              out_shardings=(state_shardings, replicated, replicated),
-              donate_argnums=(0,),
-            )
-            .lower(state, _select(batch), window)
-            .compile()
-          )
-          throughput = logging_util.Throughput(batch_size, logging_util.compiled_flops(compiled))
+          compiled = built.jit_step(_select(batch)).lower(state, _select(batch), window).compile()
+          throughput = _report_compiled(compiled, state, built, _select(batch), batch_size)
           throughput(step - 1)
         state, window, learning_rate = compiled(state, _select(batch), window)
       progress(step)
@@ -386,6 +445,19 @@ def run(
     train_iter.close()
     writer.flush()
   return metrics
+
+
+def _report_compiled(compiled, state, built: TrainStep, batch, batch_size: int):
+  """Logs the compiled step's memory, FLOPs and collectives per device, as the planner prints
+  them (vit_jax.tools.plan), and returns the meter of the MFU then achieved: model FLOPs (3 ×
+  forward, no recomputation) per device per step against the device's peak."""
+  stats = compiled_stats.step_stats(compiled, state, built.state_shardings, batch)
+  compiled_stats.log_step_stats(stats)
+  height, width = batch["image"].shape[1:3]
+  per_example = compiled_stats.model_flops_per_example(
+    built.model, state["params"], (height, width)
+  )
+  return logging_util.Throughput(batch_size, per_example * batch_size / built.mesh.devices.size)
 
 
 def _gather_data_state(local: dict[str, int]) -> dict[str, Any]:

@@ -1,0 +1,120 @@
+r"""The paper's pretraining configs compiled for TPU slices: memory, FLOPs, implied TPUv3-core-days.
+
+  python experiments/pod_plan.py --out_dir=experiments/results/pod_plan
+
+needs libtpu (`pip install -e ".[tpu]"`) and no TPU. For each (model, topology) it compiles the
+trainer's step of `configs/pretrain.py:dataset=jft,model=<model>` (batch 4096) with
+vit_jax.tools.plan; when a configuration does not fit, the planner's search picks the fastest
+proposed setting that does. Writes results.json and table.md (the README's table).
+
+Memory and FLOPs are the TPU compiler's. Step times and core-days are estimates at an assumed
+fraction of peak (--efficiency); the column "efficiency implied by the paper" is the fraction
+that would reproduce the paper's TPUv3-core-days (ViT paper Table 2: H/14 2.5k, L/16 0.68k on
+JFT-300M), for the epochs assumed below.
+"""
+
+import json
+import os
+import time
+
+from absl import app, flags
+
+from vit_jax.tools import plan as planner  # sets the libtpu environment before JAX loads
+
+_OUT = flags.DEFINE_string("out_dir", "experiments/results/pod_plan", "results.json, table.md")
+# --efficiency and --max_trials are the planner's flags (vit_jax.tools.plan).
+
+JFT_IMAGES = 303_000_000
+# Epochs of the paper's JFT-300M pretraining runs behind Table 2 (as we read App. B, Table 6).
+EPOCHS = {"B/16": 7, "L/16": 7, "H/14": 14}
+PAPER_CORE_DAYS = {"L/16": 680, "H/14": 2500}
+# (model, topology): the paper's TPUv3 for every model, and H/14 on the newer chips.
+RUNS = [
+  ("B/16", "v3:16x16"),
+  ("L/16", "v3:16x16"),
+  ("H/14", "v3:16x16"),
+  ("H/14", "v4:8x8x8"),
+  ("H/14", "v5p:8x8x8"),
+  ("H/14", "v5e:16x16"),
+  ("H/14", "v6e:16x16"),
+]
+
+
+def run_one(model: str, topology: str) -> dict:
+  from configs import pretrain  # noqa: PLC0415 (imports JAX: after the planner's environment)
+
+  config = pretrain.get_config(f"dataset=jft,model={model}")
+  start = time.perf_counter()
+  base = planner.plan(config, topology, efficiency=flags.FLAGS.efficiency)
+  chosen, overrides = base, {}
+  if not base.fits:
+    found = planner.search(
+      config, topology, base, flags.FLAGS.max_trials, efficiency=flags.FLAGS.efficiency
+    )
+    if found:
+      overrides, chosen = found[0]
+  steps = EPOCHS[model] * JFT_IMAGES / int(config.batch_size)
+  core_days = None
+  if chosen.step_seconds and topology.startswith("v3"):
+    core_days = chosen.step_seconds * steps * chosen.num_devices / 86_400
+  row = dict(
+    model=model,
+    topology=topology,
+    base=base.to_dict(),
+    overrides=overrides,
+    chosen=chosen.to_dict(),
+    steps=steps,
+    core_days=core_days,
+    paper_core_days=PAPER_CORE_DAYS.get(model) if topology.startswith("v3") else None,
+    wall_seconds=time.perf_counter() - start,
+  )
+  print(planner.format_plan(chosen), flush=True)
+  return row
+
+
+def table(rows: list[dict]) -> str:
+  lines = [
+    "| model | slice | devices | settings | params+opt / device | temporaries | total / HBM "
+    "| GFLOPs / device / step | implied s/step | TPUv3-core-days (implied / paper) "
+    "| efficiency implied by the paper |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    c, s = r["chosen"], r["chosen"]["stats"]
+    settings = f"{c['settings']['per_device_batch']}/device" + "".join(
+      f", {k.split('.')[-1]}={v}" for k, v in r["overrides"].items()
+    )
+    if not c["fits"]:
+      settings += " (does not fit)"
+    days = paper = eff = ""
+    if r["core_days"]:
+      days = f"{r['core_days'] / 1000:.2f}k"
+    if r["paper_core_days"]:
+      paper = f" / {r['paper_core_days'] / 1000:.2f}k"
+      eff = f"{100 * c['efficiency'] * r['core_days'] / r['paper_core_days']:.0f}%"
+    lines.append(
+      f"| {r['model']} | {r['topology']} | {c['num_devices']} × {c['device_kind']} | {settings} "
+      f"| {(s['params'] + s['opt_state']) / 2**30:.2f} GiB | {s['temp'] / 2**30:.2f} GiB "
+      f"| {s['total'] / 2**30:.2f} / {c['hbm'] / 2**30:.0f} GiB | {s['flops'] / 1e9:,.0f} "
+      f"| {c['step_seconds']:.2f} | {days}{paper} | {eff} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  if not planner.libtpu_available():
+    raise SystemExit(planner.install_hint())
+  os.makedirs(_OUT.value, exist_ok=True)
+  rows = []
+  for model, topology in RUNS:
+    rows.append(run_one(model, topology))
+    with open(os.path.join(_OUT.value, "results.json"), "w") as f:
+      json.dump(rows, f, indent=2, default=str)
+    with open(os.path.join(_OUT.value, "table.md"), "w") as f:
+      f.write(table(rows))
+  print(table(rows))
+
+
+if __name__ == "__main__":
+  app.run(main)

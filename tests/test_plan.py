@@ -1,0 +1,267 @@
+"""The planner: HLO collectives and loops, what-would-fit logic, and compiling the trainer's step.
+
+The parser and the fit logic run everywhere; the compile path runs on the eight simulated CPU
+devices of conftest (the same code as for a TPU topology), and on a real TPU topology when
+libtpu is installed (`pip install -e ".[tpu]"`); the paper configs on a v3 slice are slow tests.
+"""
+
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from configs import pretrain
+from vit_jax import compiled_stats, sharding, train
+from vit_jax.tools import plan as planner
+
+GiB = 2**30
+needs_libtpu = pytest.mark.skipif(
+  not planner.libtpu_available(),
+  reason='libtpu is not installed (optional extra: pip install -e ".[tpu]")',
+)
+
+# A loop of 4 iterations holding an all-gather, a dot, a reduce-scatter and an all-reduce, then an
+# async all-reduce over pairs and an all-to-all over every device, on an 8-device program.
+HLO = """\
+HloModule test, entry_computation_layout={(f32[64,128]{1,0})->f32[64,128]{1,0}}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%cond (p: (s32[], f32[64,128])) -> pred[] {
+  %p = (s32[], f32[64,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p.1: (s32[], f32[64,128])) -> (s32[], f32[64,128]) {
+  %p.1 = (s32[], f32[64,128]{1,0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%p.1), index=0
+  %w = f32[64,128]{1,0:T(8,128)} get-tuple-element(%p.1), index=1
+  %ag = f32[512,128]{1,0:T(8,128)} all-gather(%w), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}
+  %c0 = f32[] constant(0)
+  %lhs = f32[64,512]{1,0} broadcast(%c0), dimensions={}
+  %d = f32[64,128]{1,0} dot(%lhs, %ag), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %rs = f32[8,128]{1,0} reduce-scatter(%d), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, to_apply=%add
+  %ar = f32[64,128]{1,0} all-reduce(%d), channel_id=3, replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}, to_apply=%add
+  %one = s32[] constant(1)
+  %next = s32[] add(%i.1, %one)
+  ROOT %t = (s32[], f32[64,128]{1,0}) tuple(%next, %ar)
+}
+
+ENTRY %main (a: f32[64,128]) -> f32[64,128] {
+  %a = f32[64,128]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[64,128]{1,0}) tuple(%zero, %a)
+  %loop = (s32[], f32[64,128]{1,0}) while(%init), condition=%cond, body=%body
+  %out = f32[64,128]{1,0} get-tuple-element(%loop), index=1
+  %b = bf16[1024]{0} convert(%out)
+  %ars = bf16[1024]{0} all-reduce-start(bf16[1024]{0} %b), replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add
+  %ard = bf16[1024]{0} all-reduce-done(%ars)
+  %a2a = f32[64,128]{1,0} all-to-all(%out), replica_groups={}, dimensions={0}
+  ROOT %r = f32[64,128]{1,0} copy(%a2a)
+}
+"""
+
+
+def test_parse_hlo_counts_collectives_and_matmuls_per_loop_iteration():
+  stats = compiled_stats.parse_hlo(HLO, num_devices=8)
+  assert stats.loops == [("body", 4)]
+  c = stats.collectives
+  # all-gather of a [512, 128] f32 result over 8 devices: each sends 7/8 of it, 4 times.
+  assert c["all-gather"] == {"count": 4, "bytes": 4 * 512 * 128 * 4 * 7 / 8}
+  # reduce-scatter to [8, 128]: the input is 8× the result, each device sends 7/8 of it.
+  assert c["reduce-scatter"] == {"count": 4, "bytes": 4 * 8 * 128 * 4 * 8 * 7 / 8}
+  # all-reduce over the 4 devices of 'axis_1' in the loop (2 × 3/4 of the buffer), plus the
+  # async bf16 one over pairs (2 × 1/2 of 2 KiB); the -done half is not counted again.
+  assert c["all-reduce"] == {"count": 5, "bytes": 4 * 2 * 64 * 128 * 4 * 3 / 4 + 2 * 2048 / 2}
+  # replica_groups={} is every device.
+  assert c["all-to-all"] == {"count": 1, "bytes": 64 * 128 * 4 * 7 / 8}
+  assert c["collective-permute"] == {"count": 0, "bytes": 0}
+  # The dot: [64, 512] × [512, 128], 2 FLOPs per multiply-add, once per iteration.
+  assert stats.matmul_flops_once == 2 * 64 * 128 * 512
+  assert stats.matmul_flops == 4 * 2 * 64 * 128 * 512
+
+
+def test_parse_hlo_trip_count_from_backend_config_and_unknown_loops():
+  text = HLO.replace(
+    "condition=%cond, body=%body",
+    'condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"6"}}',
+  )
+  assert compiled_stats.parse_hlo(text, 8).loops == [("body", 6)]
+  unknown = HLO.replace("direction=LT", "direction=NE")
+  stats = compiled_stats.parse_hlo(unknown, 8)
+  assert stats.loops == [("body", None)]
+  assert stats.collectives["all-gather"]["count"] == 1  # counted once, and reported as unknown
+
+
+def _suggest(state, act, hbm=16, remat=False, scan=False, accum=1, per_device=8, fsdp=1):
+  return planner.suggest(
+    state_bytes=state * GiB,
+    activation_bytes=act * GiB,
+    fixed_bytes=0.1 * GiB,
+    hbm=hbm * GiB,
+    settings=dict(
+      batch_size=per_device * 512, per_device_batch=per_device, accum_steps=accum, remat=remat,
+      scan=scan,
+    ),
+    mesh=dict(data=512 // fsdp, fsdp=fsdp, model=1),
+    num_layers=32,
+  )  # fmt: skip
+
+
+def test_suggest_nothing_when_it_fits():
+  assert _suggest(state=10, act=5) == []
+
+
+def test_suggest_fsdp_when_the_state_does_not_fit():
+  overrides = [o for o, _ in _suggest(state=20, act=2)]
+  assert overrides[0] == {"model.remat": True}
+  # Halving 20 GiB of state leaves 10 + 2 + 0.1 GiB, within 90% of 16 GiB: FSDP over 2, no remat.
+  assert {"mesh.fsdp": 2, "mesh.data": -1} in overrides
+  # Accumulation cannot help: the state alone is over the budget.
+  assert not any("accum_steps" in o for o in overrides)
+  assert {"model.scan": True, "model.remat": True} in overrides
+  assert overrides[-1] == {"batch_size": 4 * 512}
+  # With 40 GiB of state, FSDP must go to 4 and also needs remat for the 12 GiB of activations.
+  overrides = [o for o, _ in _suggest(state=40, act=12)]
+  assert {"mesh.fsdp": 4, "mesh.data": -1, "model.remat": True} in overrides
+
+
+def test_suggest_accumulation_when_activations_do_not_fit():
+  overrides = [o for o, _ in _suggest(state=4, act=20, remat=True, scan=True)]
+  # 4 + 20/2 + 0.1 GiB fits 90% of 16 GiB; FSDP cannot (the activations alone are too big).
+  assert overrides == [{"accum_steps": 2}, {"batch_size": 4 * 512}]
+  # Already accumulating over 2: the next step is 4 (micro-batches of 2 of the 8 per device).
+  assert [{"accum_steps": 4}] == [
+    o for o, _ in _suggest(state=4, act=20, remat=True, scan=True, accum=2) if "accum_steps" in o
+  ]
+
+
+def test_topology_errors_are_one_line():
+  with pytest.raises(ValueError, match=r"--topology='v3-8'"):
+    planner.parse_topology("v3-8")
+  assert planner.parse_topology("v4:4x4x8") == ("v4", (4, 4, 8))
+  assert planner.accelerator_type("v3:16x16") == "v3-512"
+  assert planner.accelerator_type("v5e:4x4") == "v5litepod-16"
+
+
+def test_missing_libtpu_says_how_to_install(monkeypatch):
+  monkeypatch.setattr(planner, "libtpu_available", lambda: False)
+  with pytest.raises(RuntimeError, match=r'pip install -e "\.\[tpu\]"'):
+    planner.topology_devices("v3:2x2")
+
+
+def _small_config(**fields):
+  config = pretrain.get_config("dataset=jft,model=testing")
+  config.dataset.image_size = 32
+  config.batch_size = 16
+  return planner.apply_overrides(config, fields)
+
+
+def _compile_independently(config, devices, num_classes):
+  """The trainer's step compiled without the planner (the reference for its numbers)."""
+  mesh = sharding.make_mesh(config.mesh, devices)
+  built = train.build(config, mesh, num_classes)
+  state = jax.tree_util.tree_map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+    built.abstract_state,
+    built.state_shardings,
+  )
+  batch = planner.abstract_batch(config, mesh, num_classes)
+  window = train.abstract_window(mesh)
+  return built.jit_step(batch).lower(state, batch, window).compile()
+
+
+def _assert_compiler_memory(p, compiled):
+  mem = compiled.memory_analysis()
+  s = p.stats
+  assert (s.argument, s.output, s.alias, s.temp, s.code) == (
+    mem.argument_size_in_bytes,
+    mem.output_size_in_bytes,
+    mem.alias_size_in_bytes,
+    mem.temp_size_in_bytes,
+    mem.generated_code_size_in_bytes,
+  )
+  report = planner.format_plan(p)
+  assert f"temporaries       {planner._gib(mem.temp_size_in_bytes)}" in report
+  assert f"total             {planner._gib(s.total)}" in report
+
+
+def test_plan_on_cpu_devices_reports_the_compilers_memory_and_loop_corrected_flops():
+  devices = jax.devices()[:8]
+  config = _small_config(**{"mesh.fsdp": 2})
+  p = planner.plan(config, "cpu", num_classes=10, devices=devices)
+  assert p.mesh == {"data": 4, "fsdp": 2, "model": 1}
+  assert p.settings["per_device_batch"] == 2
+  _assert_compiler_memory(p, _compile_independently(config, devices, 10))
+  # On the CPU arguments are not padded: parameters, optimizer state, batch, and the step
+  # counter, rng and first-bad-step scalars (4 + 8 + 4 bytes) are the compiler's arguments.
+  assert p.stats.argument == p.stats.params + p.stats.opt_state + p.stats.batch + 16
+  # FSDP over 2 shards the encoder's kernels: the sharded state is smaller than replicated.
+  unsharded = planner.plan(_small_config(), "cpu", num_classes=10, devices=devices)
+  assert p.stats.params < unsharded.stats.params
+  assert p.stats.collectives["all-gather"]["count"] > 0
+  assert unsharded.stats.collectives["all-reduce"]["count"] > 0
+  # The same step as a scan over layers and two micro-batches: XLA's cost analysis counts the
+  # loop bodies once, the corrected count agrees with the unrolled step.
+  looped = planner.plan(
+    _small_config(**{"model.scan": True, "accum_steps": 2}), "cpu", num_classes=10, devices=devices
+  )
+  assert looped.stats.flops_xla < 0.7 * unsharded.stats.flops
+  # (Within 15%: elementwise work inside loops stays counted once, a large share of the FLOPs
+  # of this 32-wide model, a few percent of B/16.)
+  assert looped.stats.flops == pytest.approx(unsharded.stats.flops, rel=0.15)
+  assert sorted(t for _, t in looped.stats.loops) == [2, 2, 2]
+  assert looped.model_flops == pytest.approx(unsharded.model_flops)
+
+
+def test_planner_command_needs_libtpu_or_prints_a_report(tmp_path):
+  cmd = [
+    sys.executable,
+    "-m",
+    "vit_jax.tools.plan",
+    "--config=configs/pretrain.py:dataset=jft,model=testing",
+    "--config.dataset.image_size=32",
+    "--config.batch_size=16",
+    "--topology=v3:2x2",
+  ]
+  bad = subprocess.run([*cmd[:-1], "--topology=v3-8"], capture_output=True, text=True, timeout=120)
+  assert bad.returncode != 0 and "--topology='v3-8'" in bad.stderr
+  if planner.libtpu_available():
+    pytest.skip("libtpu installed: covered by test_small_model_on_a_v3_8")
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+  assert out.returncode != 0
+  assert 'pip install -e ".[tpu]"' in out.stderr.strip().splitlines()[-1]
+
+
+@needs_libtpu
+def test_small_model_on_a_v3_8():
+  config = _small_config()
+  p = planner.plan(config, "v3:2x2", num_classes=10)
+  assert (p.num_devices, p.device_kind, p.hbm) == (8, "TPU v3", 16 * GiB)
+  assert p.fits and planner.suggestions_for(p, config) == []
+  assert p.stats.flops > 0 and p.step_seconds > 0 and 0 < p.mfu < 1
+  _assert_compiler_memory(p, _compile_independently(config, planner.topology_devices("v3:2x2"), 10))
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["B/16", "L/16", "H/14"])
+def test_paper_pretraining_fits_a_v3_slice(model):
+  """batch 4096 on a v3-512 (8 images per core), with the planner's recommended settings."""
+  config = pretrain.get_config(f"dataset=jft,model={model}")
+  p = planner.plan(config, "v3:16x16")
+  if not p.fits:
+    found = planner.search(config, "v3:16x16", p, max_trials=2)
+    assert found, f"{model}: nothing the planner proposes fits ({p.stats.total / GiB:.1f} GiB)"
+    overrides, p = found[0]
+    config = planner.apply_overrides(config, overrides)
+  assert p.stats.total <= 16 * GiB
+  compiled = _compile_independently(config, planner.topology_devices("v3:16x16"), 18_291)
+  _assert_compiler_memory(p, compiled)
