@@ -158,7 +158,7 @@ def test_missing_libtpu_says_how_to_install(monkeypatch):
 
 
 def _small_config(**fields):
-  config = pretrain.get_config("dataset=jft,model=testing")
+  config = pretrain.get_config("dataset=jft,model=testing,epochs=7,lr=1e-3")
   config.dataset.image_size = 32
   config.batch_size = 16
   return planner.apply_overrides(config, fields)
@@ -200,9 +200,9 @@ def test_plan_on_cpu_devices_reports_the_compilers_memory_and_loop_corrected_flo
   assert p.mesh == {"data": 4, "fsdp": 2, "model": 1}
   assert p.settings["per_device_batch"] == 2
   _assert_compiler_memory(p, _compile_independently(config, devices, 10))
-  # On the CPU arguments are not padded: parameters, optimizer state, batch, and the step
-  # counter, rng and first-bad-step scalars (4 + 8 + 4 bytes) are the compiler's arguments.
-  assert p.stats.argument == p.stats.params + p.stats.opt_state + p.stats.batch + 16
+  # On the CPU arguments are not padded: parameters, optimizer state, batch, the step counter
+  # and rng (4 + 8 bytes) and the metrics window (5 float32 sums and an int32: 24 bytes).
+  assert p.stats.argument == p.stats.params + p.stats.opt_state + p.stats.batch + 4 + 8 + 24
   # FSDP over 2 shards the encoder's kernels: the sharded state is smaller than replicated.
   unsharded = planner.plan(_small_config(), "cpu", num_classes=10, devices=devices)
   assert p.stats.params < unsharded.stats.params
@@ -226,7 +226,7 @@ def test_planner_command_needs_libtpu_or_prints_a_report(tmp_path):
     sys.executable,
     "-m",
     "vit_jax.tools.plan",
-    "--config=configs/pretrain.py:dataset=jft,model=testing",
+    "--config=configs/pretrain.py:dataset=jft,model=testing,epochs=7,lr=1e-3",
     "--config.dataset.image_size=32",
     "--config.batch_size=16",
     "--topology=v3:2x2",
