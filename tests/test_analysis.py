@@ -326,3 +326,24 @@ def test_hybrid_distance_on_its_token_grid_and_no_filter_figure(tmp_path):
   assert result["token_grid"] == [4, 4] and result["token_stride_pixels"] == 4
   assert "ResNet feature" in result["filters"]["skipped"]
   assert not (out / "filters_pca.png").exists()
+
+
+def test_inside_vit_experiment_writes_the_readme_figures(tmp_path):
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
+  import inside_vit
+
+  config = models.get_model_config("testing")
+  model = models.get_model(config, 10)
+  params = model.init(jax.random.key(3), jnp.zeros((1, 32, 32, 3)), train=False)["params"]
+  _orbax_workdir(tmp_path / "pretrain", params, config, image_size=32)
+  out = tmp_path / "figures"
+  result = inside_vit.main(
+    [f"--workdir={tmp_path / 'pretrain'}", f"--out={out}", "--num_images=12", "--batch_size=8"]
+  )
+  assert sorted(p.name for p in out.iterdir()) == sorted(
+    [f"{name}.png" for name in inside_vit.FIGURES] + ["analysis.json"]
+  )
+  saved = json.loads((out / "analysis.json").read_text())
+  assert saved["images"]["count"] == 12 and result["token_grid"] == [8, 8]
+  assert np.shape(saved["mean_attention_distance"]) == (2, 2)
+  assert saved["figures"]["attention_rollout"] == "attention_rollout.png"

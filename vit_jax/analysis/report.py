@@ -239,7 +239,8 @@ def analyze(
 
   # 3-4. Attention, over the images.
   if paths:
-    att = _attention(subject, paths, batch_size, residual_weight, max_rollout_images)
+    keep = max(max_rollout_images, ROLLOUT_FIGURE_IMAGES)
+    att = _attention(subject, paths, batch_size, residual_weight, keep)
     result["images"] = dict(
       count=len(att["names"]),
       skipped_count=len(att["skipped"]),
@@ -284,16 +285,16 @@ def analyze(
       os.path.join(out, "attention_rollout.png"),
       title,
     )
-    for i, image in enumerate(shown):
+    for i, image in enumerate(shown[:max_rollout_images]):
       plots.rollout(
         [image],
         att["rollout"][i : i + 1],
         subject.grid,
         [labels[i]],
         os.path.join(out, "rollout", f"{i:04d}_{labels[i]}.png"),
-        "rollout",
+        f"rollout: {labels[i]}",
       )
-    if len(shown):
+    if max_rollout_images > 0:
       result["figures"]["rollout_per_image"] = os.path.join(out, "rollout")
   else:
     result["images"] = dict(count=0, skipped_count=0, skipped=[])
