@@ -282,6 +282,21 @@ def test_command_line_names_a_missing_image(tmp_path):
   )
 
 
+def test_list_images_searches_folders_and_names_what_is_missing(tmp_path):
+  folder = _images(tmp_path / "a" / "b", n=2)
+  (tmp_path / "empty").mkdir()
+  (tmp_path / "x.dat").write_bytes(b"")
+  found = report.list_images([str(tmp_path / "a"), str(tmp_path / "x.dat")])
+  assert [os.path.relpath(p, tmp_path) for p in found] == [
+    "a/b/broken.png",
+    "a/b/im0.png",
+    "a/b/im1.png",
+    "x.dat",  # a file named explicitly is tried whatever its extension
+  ]
+  with pytest.raises(FileNotFoundError, match=f"files in {tmp_path / 'empty'}"):
+    report.list_images([str(folder), str(tmp_path / "empty")])
+
+
 def _orbax_workdir(path, params, model_config, image_size):
   """What a trainer run leaves: checkpoints/<step>/state (+ data) and config.json."""
   checkpointer = train_checkpoint.Checkpointer(str(path), every_steps=1, keep=1, asynchronous=False)

@@ -66,9 +66,9 @@ def main(argv: Sequence[str]) -> None:
   if "mean_attention_distance_per_layer" in result:
     per_layer = ", ".join(f"{d:.1f}" for d in result["mean_attention_distance_per_layer"])
     print(f"mean attention distance per layer (pixels): {per_layer}")
-  print(
-    f"position embeddings: similarity-distance correlation {result['posemb']['distance_correlation']:.2f}"
-  )
+  corr = result["posemb"]["distance_correlation"]
+  if corr is not None:
+    print(f"position embeddings: correlation of similarity with grid distance {corr:.2f}")
   for name, path in result["figures"].items():
     print(f"{name}: {path}")
   print(f"numbers: {_OUT.value}/analysis.json")

@@ -48,6 +48,8 @@ def list_images(specs: Sequence[str]) -> list[str]:
       found = []
       for root, _, files in os.walk(spec):
         found += [os.path.join(root, f) for f in files if f.lower().endswith(IMAGE_EXTENSIONS)]
+      if not found:
+        raise FileNotFoundError(f"--images: no {'/'.join(IMAGE_EXTENSIONS)} files in {spec}")
       paths += sorted(found)
     elif os.path.exists(spec):
       paths.append(spec)
@@ -300,6 +302,18 @@ def analyze(
     result["images"] = dict(count=0, skipped_count=0, skipped=[])
 
   np.savez_compressed(os.path.join(out, "analysis.npz"), **arrays)
+  result = _finite(result)
   with open(os.path.join(out, "analysis.json"), "w") as f:
-    json.dump(result, f, indent=2)
+    json.dump(result, f, indent=2, allow_nan=False)
   return result
+
+
+def _finite(tree: Any) -> Any:
+  """NaN (e.g. a grid summary of a one-row grid) → None, so the file is strict JSON."""
+  if isinstance(tree, dict):
+    return {k: _finite(v) for k, v in tree.items()}
+  if isinstance(tree, list):
+    return [_finite(v) for v in tree]
+  if isinstance(tree, float) and not np.isfinite(tree):
+    return None
+  return tree
