@@ -86,7 +86,10 @@ def main(argv: list[str] | None = None) -> dict:
 
   distance = np.asarray(result["mean_attention_distance"])
   print(f"\n{result['model']} from {args.workdir}: {result['images']['count']} images")
-  print("mean attention distance (pixels), per layer: min / mean / max over heads")
+  print(
+    "mean attention distance (pixels), per layer: min / mean / max over heads "
+    f"(uniform attention: {result['uniform_attention_distance']:.1f})"
+  )
   for layer, row in enumerate(distance, 1):
     print(f"  layer {layer}: {row.min():5.1f} / {row.mean():5.1f} / {row.max():5.1f}")
   posemb = result["posemb"]

@@ -1,5 +1,6 @@
 """vit_jax.analysis: the numbers against hand-made answers and brute force, and the tool end to end."""
 
+import functools
 import json
 import os
 import subprocess
@@ -67,6 +68,7 @@ def test_mean_attention_distance_uniform_is_the_mean_pairwise_distance():
   att = np.full((5, 5), 0.2)  # uniform over the class token and the four patches
   distance, share = metrics.mean_attention_distance(att, (2, 2), stride=p)
   np.testing.assert_allclose(distance, p * (2 + 2**0.5) / 4, rtol=1e-6)
+  assert metrics.uniform_attention_distance((2, 2), p) == pytest.approx(p * (2 + 2**0.5) / 4)
   np.testing.assert_allclose(share, 0.2, rtol=1e-6)
   # Without a class token (a 'gap' model) every token is a patch; 1x3: mean of 0, 1, 2 / 0, 1, 1.
   distance, _ = metrics.mean_attention_distance(np.full((3, 3), 1 / 3), (1, 3), 1.0, 0)
@@ -189,8 +191,10 @@ def test_attention_weights_scanned_equal_unrolled():
   model, params = _testing_params()
   scanned = models.get_model("testing", 3, scan=True)
   images = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (2, 16, 16, 3)), jnp.float32)
-  plain = capture.attention_weights(model, params, images)
-  stacked = capture.attention_weights(scanned, checkpoint.stack_encoder_blocks(params), images)
+  plain = jax.jit(functools.partial(capture.attention_weights, model))(params, images)
+  stacked = jax.jit(functools.partial(capture.attention_weights, scanned))(
+    checkpoint.stack_encoder_blocks(params), images
+  )
   assert plain.shape == (2, 2, 2, 17, 17)  # [layers, batch, heads, 1 + 4*4, 1 + 4*4]
   np.testing.assert_allclose(plain, stacked, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(plain).sum(-1), 1.0, rtol=1e-5)
@@ -257,6 +261,10 @@ def test_command_line_on_an_npz(tmp_path):
   # A query patch of a 4x4 grid of 4 px patches is at most 4*sqrt(18) px from any key.
   assert 0 < np.min(result["mean_attention_distance"])
   assert np.max(result["mean_attention_distance"]) < 4 * 18**0.5
+  uniform = np.mean(
+    [np.hypot(a // 4 - b // 4, a % 4 - b % 4) for a in range(16) for b in range(16)]
+  )
+  assert result["uniform_attention_distance"] == pytest.approx(4 * uniform)
 
 
 def test_command_line_names_a_missing_image(tmp_path):

@@ -32,6 +32,14 @@ def patch_distances(grid: tuple[int, int], stride: float = 1.0) -> np.ndarray:
   return stride * np.sqrt(((xy[:, None, :] - xy[None, :, :]) ** 2).sum(-1))
 
 
+def uniform_attention_distance(grid: tuple[int, int], stride: float) -> float:
+  """The mean attention distance of a head that attends uniformly to all patches (pixels).
+
+  The reference for `mean_attention_distance`: a head below it attends locally.
+  """
+  return float(patch_distances(grid, stride).mean())
+
+
 def _check_attention(attention: np.ndarray, name: str = "attention") -> None:
   if attention.ndim < 2 or attention.shape[-1] != attention.shape[-2]:
     raise ValueError(f"{name} has shape {attention.shape}; expected [..., tokens, tokens]")

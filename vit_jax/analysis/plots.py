@@ -89,11 +89,14 @@ def posemb_similarity(
   return _save(fig, path)
 
 
-def attention_distance(distance: np.ndarray, path: str, title: str = "") -> str:
+def attention_distance(
+  distance: np.ndarray, uniform: float | None, path: str, title: str = ""
+) -> str:
   """Mean attention distance of every head against depth (Fig. 7 right).
 
   Args:
     distance: [layers, heads] in pixels.
+    uniform: the distance of uniform attention (a dashed line), or None.
     path: the PNG to write.
     title: a line above the plot.
   """
@@ -103,10 +106,12 @@ def attention_distance(distance: np.ndarray, path: str, title: str = "") -> str:
   colors = plt.get_cmap("tab10")(np.tile(np.arange(heads) % 10, layers))
   ax.scatter(depth, distance.ravel(), s=14, c=colors, alpha=0.85, edgecolors="none")
   ax.plot(np.arange(1, layers + 1), distance.mean(1), color="gray", lw=1, label="mean of heads")
+  if uniform is not None:
+    ax.axhline(uniform, color="black", ls="--", lw=0.8, label="uniform attention")
   ax.set_xlabel("network depth (layer)")
   ax.set_ylabel("mean attention distance (pixels)")
   ax.set_xticks(range(1, layers + 1) if layers <= 16 else range(1, layers + 1, 2))
-  ax.set_ylim(bottom=0)
+  ax.set_ylim(0, 1.15 * max(float(distance.max()), uniform or 0.0))
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7, loc="lower right")
   ax.set_title(title or "Mean attention distance, one dot per head", fontsize=9)

@@ -185,10 +185,16 @@ def analyze(
   os.makedirs(out, exist_ok=True)
   params = subject.checkpoint_params
   prefix = subject.num_prefix_tokens
-  name = subject.model_config.get("name") or "ViT"
+  config = subject.model_config
+  # Titles name the architecture too: a preset's name stays when its fields are overridden.
+  name = (
+    f"{config.get('name') or 'ViT'} ({config.num_layers} layers, width {config.hidden_size}, "
+    f"{config.num_heads} heads, {subject.stride}px tokens)"
+  )
   result: dict[str, Any] = dict(
     checkpoint=str(checkpoint),
-    model=name,
+    model=config.get("name") or "ViT",
+    hidden_size=int(config.hidden_size),
     layers=subject.num_layers,
     heads=subject.num_heads,
     image_size=subject.image_size,
@@ -204,7 +210,7 @@ def analyze(
   kernel = np.asarray(params["embedding"]["kernel"])
   if subject.is_hybrid or kernel.shape[2] != 3:
     reason = (
-      f"the embedding of {name} is a {kernel.shape[0]}x{kernel.shape[1]} conv on "
+      f"the embedding of {result['model']} is a {kernel.shape[0]}x{kernel.shape[1]} conv on "
       f"{kernel.shape[2]} {'ResNet feature' if subject.is_hybrid else 'input'} channels, "
       "not on RGB pixels: no filter figure"
     )
@@ -220,7 +226,7 @@ def analyze(
       components,
       explained,
       os.path.join(out, "filters_pca.png"),
-      f"{name}: embedding filters, top {len(components)} principal components",
+      f"{name}\nembedding filters, top {len(components)} principal components",
     )
 
   # 2. Position embeddings, on the grid they were trained for.
@@ -236,7 +242,7 @@ def analyze(
     similarity,
     subject.posemb_grid,
     os.path.join(out, "posemb_similarity.png"),
-    f"{name}: position embedding similarity ({subject.posemb_grid[0]}x{subject.posemb_grid[1]})",
+    f"{name}\nposition embedding similarity ({subject.posemb_grid[0]}x{subject.posemb_grid[1]})",
   )
 
   # 3-4. Attention, over the images.
@@ -250,6 +256,8 @@ def analyze(
     )
     result["mean_attention_distance"] = att["distance"].tolist()
     result["mean_attention_distance_per_layer"] = att["distance"].mean(1).tolist()
+    uniform = metrics.uniform_attention_distance(subject.grid, subject.stride)
+    result["uniform_attention_distance"] = uniform
     result["mean_attention_distance_definition"] = (
       "per head: sum over key patches of attention x distance between patch centres (pixels), "
       "attention renormalised over patches (class token key left out), averaged over query "
@@ -270,12 +278,13 @@ def analyze(
     arrays["rollout_images"] = np.array(att["names"])
     result["figures"]["attention_distance"] = plots.attention_distance(
       att["distance"],
+      uniform,
       os.path.join(out, "attention_distance.png"),
-      f"{name}: mean attention distance ({len(att['names'])} images, {subject.image_size}px)",
+      f"{name}\nmean attention distance ({len(att['names'])} images, {subject.image_size}px)",
     )
     shown = att["images"]
     labels = [os.path.splitext(os.path.basename(p))[0] for p in att["names"]]
-    title = f"{name}: attention rollout from the {source} (heads: mean; residual: 0.5 I)"
+    title = f"{name}\nattention rollout from the {source} (heads: mean; residual: 0.5 I)"
     if residual_weight != 0.5:
       title = title.replace("0.5 I", f"{residual_weight:g} I")
     k = min(len(shown), ROLLOUT_FIGURE_IMAGES)
