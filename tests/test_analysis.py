@@ -370,3 +370,9 @@ def test_inside_vit_experiment_writes_the_readme_figures(tmp_path):
   assert saved["images"]["count"] == 12 and result["token_grid"] == [8, 8]
   assert np.shape(saved["mean_attention_distance"]) == (2, 2)
   assert saved["figures"]["attention_rollout"] == "attention_rollout.png"
+
+
+def test_the_tool_imports_without_tensorflow():
+  code = "import sys, vit_jax.analysis.__main__; assert 'tensorflow' not in sys.modules"
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
