@@ -29,20 +29,28 @@ from PIL import Image
 from vit_jax import checkpoint as checkpoint_lib
 from vit_jax import linear_probe, models, pp_spec
 
-_CHECKPOINT = flags.DEFINE_string(
-  "checkpoint", None, "Workdir, step directory or .npz of a trained classifier."
-)
-_CLASS_NAMES = flags.DEFINE_string(
-  "class_names", None, "Text file with one class name a line (overrides the dataset's)."
-)
-_IMAGE_SIZE = flags.DEFINE_integer(
-  "image_size", 0, "Input resolution; 0: from config.json or the position embeddings."
-)
-_MODEL = flags.DEFINE_string(
-  "model", None, "A vit_jax.models preset (e.g. B/16) for an .npz without config.json."
-)
-_TOP_K = flags.DEFINE_integer("top_k", 5, "How many classes to print per image.")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Images per forward pass.")
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  # Defined only when run as the command line: a module that imports predict for its loaders
+  # (vit_jax.analysis) has flags of the same names.
+  flags.DEFINE_string(
+    "checkpoint", None, "Workdir, step directory or .npz of a trained classifier."
+  )
+  flags.DEFINE_string(
+    "class_names", None, "Text file with one class name a line (overrides the dataset's)."
+  )
+  flags.DEFINE_integer(
+    "image_size", 0, "Input resolution; 0: from config.json or the position embeddings."
+  )
+  flags.DEFINE_string(
+    "model", None, "A vit_jax.models preset (e.g. B/16) for an .npz without config.json."
+  )
+  flags.DEFINE_integer("top_k", 5, "How many classes to print per image.")
+  flags.DEFINE_integer("batch_size", 32, "Images per forward pass.")
+  flags.mark_flag_as_required("checkpoint")
+
 
 DEFAULT_PP = "decode|resize|value_range(-1, 1)"
 
@@ -108,6 +116,24 @@ def _size_arg(args, kwargs):
 # The classifier and what travels with it.
 
 
+def token_stride(model: Any) -> int:
+  """Input pixels per step of the token grid: the patch size, times the hybrid stem's stride.
+
+  Args:
+    model: a `VisionTransformer` or a model ConfigDict (`patch_size`, `resnet`).
+  """
+  resnet = model.resnet if hasattr(model, "resnet") else model.get("resnet")
+  # A ResNet stem of S stages downsamples by 2^(S+1) before the patches (models.py).
+  stem = 2 ** (1 + len(resnet["num_layers"])) if resnet is not None else 1
+  return int(model.patch_size) * stem
+
+
+def native_image_size(params: dict[str, Any], model: Any) -> int:
+  """The (square) input size that the checkpoint's position embeddings were trained at."""
+  tokens = params["Transformer"]["posembed_input"]["pos_embedding"].shape[1]
+  return math.isqrt(tokens - int("cls" in params)) * token_stride(model)
+
+
 class Classifier:
   """A trained checkpoint with its architecture, input size, preprocessing and class names."""
 
@@ -130,8 +156,9 @@ class Classifier:
       model_config, self.num_classes, representation_size=rep, dropout_rate=0.0
     )
     dataset = saved.get("dataset") if saved is not None else None
-    self.params = params
-    self.image_size = image_size or (dataset.image_size if dataset else self._posemb_size())
+    self.image_size = image_size or (
+      dataset.image_size if dataset else native_image_size(params, self.model)
+    )
     # Another resolution than the checkpoint's: position embeddings resized to its patch grid.
     self.params = checkpoint_lib.fit_posemb(params, self.model, model_config, self.image_size)
     # A head trained with sigmoid cross-entropy (multi-label) scores classes independently.
@@ -146,14 +173,6 @@ class Classifier:
       )
       self.class_names = None
     self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False))
-
-  def _posemb_size(self) -> int:
-    tokens = self.params["Transformer"]["posembed_input"]["pos_embedding"].shape[1]
-    grid = math.isqrt(tokens - int("cls" in self.params))
-    resnet = self.model.resnet
-    # A ResNet stem of S stages downsamples by 2^(S+1) before the patches (models.py).
-    stem = 2 ** (1 + len(resnet["num_layers"])) if resnet is not None else 1
-    return grid * self.model.patch_size * stem
 
   def name(self, index: int) -> str:
     return self.class_names[index] if self.class_names else f"class {index}"
@@ -219,17 +238,17 @@ def main(argv: Sequence[str]) -> None:
   missing = [p for p in paths if not os.path.exists(p)]
   if missing:
     raise app.UsageError(f"no such file: {', '.join(missing)}")
-  names = read_class_names(_CLASS_NAMES.value) if _CLASS_NAMES.value else None
+  names = read_class_names(FLAGS.class_names) if FLAGS.class_names else None
   classifier = Classifier(
-    _CHECKPOINT.value, model=_MODEL.value, image_size=_IMAGE_SIZE.value, class_names=names
+    FLAGS.checkpoint, model=FLAGS.model, image_size=FLAGS.image_size, class_names=names
   )
   images = [Image.open(p) for p in paths]
-  probs = classifier.probabilities(images, _BATCH_SIZE.value)
+  probs = classifier.probabilities(images, FLAGS.batch_size)
   for path, p in zip(paths, probs, strict=True):
-    idx = np.argsort(-p, kind="stable")[: min(_TOP_K.value, classifier.num_classes)]
+    idx = np.argsort(-p, kind="stable")[: min(FLAGS.top_k, classifier.num_classes)]
     print(format_predictions(path, [(int(i), classifier.name(int(i)), float(p[i])) for i in idx]))
 
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("checkpoint")
+  _define_flags()
   app.run(main)
