@@ -16,9 +16,13 @@ Dtype = Any
 
 
 def weight_standardize(kernel: jax.Array, eps: float = 1e-5) -> jax.Array:
-  """Standardises a conv kernel [kh, kw, c_in, c_out] over all but the output axis."""
+  """Standardises a conv kernel [kh, kw, c_in, c_out] over all but the output axis.
+
+  (w − mean) / (std + eps), as the official vit_jax hybrid (eps 1e-5) and BiT code do; not
+  (w − mean) / sqrt(var + eps), which differs where a channel's std is small.
+  """
   kernel = kernel - jnp.mean(kernel, axis=(0, 1, 2), keepdims=True)
-  return kernel * jax.lax.rsqrt(jnp.var(kernel, axis=(0, 1, 2), keepdims=True) + eps)
+  return kernel / (jnp.std(kernel, axis=(0, 1, 2), keepdims=True) + eps)
 
 
 class StdConv(nn.Module):
