@@ -5,8 +5,13 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
-import tensorflow_datasets.testing  # noqa: F401  Imported eagerly: lazy import races pipeline threads on py3.11.
+
+# Imported here, at collection, while the process has one thread: `tfds.testing.mock_data`
+# imports this module lazily on first use, and pytest's assertion rewriting then runs
+# `ast.parse`, which on CPython 3.11.7 fails ("AST constructor recursion depth mismatch") when
+# another thread builds an AST at the same moment (the input pipelines of earlier tests have
+# threads alive).
+from tensorflow_datasets.testing import mocking as tfds_mocking
 
 from vit_jax import input_pipeline
 from vit_jax.input_pipeline import builtin, testing
@@ -96,7 +101,7 @@ def test_tfrecord_multi_label_custom_keys(tmp_path):
   ],
 )
 def test_tfds_mock(name, num_classes):
-  with tfds.testing.mock_data(num_examples=9, policy=tfds.testing.MockPolicy.USE_CODE):
+  with tfds_mocking.mock_data(num_examples=9, policy=tfds_mocking.MockPolicy.USE_CODE):
     config = input_pipeline.dataset_config(
       source="tfds",
       name=name,
@@ -116,7 +121,7 @@ def test_tfds_mock(name, num_classes):
 
 def test_tfds_vtab_style_label_key():
   # VTAB-1k dSprites tasks pick one of several label features.
-  with tfds.testing.mock_data(num_examples=5, policy=tfds.testing.MockPolicy.USE_CODE):
+  with tfds_mocking.mock_data(num_examples=5, policy=tfds_mocking.MockPolicy.USE_CODE):
     config = input_pipeline.dataset_config(
       source="tfds",
       name="dsprites",
