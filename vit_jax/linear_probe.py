@@ -25,9 +25,10 @@ from absl import logging
 from etils import epath
 
 from vit_jax import checkpoint, checkpoint_torch, evaluators, models, sharding, train_checkpoint
+from vit_jax import workdir as workdir_lib
 
 RESULTS_FILE = "linear_probe.json"
-CONFIG_FILE = "config.json"
+CONFIG_FILE = workdir_lib.CONFIG_FILE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,8 +180,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh)
   writer = logging_util.create_writer(workdir)
-  if jax.process_index() == 0:
-    (epath.Path(workdir) / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
 
   # Backbone.
   explicit = config.model if "model" in config and config.model else None
@@ -192,6 +191,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     model_config, params, config.representation, dataset["image_size"]
   )
   params = jax.device_put(params, sharding.tree_shardings(params, mesh))
+  if jax.process_index() == 0:  # once the backbone is read: a failed start leaves no config
+    workdir_lib.save_config(workdir, config)
   logging.info(
     "linear probe: backbone %s from %s at %s px",
     model_config.get("name"),
@@ -237,7 +238,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   writer.flush()
   if jax.process_index() == 0:
     out = dict(results, model_init=str(config.model_init), dataset=dataset.get("name"))
-    (epath.Path(workdir) / RESULTS_FILE).write_text(json.dumps(out, indent=2, sort_keys=True))
+    workdir_lib.write_json(epath.Path(workdir) / RESULTS_FILE, out)
   return results
 
 

@@ -95,8 +95,12 @@ def _update_info(out_dir, name, split, class_names, lengths):
     "file_pattern": f"{name}-{split}.tfrecord-*",
     "shards": lengths,
   }
-  with tf.io.gfile.GFile(os.path.join(out_dir, sources.INFO_FILENAME), "w") as f:
+  # Atomically: a reader (or a second writer of another split) never sees half a file.
+  path = os.path.join(out_dir, sources.INFO_FILENAME)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with tf.io.gfile.GFile(tmp, "w") as f:
     json.dump(info, f, indent=1)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def shard_builtin(dataset: str, split: str, out_dir: str, num_shards: int, name=None, seed=0):
