@@ -7,6 +7,7 @@ extra); skipped without them, and marked slow (run with `pytest -m slow`).
 """
 
 import importlib.util
+import pathlib
 import subprocess
 import sys
 
@@ -44,37 +45,18 @@ import sys
 import numpy as np
 import timm
 import torch
-from timm.layers import StdConv2d, StdConv2dSame
 
-npz, name, images, out, num_classes, float64, vit_jax_eps = sys.argv[1:]
+npz, name, images, out, num_classes, float64, vit_jax_eps, tests_dir = sys.argv[1:]
 torch.set_num_threads(2)
 # timm with its own defaults (exact GELU); ours runs with gelu_approximate=False to match.
 model = timm.create_model(name, pretrained=False, num_classes=int(num_classes))
 if float64 == "1":
   model.double()  # before loading, so the file's float32 values are copied exactly
 model.load_pretrained(npz)
-if vit_jax_eps == "1":
-  # Architecture constants, not weights, so no file carries them: the official vit_jax code (and
-  # ours) standardises as (w - mean) / (std + 1e-5), timm's hybrid as (w - mean) / sqrt(var +
-  # 1e-8); GroupNorm eps is 1e-6 in flax, 1e-5 in torch. Here timm computes ours, so that only
-  # the architecture is compared.
-  import torch.nn.functional as F
-  from timm.layers.padding import pad_same
-
-  def official_forward(self, x):
-    if getattr(self, "same_pad", False):
-      x = pad_same(x, self.kernel_size, self.stride, self.dilation)
-    w = self.weight
-    mean = w.mean(dim=(1, 2, 3), keepdim=True)
-    std = w.std(dim=(1, 2, 3), keepdim=True, unbiased=False)
-    w = (w - mean) / (std + 1e-5)
-    return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
-
-  for module in model.patch_embed.backbone.modules():
-    if isinstance(module, (StdConv2d, StdConv2dSame)):
-      module.forward = official_forward.__get__(module)
-    elif isinstance(module, torch.nn.GroupNorm):
-      module.eps = 1e-6
+if vit_jax_eps == "1":  # timm computes vit_jax's stem: the architectures alone are compared
+  sys.path.insert(0, tests_dir)
+  from timm_vit_jax_constants import use_vit_jax_constants
+  use_vit_jax_constants(model)
 model.eval()
 with torch.no_grad():
   x = torch.from_numpy(np.load(images)).permute(0, 3, 1, 2)  # NHWC -> NCHW
@@ -95,7 +77,7 @@ def _compare(tmp_path, preset, timm_name, vit_jax_eps=False, float64=False, tole
   images = np.random.default_rng(1).uniform(-1, 1, (2, 224, 224, 3)).astype(np.float32)
   np.save(tmp_path / "images.npy", images)
   args = [path, timm_name, tmp_path / "images.npy", tmp_path / "timm.npy", NUM_CLASSES]
-  args += [int(float64), int(vit_jax_eps)]
+  args += [int(float64), int(vit_jax_eps), pathlib.Path(__file__).parent]
   subprocess.run([sys.executable, "-c", _TIMM_LOGITS, *map(str, args)], check=True, timeout=600)
   theirs = np.load(tmp_path / "timm.npy")
   if float64:

@@ -16,6 +16,7 @@ Needs the optional torch, timm and transformers (skipped without them); marked s
 
 import importlib.util
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -75,19 +76,14 @@ if mode == "timm_export":
   results["timm_default_gelu"] = logits(model)
 elif mode == "timm_save":
   import timm
-  from timm.layers import StdConv2d, StdConv2dSame
   model = timm.create_model(extra["name"], pretrained=False, **extra["kwargs"])
   randomize(model)
   timm.models.save_for_hf(model, directory, safe_serialization=True)
   dtype = torch.float32
   if extra.get("vit_jax_eps"):
-    # Architecture constants no file carries: weight standardisation 1e-5 and GroupNorm 1e-6
-    # in vit_jax (timm's hybrid: 1e-8 and 1e-5).
-    for module in model.patch_embed.backbone.modules():
-      if isinstance(module, (StdConv2d, StdConv2dSame)):
-        module.eps = 1e-5
-      elif isinstance(module, torch.nn.GroupNorm):
-        module.eps = 1e-6
+    sys.path.insert(0, extra["tests_dir"])
+    from timm_vit_jax_constants import use_vit_jax_constants
+    use_vit_jax_constants(model)
     model.double()
     dtype = torch.float64
   results["timm"] = logits(model, dtype)
@@ -211,6 +207,7 @@ def test_timm_saved_hybrid_reads_with_the_same_logits(tmp_path):
     name="vit_base_r50_s16_224",
     kwargs=kwargs,
     vit_jax_eps=True,
+    tests_dir=str(pathlib.Path(__file__).parent),
   )
   model_config, ours = _ours(tmp_path / "timm", images, float64=True)
   assert tuple(model_config.resnet.num_layers) == (3, 4, 9) and model_config.num_heads == 4
