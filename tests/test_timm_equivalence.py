@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import random_weights  # tests/
 
 from vit_jax import checkpoint, models
 
@@ -25,17 +26,7 @@ TOLERANCE = 1e-5  # max abs logit difference
 HYBRID_TOLERANCE = 1e-3  # timm's own eps constants in the R50 stem: measured 4.6e-4 (hybrid test)
 
 
-def _random_params(model, image_size, seed=0):
-  """Random float32 values for every leaf, including the head (zero in a real init)."""
-  images = jnp.zeros((1, image_size, image_size, 3))
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))["params"]
-  rng = np.random.default_rng(seed)
-
-  def draw(path, leaf):
-    noise = rng.standard_normal(leaf.shape, np.float32)
-    return 1.0 + 0.1 * noise if "scale" in jax.tree_util.keystr(path) else 0.02 * noise
-
-  return jax.tree_util.tree_map_with_path(draw, shapes)
+_random_params = random_weights.random_params
 
 
 # timm runs in a child process: PyTorch and TensorFlow crash when loaded into one process (the

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import random_weights  # tests/
 
 from vit_jax import checkpoint, models
 from vit_jax.tools import convert
@@ -118,16 +119,7 @@ def _images(size, seed=1):
   return np.random.default_rng(seed).uniform(-1, 1, (2, size, size, 3)).astype(np.float32)
 
 
-def _random_params(model, image_size, seed=0):
-  images = jnp.zeros((1, image_size, image_size, 3))
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))["params"]
-  rng = np.random.default_rng(seed)
-
-  def draw(path, leaf):
-    noise = rng.standard_normal(leaf.shape, np.float32)
-    return 1.0 + 0.1 * noise if "scale" in jax.tree_util.keystr(path) else 0.02 * noise
-
-  return jax.tree_util.tree_map_with_path(draw, shapes)
+_random_params = random_weights.random_params
 
 
 def _ours(directory, images, float64=False):

@@ -251,6 +251,13 @@ def build(
   Nothing is allocated: the planner (vit_jax.tools.plan) compiles the same step for a TPU
   topology from this, and `run` initialises or restores the state with it.
   """
+  batch_size, accum = int(config.batch_size), int(config.accum_steps)
+  shards = sharding.num_batch_shards(mesh)
+  if batch_size % (accum * shards):
+    raise ValueError(
+      f"batch_size {batch_size} must be a multiple of accum_steps ({accum}) × the batch shards "
+      f"of the mesh ({shards})"
+    )
   model = models.get_model(config.model, num_classes)
   height, width = _image_shape(config)
   rng = jax.random.PRNGKey(config.seed)
@@ -322,13 +329,7 @@ def run(
   mesh = sharding.make_mesh(config.mesh, devices)
   logging.info("mesh %s over %d processes", dict(mesh.shape), jax.process_count())
   total_steps = int(config.total_steps)
-  batch_size, accum = int(config.batch_size), int(config.accum_steps)
-  shards = sharding.num_batch_shards(mesh)
-  if batch_size % (accum * shards):
-    raise ValueError(
-      f"batch_size {batch_size} must be a multiple of accum_steps ({accum}) × the batch shards "
-      f"of the mesh ({shards})"
-    )
+  batch_size = int(config.batch_size)
 
   # ----------------------------------------------------------------------------------------------
   # Data (the iterator is created last, at the position restored from the checkpoint).

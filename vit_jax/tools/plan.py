@@ -222,13 +222,6 @@ def plan(
   devices = topology_devices(topology) if devices is None else list(devices)
   classes = num_classes_for(config, num_classes)
   mesh = sharding.make_mesh(config.mesh, devices)
-  batch_size, accum = int(config.batch_size), int(config.accum_steps)
-  shards = sharding.num_batch_shards(mesh)
-  if batch_size % (accum * shards):
-    raise ValueError(
-      f"batch_size {batch_size} must be a multiple of accum_steps ({accum}) × the batch shards "
-      f"of the mesh ({shards})"
-    )
   built = train.build(config, mesh, classes)
   state = jax.tree_util.tree_map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -246,7 +239,7 @@ def plan(
     built.model, built.abstract_state["params"], (height, width)
   )
   settings = settings_of(config)
-  settings["per_device_batch"] = batch_size // shards
+  settings["per_device_batch"] = int(config.batch_size) // sharding.num_batch_shards(mesh)
   return Plan(
     topology=topology,
     device_kind=devices[0].device_kind,
@@ -256,7 +249,7 @@ def plan(
     stats=stats,
     hbm=logging_util.hbm_bytes_per_device(devices[0]),
     peak_flops=logging_util.peak_flops_per_device(devices[0]),
-    model_flops=per_example * batch_size / len(devices),
+    model_flops=per_example * int(config.batch_size) / len(devices),
     efficiency=efficiency,
     compile_seconds=seconds,
   )
