@@ -4,6 +4,9 @@ The file format is the published vit_jax one: flat `/`-separated names with the 
 counters (`Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/query/kernel`, ...), one
 array per name, never pickled. `load` also reads big_vision files (renamed by
 `checkpoint_convert`); `save` always writes the published layout, with encoder blocks unstacked.
+BiT ResNets (vit_jax.models_bit) are read and written in the published BiT layout
+(`resnet/root_block/standardized_conv2d/kernel`, `resnet/block1/unit01/a/...`,
+`resnet/head/conv2d/...`), whose names are the in-memory ones behind a `resnet/` prefix.
 
 In memory, parameters are nested dicts of numpy arrays with the module names of
 `vit_jax.models_vit` (the published names); with `scan=True` the blocks are one
@@ -101,14 +104,15 @@ def _is_remote(path) -> bool:
 
 
 def load(path: str | os.PathLike) -> Params:
-  """Loads the parameters of a vit_jax or big_vision `.npz` file.
+  """Loads the parameters of a vit_jax, big_vision or BiT `.npz` file.
 
   Args:
     path: local path, or any `tf.io.gfile` path (`gs://...`) when TensorFlow is installed.
 
   Returns:
-    Nested dict of numpy arrays in the published vit_jax layout. Scan-stacked files stay
-    stacked (`Transformer/encoderblock`); see `stack_encoder_blocks`.
+    Nested dict of numpy arrays in the published vit_jax layout (BiT: its layout without the
+    `resnet/` prefix). Scan-stacked files stay stacked (`Transformer/encoderblock`); see
+    `stack_encoder_blocks`.
 
   Raises:
     ValueError: the file holds pickled (object) arrays, or names with no faithful mapping.
@@ -133,7 +137,7 @@ def load(path: str | os.PathLike) -> Params:
 
 
 def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
-  """Writes parameters as an `.npz` in the published vit_jax layout.
+  """Writes parameters as an `.npz` in the published vit_jax (or, for BiT, BiT) layout.
 
   Scan-stacked encoder blocks are written unstacked, and bfloat16 leaves as float32 (exact), so
   the file reads anywhere the published checkpoints do. The file is written next to `path` under
@@ -145,6 +149,7 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
     path: destination; `.npz` is not appended.
   """
   flat = checkpoint_convert.unstack_flat(flatten_params(params))
+  flat = checkpoint_convert.with_bit_prefix(flat)
   for name, value in flat.items():
     if isinstance(value, jax.ShapeDtypeStruct):
       raise ValueError(f"{name!r} is a ShapeDtypeStruct, not an array")
@@ -357,12 +362,14 @@ def load_pretrained(
 
 # Module names in the order the network applies them; unlisted names sort after listed ones.
 _TOP_ORDER = (
+  "root_block",
   "conv_root",
   "gn_root",
   "block",
   "embedding",
   "cls",
   "Transformer",
+  "group_norm",
   "pre_logits",
   "head",
 )
