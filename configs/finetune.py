@@ -4,8 +4,8 @@ Arguments (`configs/finetune.py:key=value,...`, see configs/common.py):
   dataset    imagenet2012 | cifar10 | cifar100 | oxford_iiit_pet | oxford_flowers102 | vtab |
              animal_mnist (CPU demo)                                  default cifar10
   vtab_task  the VTAB-1k task's tfds name when dataset=vtab            default caltech101
-  model      a vit_jax.models preset, e.g. B/16, L/16, R50+B/16         default B/16 (testing
-             for the demo)
+  model      a vit_jax.models preset, e.g. B/16, L/16, R50+B/16, or a   default B/16 (testing
+             BiT ResNet, e.g. R50x1                                   for the demo)
   runlocal   shrink to a seconds-long CPU run
 
 The weights come from `--config.model_init=<path>`: a published `.npz` (e.g.

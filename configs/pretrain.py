@@ -2,7 +2,8 @@ r"""Pretraining (ViT paper §4.1, App. B.1): ImageNet-21k, JFT-like shards, or t
 
 Arguments (`configs/pretrain.py:key=value,...`, see configs/common.py):
   dataset   imagenet21k | jft | fashion_mnist (demo)           default imagenet21k
-  model     a vit_jax.models preset, e.g. B/16, L/16, H/14      default B/16 (testing for the demo)
+  model     a vit_jax.models preset, e.g. B/16, L/16, H/14, or a  default B/16 (testing for the demo)
+            BiT ResNet, e.g. R50x1
   loss      sigmoid | softmax                                   default sigmoid (softmax for the demo)
   runlocal  shrink to a seconds-long CPU run
 
@@ -39,6 +40,7 @@ reaches about 70% validation top-1 on Fashion-MNIST (10-shot linear: about 71%) 
 import ml_collections
 
 from configs import common
+from vit_jax import models
 
 # Per-dataset recipe: (dataset overrides, total_steps, base_lr, weight_decay, dropout).
 _PRESETS = {
@@ -105,12 +107,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.dataset = common.dataset_config(**preset["dataset"])
   config.model = common.model_config(
     model_name,
-    dropout_rate=preset["dropout"],
     head_bias_init=-10.0 if arg.loss == "sigmoid" else 0.0,
     dtype="float32" if demo else "bfloat16",
   )
-  # A reference: --config.model.hidden_size=... also resizes the representation layer.
-  config.model.representation_size = config.model.get_ref("hidden_size")
+  if not models.is_bit(config.model):  # BiT ResNets have no dropout and no pre-logits layer
+    config.model.dropout_rate = preset["dropout"]
+    # A reference: --config.model.hidden_size=... also resizes the representation layer.
+    config.model.representation_size = config.model.get_ref("hidden_size")
   config.loss = f"{arg.loss}_xent"
   config.total_steps = preset["total_steps"]
   config.batch_size = preset["batch_size"]

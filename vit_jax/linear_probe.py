@@ -9,7 +9,8 @@ held-out slice of the training split. Writes `linear_probe.json` and TensorBoard
 workdir and returns the metrics.
 
 The architecture comes from, in order: `config.model` when the config has one, the
-`config.json` the trainer wrote next to the checkpoint, or the parameter shapes (plain ViTs).
+`config.json` the trainer wrote next to the checkpoint, or the parameter shapes (plain ViTs and
+BiT ResNets).
 """
 
 import json
@@ -35,13 +36,15 @@ CONFIG_FILE = "config.json"
 
 
 def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDict:
-  """Reconstructs a plain ViT's model config from its parameter shapes.
+  """Reconstructs a plain ViT's or a BiT ResNet's model config from its parameter shapes.
 
-  Reads patch size and width from `embedding/kernel` [p, p, 3, D], depth from the encoder
+  ViT: reads patch size and width from `embedding/kernel` [p, p, 3, D], depth from the encoder
   blocks (stacked or not), heads from `query/kernel` [D, heads, D/heads], the MLP width, the
   classifier ('token' iff there is a `cls` parameter) and `representation_size` from
-  `pre_logits`. Hybrids (a ResNet stem) need an explicit config.
+  `pre_logits`. Hybrids (a ResNet stem) need an explicit config. BiT: see `_bit_config`.
   """
+  if "root_block" in params:
+    return _bit_config(params)
   if "conv_root" in params:
     raise ValueError("a hybrid (ResNet) checkpoint: give the model config explicitly")
   p, _, _, hidden = np.shape(params["embedding"]["kernel"])
@@ -63,6 +66,14 @@ def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDic
   if "pre_logits" in params:
     config.representation_size = int(np.shape(params["pre_logits"]["kernel"])[-1])
   return config
+
+
+def _bit_config(params: dict[str, Any]) -> ml_collections.ConfigDict:
+  """A BiT ResNet's config: units per block, and the root width [7, 7, 3, W] as `base_width`."""
+  blocks = sorted((k for k in params if k.startswith("block")), key=lambda k: int(k[5:]))
+  units = tuple(sum(u.startswith("unit") for u in params[b]) for b in blocks)
+  width = int(np.shape(params["root_block"]["standardized_conv2d"]["kernel"])[-1])
+  return models.bit_config("inferred", units, 1, base_width=width)
 
 
 def _checkpoint_dir(path: str) -> epath.Path | None:
@@ -122,7 +133,8 @@ def representation_model(
     model_config: the backbone's architecture.
     params: the checkpoint's parameters (a head, if any, is dropped).
     representation: 'pre_logits' (the Dense+tanh layer when the checkpoint has one, else the
-      pooled token) or 'pooled' (the class token / average pool before any pre-logits).
+      pooled token) or 'pooled' (the class token / average pool before any pre-logits); a BiT
+      ResNet has only its pooled features.
     image_size: the input resolution; position embeddings are resized to its patch grid.
 
   Returns:
@@ -136,7 +148,13 @@ def representation_model(
     rep_size = int(np.shape(params["pre_logits"]["kernel"])[-1])
   else:
     params.pop("pre_logits", None)
-  model = models.get_model(model_config, None, representation_size=rep_size, dropout_rate=0.0)
+  model = models.get_model(
+    model_config,
+    None,
+    **models.known_overrides(model_config, representation_size=rep_size, dropout_rate=0.0),
+  )
+  if "Transformer" not in params:  # BiT: one representation (the pooled features), any size
+    return model, params
   h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]

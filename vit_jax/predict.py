@@ -136,10 +136,14 @@ class Classifier:
     model_config, params, saved = linear_probe.load_backbone(checkpoint, model_config)
     if "head" not in params:
       raise ValueError(f"{checkpoint} has no classification head (a headless backbone?)")
-    self.num_classes = int(np.shape(params["head"]["kernel"])[-1])
+    # The head's leaves (ViT `kernel` [D, K], BiT `conv2d/kernel` [1, 1, C, K], biases [K]) all
+    # end in the class axis.
+    self.num_classes = int(np.shape(jax.tree_util.tree_leaves(params["head"])[0])[-1])
     rep = params["pre_logits"]["kernel"].shape[-1] if "pre_logits" in params else None
     self.model = models.get_model(
-      model_config, self.num_classes, representation_size=rep, dropout_rate=0.0
+      model_config,
+      self.num_classes,
+      **models.known_overrides(model_config, representation_size=rep, dropout_rate=0.0),
     )
     self.params = params
     dataset = saved.get("dataset") if saved is not None else None
@@ -156,6 +160,11 @@ class Classifier:
     self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False))
 
   def _posemb_size(self) -> int:
+    if "Transformer" not in self.params:
+      raise ValueError(
+        "a BiT ResNet checkpoint without the config.json of its run: pass --image_size (the "
+        "resolution it was trained at)"
+      )
     tokens = self.params["Transformer"]["posembed_input"]["pos_embedding"].shape[1]
     grid = math.isqrt(tokens - int("cls" in self.params))
     resnet = self.model.resnet
