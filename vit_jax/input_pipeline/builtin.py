@@ -19,6 +19,7 @@ import gzip
 import importlib.util
 import os
 import pickle
+import re
 
 import numpy as np
 
@@ -171,10 +172,38 @@ def load(name: str) -> ArrayDataset:
   return LOADERS[name]()
 
 
+_SLICE_RE = re.compile(r"^(\w+)\[(-?\d+%?)?:(-?\d+%?)?\]$")
+
+
+def _bound(text: str | None, n: int, default: int) -> int:
+  if not text:
+    return default
+  value = round(n * int(text[:-1]) / 100) if text.endswith("%") else int(text)
+  return value + n if value < 0 else min(value, n)
+
+
 def get_split(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """A split, or a tfds-style slice of one: `train[:3750]`, `train[:98%]`, `train[98%:]`.
+
+  A slice takes its range of a fixed shuffle of the split (seed 0), in file order: the bundled
+  files are sorted by class, so a range of the files would hold few classes. Slices of one
+  split are nested (`train[:1000]` ⊂ `train[:2000]`) or disjoint (`train[:98%]`,
+  `train[98%:]`), and `train[:100%]` is `train`.
+  """
   dataset = load(name)
-  if split not in dataset.splits:
+  match = _SLICE_RE.match(split.replace(" ", ""))
+  base = match.group(1) if match else split
+  if base not in dataset.splits:
     raise ValueError(
-      f"Builtin dataset {name!r} has no split {split!r}; splits: {sorted(dataset.splits)}"
+      f"Builtin dataset {name!r} has no split {base!r} (in {split!r}); splits: "
+      f"{sorted(dataset.splits)}, optionally sliced as 'train[:1000]' or 'train[:98%]'"
     )
-  return dataset.splits[split]
+  images, labels = dataset.splits[base]
+  if not match:
+    return images, labels
+  n = len(labels)
+  start, stop = _bound(match.group(2), n, 0), _bound(match.group(3), n, n)
+  if start >= stop:
+    raise ValueError(f"Builtin dataset {name!r}: slice {split!r} of {n} examples is empty")
+  rows = np.sort(np.random.default_rng(0).permutation(n)[start:stop])
+  return images[rows], labels[rows]
