@@ -9,6 +9,7 @@ INSTALL_REQUIRES = [
   "clu>=0.0.12,<0.1",
   "flax>=0.12.8,<0.13",
   "jax>=0.10.2,<0.11",
+  "matplotlib>=3.9,<4",  # the experiments' plots (Agg backend)
   "ml-collections>=1.1,<2",
   "numpy>=2.0,<3",
   "optax>=0.2.8,<0.3",
