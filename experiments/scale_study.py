@@ -494,6 +494,12 @@ def _pct(x: float | None) -> str:
   return "–" if x is None else f"{100 * x:.1f}%"
 
 
+def _ordered(runs: dict[str, Any]) -> list[dict[str, Any]]:
+  """Runs by family (as in FAMILIES), then by growing pretraining set."""
+  families = list(FAMILIES)
+  return sorted(runs.values(), key=lambda r: (families.index(r["family"]), -r["fraction"]))
+
+
 def markdown_table(results: dict[str, Any]) -> str:
   """One row per (family, pretraining set, downstream set), with the raw-pixel baselines."""
   shots = results["profile"]["shots"]
@@ -502,7 +508,7 @@ def markdown_table(results: dict[str, Any]) -> str:
     f"| pixels logreg / kNN-3 ({shots}-shot) | fine-tune (lr) | pixels logreg / kNN-3 (98%) |",
     "|---|---:|---:|---:|---|---:|---:|---:|---:|",
   ]
-  for run in results["runs"].values():
+  for run in _ordered(results["runs"]):
     for dataset in DOWNSTREAM:
       base = results["baselines"][dataset]
       few = base[f"{shots}shot"]
