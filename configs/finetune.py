@@ -3,8 +3,8 @@ r"""Fine-tuning (ViT paper §3.2, App. B.1.1) from a pretrained checkpoint.
 Arguments (`configs/finetune.py:key=value,...`, see configs/common.py):
   dataset    imagenet2012 | cifar10 | cifar100 | oxford_iiit_pet | oxford_flowers102 |
              animal_mnist (CPU demo)                                  default cifar10
-  model      a vit_jax.models preset, e.g. B/16, L/16, R50+B/16         default B/16 (testing
-             for the demo)
+  model      a vit_jax.models preset, e.g. B/16, L/16, R50+B/16, or a   default B/16 (testing
+             BiT ResNet, e.g. R50x1                                   for the demo)
   lr         0: the preset's default learning rate (table below)
   holdout    train on the training set minus a held-out minival slice and evaluate on it (the
              learning-rate search); holdout=false trains on the whole training set (final run)

@@ -2,7 +2,8 @@ r"""Pretraining (ViT paper §4.1, App. B.1): ImageNet-21k, JFT-like shards, Imag
 
 Arguments (`configs/pretrain.py:key=value,...`, see configs/common.py):
   dataset   imagenet21k | jft | imagenet2012 | fashion_mnist (demo)     default imagenet21k
-  model     a vit_jax.models preset, e.g. B/16, L/16, H/14           default B/16 (testing for the demo)
+  model     a vit_jax.models preset, e.g. B/16, L/16, H/14, or a     default B/16 (testing for the demo)
+            BiT ResNet, e.g. R50x1
   epochs    0: the paper's (Table 3); or e.g. 7 / 14 (JFT), 30 / 90 (ImageNet-21k)
   lr        0: the paper's base learning rate for this model and dataset (Table 3)
   loss      sigmoid | softmax                                        default sigmoid (softmax for
@@ -251,12 +252,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.dataset = common.dataset_config(**r["dataset"])
   config.model = common.model_config(
     model_name,
-    dropout_rate=r["dropout"],
     head_bias_init=-10.0 if loss == "sigmoid" else 0.0,
     dtype="float32" if demo else "bfloat16",
   )
-  # A reference: --config.model.hidden_size=... also resizes the representation layer.
-  config.model.representation_size = config.model.get_ref("hidden_size")
+  if not models.is_bit(config.model):  # BiT ResNets have no dropout and no pre-logits layer
+    config.model.dropout_rate = r["dropout"]
+    # A reference: --config.model.hidden_size=... also resizes the representation layer.
+    config.model.representation_size = config.model.get_ref("hidden_size")
   config.loss = f"{loss}_xent"
   config.total_steps = r["total_steps"]
   config.batch_size = r["batch_size"]

@@ -455,3 +455,60 @@ def test_pre_logits_kept_when_the_new_model_has_them(tmp_path):
   config.representation_size = None
   init = _zero_head(_shapes("testing", 3, TINY_IMAGES)[1])
   assert "pre_logits" not in checkpoint.load_pretrained(tmp_path / "rep.npz", init, config)
+
+
+# ---------------------------------------------------------------------------------------------
+# BiT ResNets: the published BiT layout (`resnet/...`) in and out.
+
+BIT_IMAGES = (2, 32, 32, 3)
+
+
+@pytest.fixture(scope="module")
+def tiny_bit():
+  model, shapes = _shapes("R26x1", 5, BIT_IMAGES, block_units=(1, 2))
+  return model, _random_like(shapes)
+
+
+def test_bit_save_writes_the_published_layout_and_loads_back(tiny_bit, tmp_path):
+  _, params = tiny_bit
+  path = tmp_path / "bit.npz"
+  checkpoint.save(params, path)
+  keys = _npz_keys(path)
+  assert all(k.startswith("resnet/") for k in keys)
+  for name in (
+    "resnet/root_block/standardized_conv2d/kernel",
+    "resnet/block1/unit01/a/group_norm/gamma",
+    "resnet/block1/unit01/a/proj/standardized_conv2d/kernel",
+    "resnet/block2/unit02/c/standardized_conv2d/kernel",
+    "resnet/group_norm/beta",
+    "resnet/head/conv2d/kernel",
+    "resnet/head/conv2d/bias",
+  ):
+    assert name in keys, name
+  _assert_trees_equal(checkpoint.load(path), params)
+
+
+def test_bit_published_file_fine_tunes_with_a_new_head(tiny_bit, tmp_path):
+  """A file written the way BiT's are (flat `resnet/` names, [C] GroupNorm parameters) loads
+  into a model with another number of classes: everything but the head is kept."""
+  model, params = tiny_bit
+  flat = {f"resnet/{k}": v for k, v in checkpoint.flatten_params(params).items()}
+  np.savez(tmp_path / "BiT-tiny.npz", **flat)
+  new_model, shapes = _shapes("R26x1", 3, BIT_IMAGES, block_units=(1, 2))
+  loaded = checkpoint.load_pretrained(tmp_path / "BiT-tiny.npz", _zero_head(shapes), {})
+  assert loaded["head"]["conv2d"]["kernel"].shape == (1, 1, 256, 3)
+  assert not np.any(loaded["head"]["conv2d"]["kernel"])
+  rest = lambda tree: {k: v for k, v in tree.items() if k != "head"}  # noqa: E731
+  _assert_trees_equal(rest(loaded), rest(params))
+  images = _images(BIT_IMAGES)
+  np.testing.assert_array_equal(_logits(new_model, loaded, images), 0.0)
+  rep = lambda m, p: m.apply({"params": p}, images, train=False, return_representation=True)  # noqa: E731
+  np.testing.assert_array_equal(rep(new_model, loaded), rep(model, params))
+
+
+def test_bit_file_into_another_depth_is_explained(tiny_bit, tmp_path):
+  _, params = tiny_bit
+  checkpoint.save(params, tmp_path / "bit.npz")
+  _, shapes = _shapes("R26x1", 5, BIT_IMAGES, block_units=(1, 1))
+  with pytest.raises(ValueError, match=r"unexpected in the checkpoint: block2/unit02/a/"):
+    checkpoint.load_pretrained(tmp_path / "bit.npz", _zero_head(shapes), {})

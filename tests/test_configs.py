@@ -7,7 +7,8 @@ import re
 import ml_collections
 import pytest
 
-from configs import common
+from configs import common, pretrain
+from vit_jax import models
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -141,6 +142,9 @@ TABLE_3 = {
   ("jft", "H/14"): (14, 3e-4, "linear", 0.1, 0.0),
   ("jft", "R50+B/16"): (7, 8e-4, "linear", 0.1, 0.0),
   ("jft", "R50+L/32"): (7, 2e-4, "linear", 0.1, 0.0),
+  ("jft", "R50x1"): (7, 1e-3, "linear", 0.1, None),  # BiT ResNets: no dropout in the model
+  ("jft", "R101x1"): (7, 8e-4, "linear", 0.1, None),
+  ("jft", "R152x2"): (7, 6e-4, "linear", 0.1, None),
   ("imagenet21k", "B/16"): (90, 1e-3, "linear", 0.03, 0.1),
   ("imagenet21k", "B/32"): (90, 1e-3, "linear", 0.03, 0.1),
   ("imagenet21k", "L/16"): (90, 1e-3, "linear", 0.03, 0.1),
@@ -165,9 +169,15 @@ def test_pretrain_recipes_are_the_papers_table_3(dataset, model):
     0.999,
   )
   assert config.optimizer.weight_decay == wd
-  assert config.model.dropout_rate == dropout
+  assert config.model.get("dropout_rate") == dropout
   # "For ImageNet we found it beneficial to additionally apply gradient clipping at global norm 1"
   assert config.grad_clip_norm == (1.0 if dataset == "imagenet2012" else 0.0)
+
+
+def test_every_table_3_entry_names_a_preset():
+  for dataset, entries in pretrain.RECIPES.items():
+    for name in entries:
+      assert models.resolve_name(name) == name, (dataset, name)
 
 
 def test_pretrain_other_lengths_and_missing_entries():

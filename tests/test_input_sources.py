@@ -197,29 +197,6 @@ def test_builtin_eval_and_unknown_split():
     input_pipeline.make_eval_iterator(config, "validation", global_batch_size=8)
 
 
-def test_builtin_slices_per_class_percent_and_absolute():
-  from vit_jax.input_pipeline import builtin
-
-  images, labels = builtin.get_split("animal_mnist", "train")  # 900 per class, class-sorted
-  head_x, head_y = builtin.get_split("animal_mnist", "train[:90%]")
-  tail_x, tail_y = builtin.get_split("animal_mnist", "train[90%:]")
-  # Percent slices are taken in each class: a held-out tail has every class.
-  assert np.bincount(tail_y).tolist() == [90] * 10 and np.bincount(head_y).tolist() == [810] * 10
-  # Disjoint and covering, in file order.
-  together = np.concatenate([head_x, tail_x]).reshape(len(labels), -1)
-  assert len(np.unique(together, axis=0)) == len(np.unique(images.reshape(len(labels), -1), axis=0))
-  first_x, first_y = builtin.get_split("animal_mnist", "train[:100]")
-  np.testing.assert_array_equal(first_x, images[:100])
-  np.testing.assert_array_equal(builtin.get_split("animal_mnist", "train[8950:]")[1], labels[8950:])
-  config = input_pipeline.dataset_config(
-    source="builtin", name="animal_mnist", train_split="train[:90%]", eval_split="train[90%:]"
-  )
-  info = input_pipeline.get_dataset_info(config)
-  assert info.num_examples == {"train[:90%]": 8100, "train[90%:]": 900}
-  with pytest.raises(ValueError, match="no split 'val'"):
-    builtin.get_split("animal_mnist", "val[:10%]")
-
-
 def test_restricted_unpickler_refuses_code(tmp_path):
   import gzip
   import os
@@ -281,3 +258,27 @@ def test_make_shards_cli_folder(tmp_path):
   assert input_pipeline.get_dataset_info(config).class_names == ["a", "b"]
   labels, _ = _eval_examples(config, batch=3)
   assert sorted(labels) == [0] * 4 + [1] * 4
+
+
+def test_builtin_slices_are_shuffled_nested_and_disjoint():
+  images, labels = builtin.get_split("animal_mnist", "train")  # sorted by class in the files
+  head = builtin.get_split("animal_mnist", "train[:98%]")
+  tail = builtin.get_split("animal_mnist", "train[98%:]")
+  assert len(head[1]) == 8820 and len(tail[1]) == 180
+  assert np.bincount(tail[1], minlength=10).min() >= 5  # a shuffle, not the last class
+  # Together the two slices are the split (as a multiset: the files hold duplicate images).
+  rows = lambda x: sorted(r.tobytes() + bytes([int(y)]) for r, y in zip(*x, strict=True))  # noqa: E731
+  assert sorted(rows(head) + rows(tail)) == rows((images, labels))
+  small = builtin.get_split("animal_mnist", "train[:100]")
+  large = builtin.get_split("animal_mnist", "train[:1000]")
+  assert len(small[1]) == 100 and set(rows(small)) <= set(rows(large))
+  whole = builtin.get_split("animal_mnist", "train[:100%]")
+  np.testing.assert_array_equal(whole[0], images)
+  config = input_pipeline.dataset_config(
+    source="builtin", name="mnist_5k", train_split="train[:1000]"
+  )
+  assert input_pipeline.get_dataset_info(config).num_examples["train[:1000]"] == 1000
+  with pytest.raises(ValueError, match="no split 'val'"):
+    builtin.get_split("mnist_5k", "val[:10]")
+  with pytest.raises(ValueError, match="is empty"):
+    builtin.get_split("mnist_5k", "train[50%:10%]")

@@ -9,8 +9,8 @@ import pytest
 from vit_jax import checkpoint, models
 
 # Parameters with 1000 classes at 224px, token classifier, no representation layer. B/16, L/16 and
-# H/14 are the figures of the paper's released models; a preset added without a count here fails
-# test_every_preset_has_a_pinned_count.
+# H/14 are the figures of the paper's released models, the BiT ResNets timm's counts of its BiT
+# ports; a preset added without a count here fails test_every_preset_has_a_pinned_count.
 PINNED_COUNTS = {
   "ViT-Ti_16": 5_717_416,
   "ViT-S_16": 22_050_664,
@@ -24,6 +24,12 @@ PINNED_COUNTS = {
   "R50+ViT-B_16": 98_659_112,
   "R50+ViT-L_32": 328_994_856,
   "ViT-testing": 152_136,
+  # BiT: equal to timm's resnetv2_{50x1,101x1,50x3,152x2}_bit with 1000 classes.
+  "BiT-R50x1": 25_549_352,
+  "BiT-R101x1": 44_541_480,
+  "BiT-R50x3": 217_319_080,
+  "BiT-R152x2": 236_335_208,
+  "BiT-R26x1": 4_517_768,
 }
 
 
@@ -299,3 +305,165 @@ def test_exact_gelu_option_keeps_the_parameters_and_changes_only_the_activation(
   np.testing.assert_allclose(
     mlp.apply({"params": p}, x, True), h @ p["Dense_1"]["kernel"] + p["Dense_1"]["bias"], atol=1e-6
   )
+
+
+# ---------------------------------------------------------------------------------------------
+# BiT ResNets (vit_jax.models_bit).
+
+
+def _tiny_bit(num_classes=4, **overrides):
+  """A two-block BiT of base width 32: the R26x1 preset cut to (1, 2) units."""
+  return models.get_model("R26x1", num_classes, block_units=(1, 2), **overrides)
+
+
+@pytest.fixture(scope="module")
+def tiny_bit():
+  """(model, fresh params, random params, images [2, 18, 18, 3]); compiled once per module."""
+  model = _tiny_bit()
+  # 18px: odd feature maps after the root (9, then 5 after the pool), so padding matters.
+  images = np.random.default_rng(1).uniform(-1, 1, (2, 18, 18, 3)).astype(np.float32)
+  # Random values drawn on the host: jitting the initialisers costs more than the tests.
+  shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
+  rng = np.random.default_rng(0)
+
+  def draw(path, leaf):
+    noise = 0.3 * rng.standard_normal(leaf.shape).astype(np.float32)
+    return noise + (1.0 if "gamma" in jax.tree_util.keystr(path) else 0.0)
+
+  params = jax.tree_util.tree_map_with_path(draw, shapes["params"])
+  fresh = dict(params, head=jax.tree.map(np.zeros_like, params["head"]))
+  return model, fresh, params, images
+
+
+def test_bit_published_layout_r50x1():
+  flat = {k: v.shape for k, v in _flatten(_param_shapes(models.get_model("R50x1", 1000))).items()}
+  assert flat["root_block/standardized_conv2d/kernel"] == (7, 7, 3, 64)
+  unit = "block1/unit01/"
+  assert flat[unit + "a/group_norm/gamma"] == (64,)  # pre-activation: the unit's input width
+  assert flat[unit + "a/standardized_conv2d/kernel"] == (1, 1, 64, 64)
+  assert flat[unit + "a/proj/standardized_conv2d/kernel"] == (1, 1, 64, 256)
+  assert flat[unit + "b/standardized_conv2d/kernel"] == (3, 3, 64, 64)
+  assert flat[unit + "c/group_norm/beta"] == (64,)
+  assert flat[unit + "c/standardized_conv2d/kernel"] == (1, 1, 64, 256)
+  assert flat["block2/unit01/a/group_norm/gamma"] == (256,)
+  assert flat["block2/unit01/a/proj/standardized_conv2d/kernel"] == (1, 1, 256, 512)
+  assert flat["block3/unit06/c/standardized_conv2d/kernel"] == (1, 1, 256, 1024)
+  assert flat["block4/unit03/b/standardized_conv2d/kernel"] == (3, 3, 512, 512)
+  assert flat["group_norm/gamma"] == (2048,)
+  assert flat["head/conv2d/kernel"] == (1, 1, 2048, 1000)
+  assert flat["head/conv2d/bias"] == (1000,)
+  # Only a block's first unit changes width or stride, so only it has a projection.
+  assert [k for k in flat if "/proj/" in k] == [
+    f"block{b}/unit01/a/proj/standardized_conv2d/kernel" for b in (1, 2, 3, 4)
+  ]
+  assert "block4/unit04/a/group_norm/gamma" not in flat
+
+
+def test_bit_representation_shapes():
+  model = models.get_model("R26x1", num_classes=None)
+  for size in (32, 64, 224):  # downsampled by 32 (and padded), then pooled
+    images = jax.ShapeDtypeStruct((2, size, size, 3), jnp.float32)
+    shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
+    rep = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), shapes, images)
+    assert rep.shape == (2, 4 * 32 * 8) and rep.dtype == jnp.float32
+
+
+def test_bit_fresh_head_is_zero_and_representation(tiny_bit):
+  model, fresh, params, images = tiny_bit
+  np.testing.assert_array_equal(_apply(model, fresh, images), 0.0)
+  rep = _apply(model, params, images, return_representation=True)
+  assert rep.shape == (2, 4 * 32 * 2)
+  assert np.all(rep >= 0)  # GroupNorm → ReLU → average pool
+  head = params["head"]["conv2d"]
+  np.testing.assert_allclose(
+    _apply(model, params, images), rep @ head["kernel"][0, 0] + head["bias"], atol=1e-5
+  )
+  from vit_jax import models_bit
+
+  head = models_bit._Head(3).init(jax.random.key(0), jnp.zeros((1, 8)))["params"]["conv2d"]
+  assert not np.any(head["kernel"]) and not np.any(head["bias"])  # the fresh head is zero
+  biased = models_bit._Head(3, bias_init=-10.0).init(jax.random.key(0), jnp.zeros((1, 8)))
+  np.testing.assert_array_equal(biased["params"]["conv2d"]["bias"], -10.0)
+
+
+def _np_reference_bit(params, images, block_units, eps_ws=1e-10, eps_gn=1e-5):
+  """A plain numpy BiT forward pass written from the paper and the BiT code, not models_bit."""
+
+  def conv(x, kernel, stride):
+    kernel = kernel - kernel.mean(axis=(0, 1, 2))
+    kernel = kernel / np.sqrt((kernel**2).mean(axis=(0, 1, 2)) + eps_ws)
+    k = kernel.shape[0]
+    lo = (k - 1) // 2
+    x = np.pad(x, ((0, 0), (lo, k - 1 - lo), (lo, k - 1 - lo), (0, 0)))
+    out_h = (x.shape[1] - k) // stride + 1
+    out_w = (x.shape[2] - k) // stride + 1
+    out = np.zeros((x.shape[0], out_h, out_w, kernel.shape[-1]))
+    for i in range(k):
+      for j in range(k):
+        patch = x[:, i : i + stride * out_h : stride, j : j + stride * out_w : stride]
+        out += patch @ kernel[i, j]
+    return out
+
+  def gn_relu(x, p):
+    b, h, w, c = x.shape
+    g = x.reshape(b, h, w, 32, c // 32)
+    g = (g - g.mean(axis=(1, 2, 4), keepdims=True)) / np.sqrt(
+      g.var(axis=(1, 2, 4), keepdims=True) + eps_gn
+    )
+    return np.maximum(g.reshape(x.shape) * p["gamma"] + p["beta"], 0)
+
+  x = conv(images, params["root_block"]["standardized_conv2d"]["kernel"], 2)
+  x = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))  # zeros, then a 3x3/2 max-pool
+  h, w = (x.shape[1] - 3) // 2 + 1, (x.shape[2] - 3) // 2 + 1
+  x = np.max(
+    [x[:, i : i + 2 * h : 2, j : j + 2 * w : 2] for i in range(3) for j in range(3)], axis=0
+  )
+  for b, units in enumerate(block_units):
+    for u in range(units):
+      p = params[f"block{b + 1}"][f"unit{u + 1:02d}"]
+      stride = 2 if b > 0 and u == 0 else 1
+      pre = gn_relu(x, p["a"]["group_norm"])
+      shortcut = x
+      if "proj" in p["a"]:
+        shortcut = conv(pre, p["a"]["proj"]["standardized_conv2d"]["kernel"], stride)
+      y = conv(pre, p["a"]["standardized_conv2d"]["kernel"], 1)
+      y = conv(gn_relu(y, p["b"]["group_norm"]), p["b"]["standardized_conv2d"]["kernel"], stride)
+      y = conv(gn_relu(y, p["c"]["group_norm"]), p["c"]["standardized_conv2d"]["kernel"], 1)
+      x = y + shortcut
+  rep = gn_relu(x, params["group_norm"]).mean(axis=(1, 2))
+  return rep @ params["head"]["conv2d"]["kernel"][0, 0] + params["head"]["conv2d"]["bias"]
+
+
+def test_bit_matches_a_numpy_reference(tiny_bit):
+  model, _, params, images = tiny_bit
+  ours = _apply(model, params, images)
+  as64 = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+  reference = _np_reference_bit(as64, np.asarray(images, np.float64), (1, 2))
+  assert np.abs(reference).max() > 0.1
+  np.testing.assert_allclose(ours, reference, atol=2e-4)
+
+
+def test_bit_weight_standardisation_and_bf16(tiny_bit):
+  model, _, params, images = tiny_bit
+  logits = _apply(model, params, images)
+  scaled = jax.tree.map(lambda x: x, params)
+  conv = scaled["block2"]["unit01"]["b"]["standardized_conv2d"]
+  conv["kernel"] = conv["kernel"] * 3.0 + 1.0  # standardisation removes scale and offset
+  np.testing.assert_allclose(_apply(model, scaled, images), logits, atol=1e-4)
+  out16 = _apply(_tiny_bit(dtype="bfloat16"), params, images)
+  assert out16.dtype == jnp.float32 and not np.array_equal(out16, logits)
+  np.testing.assert_allclose(out16, logits, atol=0.05 * np.abs(logits).max())
+
+
+def test_bit_config_errors_and_overrides():
+  with pytest.raises(TypeError, match="dropout_rate"):
+    models.get_model("R50x1", 10, dropout_rate=0.1)  # a ViT field
+  with pytest.raises(ValueError, match="48 channels do not split into 32 groups"):
+    images = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
+    model = models.get_model("R26x1", 2, base_width=48)
+    jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
+  config = models.get_model_config("R50x3")
+  assert models.is_bit(config) and not models.is_bit(models.get_model_config("B/16"))
+  assert models.known_overrides(config, dropout_rate=0.0, dtype="bfloat16") == {"dtype": "bfloat16"}
+  model = models.get_model(config, 10)
+  assert model.width_factor == 3 and tuple(model.block_units) == (3, 4, 6, 3)

@@ -102,6 +102,37 @@ def test_linear_probe_stage_runs(tmp_path):
     assert saved[f"linear_probe/{name}"] == returned[f"linear_probe/{name}"]
 
 
+@pytest.mark.slow  # BiT's compilations: minutes on 2 shared cores
+def test_bit_stages_run_and_chain(tmp_path):
+  """A BiT ResNet through the same stages: pretrain with its evaluators on an fsdp mesh →
+  fine-tune from its Orbax checkpoint (new head) → linear probe and predict from it."""
+  config = pretrain.get_config("dataset=fashion_mnist,model=R26x1,runlocal")
+  assert config.model.name == "BiT-R26x1" and "dropout_rate" not in config.model
+  config.total_steps = 2
+  config.evals.fewshot.every_steps = 0  # at the end only
+  config.evals.val.every_steps = 0
+  config.mesh.update(data=4, fsdp=2)
+  metrics = main.run(config, str(tmp_path / "pretrain"))
+  assert np.isfinite(metrics["loss"]) and "val/accuracy" in metrics and "fewshot/1shot" in metrics
+  pretrained = _params(tmp_path / "pretrain")
+  assert pretrained["head"]["conv2d"]["kernel"].shape == (1, 1, 1024, 10)
+
+  config = finetune.get_config("dataset=animal_mnist,model=R26x1,runlocal")
+  config.model_init = str(tmp_path / "pretrain")
+  config.total_steps = 2
+  metrics = main.run(config, str(tmp_path / "finetune"))
+  assert np.isfinite(metrics["loss"]) and "val/accuracy" in metrics
+  from configs import linear_probe
+  from vit_jax import predict
+
+  probe = linear_probe.get_config("dataset=mnist_5k,runlocal")
+  probe.model_init = str(tmp_path / "pretrain")
+  results = main.run(probe, str(tmp_path / "probe"))  # config.json gives the architecture
+  assert results["linear_probe/representation_size"] == 1024
+  classifier = predict.Classifier(str(tmp_path / "finetune"))
+  assert classifier.num_classes == 10 and classifier.image_size == 16
+
+
 def test_mesh_equivalence_and_restore_onto_another_mesh(tmp_path):
   """data×fsdp×model on 8 devices == 1 device (1e-5); a checkpoint moves between meshes."""
   train.run(small_config(data=2, fsdp=2, model=2), str(tmp_path / "mesh8"))
@@ -221,6 +252,18 @@ def test_partition_rules_cover_params_and_optimizer_state():
     opt_specs = jax.tree_util.tree_map(lambda s: s.spec, sharding.tree_shardings(opt_state, mesh))
     assert opt_specs[0].mu == specs and opt_specs[0].nu == specs
     assert opt_specs[0].count == P()  # a scalar
+  # BiT: convs shard their output channels, the head its input channels, GroupNorm replicated.
+  model = models.get_model("R26x1", 10)
+  params = jax.eval_shape(
+    lambda: model.init(jax.random.PRNGKey(0), np.zeros((1, 32, 32, 3)), train=False)
+  )["params"]
+  specs = jax.tree_util.tree_map(lambda s: s.spec, sharding.tree_shardings(params, mesh))
+  unit = specs["block1"]["unit01"]
+  assert unit["b"]["standardized_conv2d"]["kernel"] == P(None, None, None, "fsdp")
+  assert unit["a"]["proj"]["standardized_conv2d"]["kernel"] == P(None, None, None, "fsdp")
+  assert specs["root_block"]["standardized_conv2d"]["kernel"] == P(None, None, None, "fsdp")
+  assert all(a is None for a in unit["a"]["group_norm"]["gamma"])
+  assert specs["head"]["conv2d"]["kernel"] == P(None, None, "fsdp", None)
 
 
 def test_schedules_and_weight_decay():

@@ -6,6 +6,9 @@ array per name, never pickled. `load` also reads big_vision files (renamed by
 `checkpoint_convert`) and timm / Hugging Face state dicts in `.safetensors` files (renamed by
 `checkpoint_torch`, read with safetensors' numpy API: no torch); `save` always writes the
 published layout, with encoder blocks unstacked, and `save_safetensors` a PyTorch-side layout.
+BiT ResNets (vit_jax.models_bit) are read and written in the published BiT layout
+(`resnet/root_block/standardized_conv2d/kernel`, `resnet/block1/unit01/a/...`,
+`resnet/head/conv2d/...`), whose names are the in-memory ones behind a `resnet/` prefix.
 
 In memory, parameters are nested dicts of numpy arrays with the module names of
 `vit_jax.models_vit` (the published names); with `scan=True` the blocks are one
@@ -116,7 +119,7 @@ def is_params_file(path: str | os.PathLike) -> bool:
 
 
 def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
-  """Loads the parameters of a vit_jax, big_vision, timm or Hugging Face ViT file.
+  """Loads the parameters of a vit_jax, big_vision, BiT, timm or Hugging Face file.
 
   The layout is recognised from the names: `.npz` files in the vit_jax or big_vision layout,
   `.safetensors` files holding a timm `VisionTransformer` (plain or R50 hybrid) or a Hugging
@@ -128,8 +131,9 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
       from the `config.json` beside the file, else takes the preset's of the same width.
 
   Returns:
-    Nested dict of numpy arrays in the published vit_jax layout. Scan-stacked files stay
-    stacked (`Transformer/encoderblock`); see `stack_encoder_blocks`.
+    Nested dict of numpy arrays in the published vit_jax layout (BiT: its layout without the
+    `resnet/` prefix). Scan-stacked files stay stacked (`Transformer/encoderblock`); see
+    `stack_encoder_blocks`.
 
   Raises:
     ValueError: the file holds pickled (object) arrays, names with no faithful mapping, or an
@@ -235,7 +239,7 @@ def read_foreign_config(path: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
-  """Writes parameters as an `.npz` in the published vit_jax layout.
+  """Writes parameters as an `.npz` in the published vit_jax (or, for BiT, BiT) layout.
 
   Scan-stacked encoder blocks are written unstacked, and bfloat16 leaves as float32 (exact), so
   the file reads anywhere the published checkpoints do. The file is written next to `path` under
@@ -247,6 +251,7 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
     path: destination; `.npz` is not appended.
   """
   flat = checkpoint_convert.unstack_flat(flatten_params(params))
+  flat = checkpoint_convert.with_bit_prefix(flat)
   for name, value in flat.items():
     if isinstance(value, jax.ShapeDtypeStruct):
       raise ValueError(f"{name!r} is a ShapeDtypeStruct, not an array")
@@ -431,6 +436,8 @@ def fit_posemb(
     model_config: its ConfigDict (patch size, ResNet stem).
     image_size: the input resolution, `s` or `(h, w)`.
   """
+  if "Transformer" not in params:  # a BiT ResNet: no position embeddings, any resolution
+    return dict(params)
   h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]
@@ -523,12 +530,14 @@ def load_pretrained(
 
 # Module names in the order the network applies them; unlisted names sort after listed ones.
 _TOP_ORDER = (
+  "root_block",
   "conv_root",
   "gn_root",
   "block",
   "embedding",
   "cls",
   "Transformer",
+  "group_norm",
   "pre_logits",
   "head",
 )

@@ -3,7 +3,10 @@
 `checkpoint.load` reads a flat `{'a/b/c': array}` dict and passes it through `to_vit_jax_layout`,
 which undoes, in this order:
 
-- a `params/` or `opt/target/` prefix (big_vision and old flax optimizer checkpoints);
+- a `params/` or `opt/target/` prefix (big_vision and old flax optimizer checkpoints), or the
+  `resnet/` prefix of the published BiT files (in memory a BiT tree starts at `root_block`,
+  `block1`, ..., `head`, like a ViT's, so the trainer finds its `head`; `with_bit_prefix` puts
+  the prefix back for writing);
 - the per-class linen counters inside encoder blocks (`LayerNorm_0`,
   `MultiHeadDotProductAttention_0`, `LayerNorm_1`, `MlpBlock_0`, as big_vision names them),
   renamed to the published pre-linen ones (`LayerNorm_0`, `MultiHeadDotProductAttention_1`,
@@ -38,7 +41,8 @@ _GROUPNORM_RE = re.compile(r"(^|/)gn(\d+|_root|_proj)/(scale|bias)$")
 _POSEMB = "Transformer/posembed_input/pos_embedding"
 _STACKED = "Transformer/encoderblock/"
 _UNSTACKED_RE = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
-_PREFIXES = ("params/", "opt/target/")
+_PREFIXES = ("params/", "opt/target/", "resnet/")
+BIT_PREFIX = "resnet/"
 
 
 def to_vit_jax_layout(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -63,6 +67,18 @@ def to_vit_jax_layout(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   flat = _rename_block_modules(flat)
   flat = _convert_posemb(flat)
   return _squeeze_groupnorm(flat)
+
+
+def is_bit(flat: Mapping[str, Any]) -> bool:
+  """Whether flat parameter names (without `resnet/`) are those of a BiT ResNet."""
+  return any(k.startswith("root_block/") for k in flat)
+
+
+def with_bit_prefix(flat: Mapping[str, Any]) -> dict[str, Any]:
+  """BiT names as the published files have them (`resnet/...`); other layouts are unchanged."""
+  if not is_bit(flat):
+    return dict(flat)
+  return {BIT_PREFIX + k: v for k, v in flat.items()}
 
 
 def _strip_prefix(flat):

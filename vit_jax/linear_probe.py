@@ -9,7 +9,8 @@ held-out slice of the training split. Writes `linear_probe.json` and TensorBoard
 workdir and returns the metrics.
 
 The architecture comes from, in order: `config.model` when the config has one, the
-`config.json` the trainer wrote next to the checkpoint, or the parameter shapes (plain ViTs).
+`config.json` the trainer wrote next to the checkpoint, or the parameter shapes (plain ViTs and
+BiT ResNets).
 """
 
 import json
@@ -45,6 +46,8 @@ def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDic
   factor (`conv_root/kernel` [7, 7, 3, 64 * width]). The GELU (`gelu_approximate`) is not in
   the shapes: it keeps its default.
   """
+  if "root_block" in params:  # a BiT ResNet (models_bit)
+    return _bit_config(params)
   p, _, _, hidden = np.shape(params["embedding"]["kernel"])
   encoder = params["Transformer"]
   if "encoderblock" in encoder:  # scanned: leaves have a leading [num_layers] axis
@@ -73,6 +76,14 @@ def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDic
   if "pre_logits" in params:
     config.representation_size = int(np.shape(params["pre_logits"]["kernel"])[-1])
   return config
+
+
+def _bit_config(params: dict[str, Any]) -> ml_collections.ConfigDict:
+  """A BiT ResNet's config: units per block, and the root width [7, 7, 3, W] as `base_width`."""
+  blocks = sorted((k for k in params if k.startswith("block")), key=lambda k: int(k[5:]))
+  units = tuple(sum(u.startswith("unit") for u in params[b]) for b in blocks)
+  width = int(np.shape(params["root_block"]["standardized_conv2d"]["kernel"])[-1])
+  return models.bit_config("inferred", units, 1, base_width=width)
 
 
 def _checkpoint_dir(path: str) -> epath.Path | None:
@@ -143,7 +154,8 @@ def representation_model(
     model_config: the backbone's architecture.
     params: the checkpoint's parameters (a head, if any, is dropped).
     representation: 'pre_logits' (the Dense+tanh layer when the checkpoint has one, else the
-      pooled token) or 'pooled' (the class token / average pool before any pre-logits).
+      pooled token) or 'pooled' (the class token / average pool before any pre-logits); a BiT
+      ResNet has only its pooled features.
     image_size: the input resolution; position embeddings are resized to its patch grid.
 
   Returns:
@@ -157,7 +169,11 @@ def representation_model(
     rep_size = int(np.shape(params["pre_logits"]["kernel"])[-1])
   else:
     params.pop("pre_logits", None)
-  model = models.get_model(model_config, None, representation_size=rep_size, dropout_rate=0.0)
+  model = models.get_model(
+    model_config,
+    None,
+    **models.known_overrides(model_config, representation_size=rep_size, dropout_rate=0.0),
+  )
   params = checkpoint.fit_posemb(params, model, model_config, image_size)
   return model, params
 

@@ -1,16 +1,21 @@
-"""Model presets by name (ViT-Ti/S/B/L/H and the R50 hybrids) and `get_model`.
+"""Model presets by name (ViT-Ti/S/B/L/H, the R50 hybrids, BiT ResNets) and `get_model`.
 
-Presets are the architecture only (paper Table 1); training-time choices (dropout, dtype, remat,
-scan, head bias) come from the stage configs as overrides. Each preset is defined once, here, and
+Presets are the architecture only (paper Table 1; BiT's ResNetV2 depths and widths); training-time
+choices (dropout, dtype, remat, scan, head bias) come from the stage configs as overrides. A BiT
+config is recognised by its `block_units` field (`is_bit`) and builds a models_bit.ResNetV2, which
+has the ViT's call signature; ViT-only fields (dropout, representation layer, scan) do not exist
+there. Each preset is defined once, here, and
 the configs in `configs/` refer to it by name. This file must not import TensorFlow.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
+import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import models_vit
+from vit_jax import models_bit, models_vit
 
 # name -> factory of the preset's ConfigDict. Every name must have a pinned parameter count in
 # tests/test_models.py.
@@ -107,6 +112,48 @@ def _testing():
   return vit_config("ViT-testing", 4, 32, 64, 2, 2)
 
 
+def bit_config(name, block_units, width_factor=1, base_width=64):
+  """A BiT ResNet ConfigDict (models_bit.ResNetV2 fields, defaults elsewhere)."""
+  return ml_collections.ConfigDict(
+    dict(
+      name=name,
+      block_units=tuple(block_units),
+      width_factor=width_factor,
+      base_width=base_width,
+      head_bias_init=0.0,
+      dtype="float32",
+      param_dtype="float32",
+    )
+  )
+
+
+# BiT (Kolesnikov et al., 2020): units per block of ResNet-26/50/101/152, and the released widths.
+_BIT_UNITS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+for _depth, _factor in [(50, 1), (101, 1), (50, 3), (152, 2)]:
+  _name = f"BiT-R{_depth}x{_factor}"
+  _register(_name, f"R{_depth}x{_factor}")(
+    lambda n=_name, d=_depth, f=_factor: bit_config(n, _BIT_UNITS[d], f)
+  )
+
+
+@_register("BiT-R26x1", "R26x1")
+def _bit_r26():
+  """A narrow ResNet-26 of the BiT family (base width 32, the least GroupNorm's 32 groups allow)
+  that 2 CPU cores train on 32px images (experiments/scale_study.py)."""
+  return bit_config("BiT-R26x1", _BIT_UNITS[26], 1, base_width=32)
+
+
+def is_bit(config: Mapping[str, Any]) -> bool:
+  """Whether a model config (or its dict) describes a BiT ResNet rather than a ViT."""
+  return "block_units" in config
+
+
+def known_overrides(config: Mapping[str, Any], **overrides) -> dict[str, Any]:
+  """The `overrides` that are fields of `config`: e.g. `representation_size` and `dropout_rate`
+  for a ViT, none of them for a BiT ResNet, which has neither."""
+  return {k: v for k, v in overrides.items() if k in config}
+
+
 def resolve_name(name: str) -> str:
   """Maps an alias ('B/16') or a preset name ('ViT-B_16') to the preset name."""
   if name in MODEL_CONFIGS:
@@ -123,17 +170,19 @@ def get_model_config(name: str) -> ml_collections.ConfigDict:
 
 def get_model(
   name_or_config: str | ml_collections.ConfigDict, num_classes: int | None, **overrides
-) -> models_vit.VisionTransformer:
+) -> nn.Module:
   """Builds the Flax module of a preset.
 
   Args:
-    name_or_config: a preset name ('ViT-B_16'), an alias ('B/16'), or a model ConfigDict (e.g.
-      `config.model` of a stage config).
+    name_or_config: a preset name ('ViT-B_16', 'BiT-R50x1'), an alias ('B/16', 'R50x1'), or a
+      model ConfigDict (e.g. `config.model` of a stage config).
     num_classes: width of the head; None for a headless model returning the representation.
     **overrides: any model field, e.g. `representation_size=768, dtype='bfloat16', scan=True`.
 
   Returns:
-    The `VisionTransformer`; call `model.apply({'params': params}, images, train=False)`.
+    The `VisionTransformer` (or BiT `ResNetV2`); call
+    `model.apply({'params': params}, images, train=False)`, with `return_representation=True`
+    for the pre-logits (ViT) or pooled features (BiT).
   """
   if isinstance(name_or_config, str):
     config = get_model_config(name_or_config)
@@ -151,6 +200,9 @@ def get_model(
       if fields[key] not in _DTYPES:
         raise ValueError(f"model {key}={fields[key]!r}; expected one of {sorted(_DTYPES)}")
       fields[key] = _DTYPES[fields[key]]
+  if is_bit(fields):
+    fields["block_units"] = tuple(fields["block_units"])
+    return models_bit.ResNetV2(num_classes=num_classes, **fields)
   if fields["resnet"] is not None:
     fields["resnet"] = dict(fields["resnet"])
   return models_vit.VisionTransformer(num_classes=num_classes, **fields)

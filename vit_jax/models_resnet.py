@@ -26,11 +26,17 @@ def weight_standardize(kernel: jax.Array, eps: float = 1e-5) -> jax.Array:
 
 
 class StdConv(nn.Module):
-  """A bias-free 2-D convolution whose kernel is weight-standardised on every call."""
+  """A bias-free 2-D convolution whose kernel is weight-standardised on every call.
+
+  `padding` is 'SAME' (the hybrids) or explicit [(top, bottom), (left, right)] pairs (BiT pads
+  symmetrically, whatever the stride); `eps` is the standardisation's variance epsilon.
+  """
 
   features: int
   kernel_size: tuple[int, int]
   strides: tuple[int, int] = (1, 1)
+  padding: Any = "SAME"
+  eps: float = 1e-5
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -43,12 +49,12 @@ class StdConv(nn.Module):
       self.param_dtype,
     )
     # Standardise in the parameter dtype (fp32): bf16 statistics would be too coarse.
-    kernel = weight_standardize(kernel).astype(self.dtype)
+    kernel = weight_standardize(kernel, self.eps).astype(self.dtype)
     return jax.lax.conv_general_dilated(
       x.astype(self.dtype),
       kernel,
       window_strides=self.strides,
-      padding="SAME",
+      padding=self.padding,
       dimension_numbers=("NHWC", "HWIO", "NHWC"),
     )
 

@@ -150,10 +150,14 @@ class Classifier:
     model_config, params, saved = linear_probe.load_backbone(checkpoint, model_config)
     if "head" not in params:
       raise ValueError(f"{checkpoint} has no classification head (a headless backbone?)")
-    self.num_classes = int(np.shape(params["head"]["kernel"])[-1])
+    # The head's leaves (ViT `kernel` [D, K], BiT `conv2d/kernel` [1, 1, C, K], biases [K]) all
+    # end in the class axis.
+    self.num_classes = int(np.shape(jax.tree_util.tree_leaves(params["head"])[0])[-1])
     rep = params["pre_logits"]["kernel"].shape[-1] if "pre_logits" in params else None
     self.model = models.get_model(
-      model_config, self.num_classes, representation_size=rep, dropout_rate=0.0
+      model_config,
+      self.num_classes,
+      **models.known_overrides(model_config, representation_size=rep, dropout_rate=0.0),
     )
     dataset = saved.get("dataset") if saved is not None else None
     self.image_size = image_size or (

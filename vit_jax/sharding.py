@@ -47,7 +47,9 @@ PARTITION_RULES: tuple[tuple[str, P], ...] = (
   (r"^embedding/kernel$", P(None, None, None, "fsdp")),
   (r"pos_embedding$", P(None, None, "fsdp")),
   (r"^(pre_logits|head)/kernel$", P("fsdp", None)),
-  # ResNet stem of the hybrids: shard output channels over fsdp.
+  # BiT's head is a 1x1 conv [1, 1, C, K]: like the ViT head, its input dimension over fsdp.
+  (r"^head/conv2d/kernel$", P(None, None, "fsdp", None)),
+  # ResNets (the hybrids' stem, BiT's `standardized_conv2d`): output channels over fsdp.
   (r"conv.*/kernel$", P(None, None, None, "fsdp")),
   (r".*", P()),
 )

@@ -12,10 +12,8 @@ The last three have no official split: `test` is the last 10% of each class (in 
 `train` the rest, so the split is fixed and stratified. Each loader returns images uint8 [N, H, W, 1]
 and labels int64 [N].
 
-Splits can be sliced in tfds's syntax: `train[:3750]` / `train[1000:]` take examples in file
-order; `train[:98%]` / `train[98%:]` take the percentage *of each class* (the first 98% of
-every class, in file order), so a held-out slice of a class-sorted split has every class, and
-`train[:98%]` and `train[98%:]` are disjoint and cover the split.
+Splits can be sliced in tfds's syntax (`train[:3750]`, `train[:98%]`, `train[98%:]`); see
+`get_split`.
 """
 
 import dataclasses
@@ -177,33 +175,38 @@ def load(name: str) -> ArrayDataset:
   return LOADERS[name]()
 
 
-_SLICE = re.compile(r"^(\w+)\[(-?\d*)(%?):(-?\d*)(%?)\]$")
+_SLICE_RE = re.compile(r"^(\w+)\[(-?\d+%?)?:(-?\d+%?)?\]$")
+
+
+def _bound(text: str | None, n: int, default: int) -> int:
+  if not text:
+    return default
+  value = round(n * int(text[:-1]) / 100) if text.endswith("%") else int(text)
+  return value + n if value < 0 else min(value, n)
 
 
 def get_split(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-  """(images uint8 [N, H, W, 1], labels int64 [N]) of a split or a slice of one (see above)."""
+  """A split, or a tfds-style slice of one: `train[:3750]`, `train[:98%]`, `train[98%:]`.
+
+  A slice takes its range of a fixed shuffle of the split (seed 0), in file order: the bundled
+  files are sorted by class, so a range of the files would hold few classes. Slices of one
+  split are nested (`train[:1000]` ⊂ `train[:2000]`) or disjoint (`train[:98%]`,
+  `train[98%:]`), and `train[:100%]` is `train`.
+  """
   dataset = load(name)
-  match = _SLICE.match(split)
+  match = _SLICE_RE.match(split.replace(" ", ""))
   base = match.group(1) if match else split
   if base not in dataset.splits:
     raise ValueError(
-      f"Builtin dataset {name!r} has no split {base!r}; splits: {sorted(dataset.splits)}"
+      f"Builtin dataset {name!r} has no split {base!r} (in {split!r}); splits: "
+      f"{sorted(dataset.splits)}, optionally sliced as 'train[:1000]' or 'train[:98%]'"
     )
   images, labels = dataset.splits[base]
   if not match:
     return images, labels
-  start, start_pct, stop, stop_pct = match.group(2, 3, 4, 5)
-  if start_pct != stop_pct and start and stop:
-    raise ValueError(f"split {split!r}: mix of percent and absolute bounds")
-  if not (start_pct or stop_pct):
-    rows = np.arange(len(labels))[slice(int(start) if start else None, int(stop) if stop else None)]
-  else:
-    rows = []
-    for c in np.unique(labels):
-      members = np.flatnonzero(labels == c)
-      lo, hi = (None if not b else int(round(len(members) * int(b) / 100)) for b in (start, stop))
-      rows.append(members[lo:hi])
-    rows = np.sort(np.concatenate(rows))
-  if not len(rows):
-    raise ValueError(f"split {split!r} of builtin dataset {name!r} is empty")
+  n = len(labels)
+  start, stop = _bound(match.group(2), n, 0), _bound(match.group(3), n, n)
+  if start >= stop:
+    raise ValueError(f"Builtin dataset {name!r}: slice {split!r} of {n} examples is empty")
+  rows = np.sort(np.random.default_rng(0).permutation(n)[start:stop])
   return images[rows], labels[rows]

@@ -436,7 +436,11 @@ def get_dataset_info(config) -> DatasetInfo:
   if config.source == "builtin":
     data = builtin.load(config.name)
     class_names = list(data.class_names)
-    num_examples = {s: len(builtin.get_split(config.name, s)[1]) for s in splits}
+    for s in splits:  # None for a split the dataset does not have
+      try:
+        num_examples[s] = len(builtin.get_split(config.name, s)[1])
+      except ValueError:
+        num_examples[s] = None
   elif config.source == "folder":
     class_names = folder_class_names(config.data_dir) if config.data_dir else None
     num_examples = {s: FolderSource(config, s, 0, 1).num_items for s in splits}

@@ -1,0 +1,80 @@
+"""The ViT-vs-BiT scale study (experiments/scale_study.py): its protocol pieces, and `--quick`
+end to end (slow), including a rerun that skips every finished run."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location(
+  "scale_study", os.path.join(REPO, "experiments", "scale_study.py")
+)
+scale_study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scale_study)
+
+
+def test_learning_rate_is_picked_on_the_held_out_split():
+  assert scale_study.select_learning_rate({0.01: 0.80, 0.03: 0.85, 0.1: 0.70}) == 0.03
+  assert scale_study.select_learning_rate({0.03: 0.5, 0.01: 0.5}) == 0.01  # ties: the smaller
+  with pytest.raises(ValueError, match="no fine-tuning run"):
+    scale_study.select_learning_rate({})
+
+
+def test_stage_flags_follow_the_protocol():
+  profile = scale_study.FULL
+  vit = scale_study.pretrain_args("ViT", 16, profile)
+  assert "--config.dataset.train_split=train[:3750]" in vit
+  assert "--config.model.representation_size=64" in vit
+  bit = scale_study.pretrain_args("BiT", 1, profile)
+  assert bit[0].endswith("model=R26x1") and "--config.dataset.train_split=train" in bit
+  # Same recipe and steps for both families and every subset.
+  strip = lambda args: [a for a in args if "model" not in a and "train_split" not in a]  # noqa: E731
+  assert strip(vit) == strip(bit)
+  ft = scale_study.finetune_args("BiT", "/w/pre", "mnist_5k", 0.03, profile)
+  assert "--config.dataset.train_split=train[:98%]" in ft
+  assert "--config.evals.val.split=train[98%:]" in ft  # the learning rate's held-out split
+  assert "--config.dataset.name=mnist_5k" in ft and "--config.model_init=/w/pre" in ft
+
+
+@pytest.mark.slow  # four training stages (minutes on 2 shared cores)
+def test_quick_study_end_to_end_and_resume(tmp_path):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # as a user runs it: one CPU device
+  cmd = [sys.executable, os.path.join(REPO, "experiments", "scale_study.py"), "--quick"]
+  cmd.append(f"--workdir={tmp_path}")
+  out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert out.stdout.count("python -m vit_jax.main") == 4  # 2 pretrain + 2 fine-tune, printed
+
+  results = json.loads((tmp_path / "results.json").read_text())
+  runs = results["runs"]
+  assert set(runs) == {"ViT/1of16", "BiT/1of16"}  # 3,750 pretraining images
+  for run in runs.values():
+    assert run["pretrain_flops"] > 0 and 0 <= run["upstream_val_accuracy"] <= 1
+    assert set(run["fewshot"]) == {"animal_mnist", "mnist_5k"}
+    assert run["finetune"]["animal_mnist"]["learning_rate"] == 0.01
+    assert 0 <= run["finetune"]["animal_mnist"]["test_accuracy"] <= 1
+  assert runs["BiT/1of16"]["pretrain_examples"] == 3750
+  # The compute curve: checkpoints at steps 3 and 6, the last one the run's own result.
+  bit = runs["BiT/1of16"]
+  curve = bit["fewshot_curve"]
+  assert [c["step"] for c in curve] == [3, 6] and curve[-1]["fewshot"] == bit["fewshot"]
+  assert curve[0]["flops"] * 2 == curve[1]["flops"] == bit["pretrain_flops"]
+  baselines = results["baselines"]
+  assert baselines["animal_mnist"]["2shot"]["train_examples"] == 20  # the evaluator's 2 per class
+  assert baselines["animal_mnist"]["finetune"]["train_examples"] == 8820  # train[:98%]
+  assert 0.5 < baselines["animal_mnist"]["finetune"]["knn3"] <= 1
+  table = (tmp_path / "results.md").read_text()
+  assert table.count("\n| ViT |") == 2 and table.count("\n| BiT |") == 2  # 2 downstream sets
+  for name in ("accuracy_vs_data.png", "accuracy_vs_compute.png"):
+    assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+  again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "python -m vit_jax.main" not in again.stdout
+  assert again.stdout.count("finished earlier") == 4
+  assert json.loads((tmp_path / "results.json").read_text())["runs"] == runs
