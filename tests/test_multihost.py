@@ -34,7 +34,8 @@ def test_two_processes_match_one(tmp_path):
   overrides = [f"--config.mesh.{k}={v}" for k, v in MESH.items()] + [
     f"--config.dataset.pp_train={PP_TRAIN}",
     "--config.evals.val.every_steps=0",  # evaluators (over both hosts) at the end only
-    "--config.evals.fewshot.every_steps=0",
+    "--config.evals.fewshot_animal_mnist.every_steps=0",
+    "--config.evals.fewshot_mnist_5k.every_steps=0",
   ]
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
   procs = [

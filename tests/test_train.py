@@ -113,7 +113,11 @@ def test_bit_stages_run_and_chain(tmp_path):
   config.evals.val.every_steps = 0
   config.mesh.update(data=4, fsdp=2)
   metrics = main.run(config, str(tmp_path / "pretrain"))
-  assert np.isfinite(metrics["loss"]) and "val/accuracy" in metrics and "fewshot/1shot" in metrics
+  assert (
+    np.isfinite(metrics["loss"])
+    and "val/accuracy" in metrics
+    and "fewshot_animal_mnist/1shot" in metrics
+  )
   pretrained = _params(tmp_path / "pretrain")
   assert pretrained["head"]["conv2d"]["kernel"].shape == (1, 1, 1024, 10)
 

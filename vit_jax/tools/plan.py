@@ -40,19 +40,27 @@ def _quiet_env() -> None:
 
 _quiet_env()
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Stage config: configs/<stage>.py:<key=value,...>.", lock_config=True
-)
-_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.")
-_NUM_CLASSES = flags.DEFINE_integer(
-  "num_classes", None, "Classes of the head (default: known for jft, imagenet21k, imagenet2012)."
-)
-_EFFICIENCY = flags.DEFINE_float(
-  "efficiency", 0.5, "Assumed fraction of peak FLOP/s at which the chip runs the compiled step."
-)
-_SEARCH = flags.DEFINE_bool("search", False, "Compile the proposed settings; print those that fit.")
-_MAX_TRIALS = flags.DEFINE_integer("max_trials", 4, "At most this many compilations for --search.")
-_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the report.")
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  # Defined only when run as the command: the trainer's entry point (vit_jax.main), which tests
+  # import into the same process, has a --config flag of its own.
+  config_flags.DEFINE_config_file(
+    "config", None, "Stage config: configs/<stage>.py:<key=value,...>.", lock_config=True
+  )
+  flags.DEFINE_string("topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.")
+  flags.DEFINE_integer(
+    "num_classes", None, "Classes of the head (default: known for jft, imagenet21k, imagenet2012)."
+  )
+  flags.DEFINE_float(
+    "efficiency", 0.5, "Assumed fraction of peak FLOP/s at which the chip runs the compiled step."
+  )
+  flags.DEFINE_bool("search", False, "Compile the proposed settings; print those that fit.")
+  flags.DEFINE_integer("max_trials", 4, "At most this many compilations for --search.")
+  flags.DEFINE_bool("json", False, "Print one JSON object instead of the report.")
+  flags.mark_flags_as_required(["config"])
+
 
 GiB = 2**30
 # The head width of datasets whose class count is not readable without the data.
@@ -460,29 +468,27 @@ def format_plan(p: Plan) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  quiet_libtpu(_TOPOLOGY.value)
-  if not _TOPOLOGY.value:
+  quiet_libtpu(FLAGS.topology)
+  if not FLAGS.topology:
     sys.exit("--topology is required, e.g. --topology=v3:16x16")
   try:
-    parse_topology(_TOPOLOGY.value)
+    parse_topology(FLAGS.topology)
   except ValueError as e:
     sys.exit(str(e))
   if not libtpu_available():
     sys.exit(install_hint())
-  config = _CONFIG.value
-  kwargs = dict(num_classes=_NUM_CLASSES.value, efficiency=_EFFICIENCY.value)
+  config = FLAGS.config
+  kwargs = dict(num_classes=FLAGS.num_classes, efficiency=FLAGS.efficiency)
   try:
-    base = plan(config, _TOPOLOGY.value, **kwargs)
+    base = plan(config, FLAGS.topology, **kwargs)
   except ValueError as e:
     sys.exit(str(e))
   suggestions = suggestions_for(base, config)
-  found = (
-    search(config, _TOPOLOGY.value, base, _MAX_TRIALS.value, **kwargs) if _SEARCH.value else []
-  )
-  if _JSON.value:
+  found = search(config, FLAGS.topology, base, FLAGS.max_trials, **kwargs) if FLAGS.search else []
+  if FLAGS.json:
     out = base.to_dict()
     out["suggestions"] = [dict(overrides=o, why=w) for o, w in suggestions]
-    if _SEARCH.value:
+    if FLAGS.search:
       out["search"] = [dict(overrides=o, plan=p.to_dict()) for o, p in found]
     print(json.dumps(out, indent=2, default=str))
     return
@@ -492,7 +498,7 @@ def main(argv):
     for overrides, why in suggestions:
       flags_text = " ".join(f"--config.{k}={v}" for k, v in overrides.items())
       print(f"  {flags_text}\n      {why}")
-  if _SEARCH.value:
+  if FLAGS.search:
     print(f"\n--search: {len(found)} of the proposed settings fit (fastest first):")
     for overrides, p in found:
       flags_text = " ".join(f"--config.{k}={v}" for k, v in overrides.items())
@@ -503,5 +509,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
+  _define_flags()
   app.run(main)
