@@ -148,7 +148,7 @@ def test_load_pretrained_drops_mpp_params_with_a_log_line(caplog):
 @pytest.mark.parametrize("target", ["downsample4x4", "l2"])
 def test_other_targets_train(target):
   model = mpp.get_model(models.get_model_config("testing"), mpp.mpp_config(target=target))
-  images = jax.random.uniform(jax.random.PRNGKey(0), (4, 16, 16, 3), minval=-1, maxval=1)
+  images = jax.random.uniform(jax.random.PRNGKey(0), (2, 8, 8, 3), minval=-1, maxval=1)
   params = model.init({"params": jax.random.PRNGKey(0)}, images, train=False)["params"]
 
   def loss(p):
