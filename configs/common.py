@@ -150,7 +150,7 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
     seed: initialisation, data order and dropout; a rerun with the same seed is identical.
     model_init: '' or a checkpoint to start from (`.npz`, or an Orbax workdir / step dir).
     total_steps, batch_size (global), accum_steps (micro-batches per step).
-    loss: 'softmax_xent' | 'sigmoid_xent'.
+    loss: 'softmax_xent' | 'sigmoid_xent' | 'mpp' (masked patch prediction, with `config.mpp`).
     optimizer, schedule, grad_clip_norm: see vit_jax.optim.
     mesh: see mesh_config; checkpoint: see checkpoint_config.
     log_every_steps: metrics (and the non-finite-loss check) every N steps.

@@ -34,6 +34,12 @@ ARGS = {
     "dataset=animal_mnist",
   ],
   "linear_probe": ["", "dataset=fashion_mnist"],
+  "pretrain_mpp": [
+    "dataset=jft",
+    "dataset=jft,model=L/16,target=downsample4x4",
+    "dataset=fashion_mnist",
+    "dataset=fashion_mnist,target=l2",
+  ],
 }
 CASES = [(name, arg) for name, args in ARGS.items() for arg in args]
 
@@ -213,9 +219,27 @@ def test_pretrain_sigmoid_head_bias():
   assert config.model.representation_size == config.model.hidden_size
 
 
-@pytest.mark.parametrize("name", ["pretrain", "finetune"])
+@pytest.mark.parametrize("name", ["pretrain", "finetune", "pretrain_mpp"])
 def test_every_top_level_field_is_read(name):
   root = CONFIG_DIR.parent
   source = "\n".join((root / f).read_text() for f in TRAIN_SOURCES)
   for field in _get(name, "runlocal"):
     assert re.search(rf"config\.{field}\b", source), f"config.{field} is read nowhere"
+
+
+def test_pretrain_mpp_is_the_papers_recipe():
+  # App. B.1.2: 1M steps at batch 4096, Adam, base lr 2e-4, 10k warmup, cosine decay; 50% of
+  # the patches corrupted, 80% [mask] / 10% random / 10% kept, 3-bit mean colour.
+  config = _get("pretrain_mpp", "dataset=jft")
+  assert config.loss == "mpp" and config.model.name == "ViT-B_16"
+  assert (config.total_steps, config.batch_size) == (1_000_000, 4096)
+  assert config.optimizer.name == "adam" and config.schedule.base_lr == 2e-4
+  assert config.schedule.warmup_steps == 10_000 and config.schedule.name == "warmup_cosine"
+  assert config.mpp.to_dict() == dict(
+    target="mean_color", corrupt_rate=0.5, mask_rate=0.8, random_rate=0.1
+  )
+  assert all(e.type == "fewshot" for e in config.evals.values())
+  with pytest.raises(ValueError, match="hybrids"):
+    _get("pretrain_mpp", "dataset=jft,model=R50+B/16")
+  with pytest.raises(ValueError, match="target='rgb'"):
+    _get("pretrain_mpp", "target=rgb")

@@ -166,10 +166,11 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
 
 _CHILD = textwrap.dedent(
   """
-  import os, signal, sys
+  import importlib, os, signal, sys
   sys.path[:0] = [{repo!r}, {tests!r}]
-  from test_train import small_config
   from vit_jax import input_pipeline, train, train_checkpoint
+  module, factory = {config_fn!r}.split(":")
+  config = getattr(importlib.import_module(module), factory)()
 
   mode, at = sys.argv[1], int(sys.argv[2])
   if mode == "save":  # killed right after an asynchronous save of step `at` started
@@ -189,13 +190,21 @@ _CHILD = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGKILL)
       return fetch(self)
     input_pipeline.TrainIterator.__next__ = killing_next
-  train.run(small_config(total_steps=8, every_steps=2, data=2, fsdp=2, model=2), sys.argv[3])
+  train.run(config, sys.argv[3])
   """
 )
 
 
-def _run_child(mode, at, workdir):
-  code = _CHILD.format(repo=str(REPO), tests=str(REPO / "tests"))
+def sigkill_config():
+  """The config of test_sigkill_and_resume_is_exact (its child processes build it by name)."""
+  return small_config(total_steps=8, every_steps=2, data=2, fsdp=2, model=2)
+
+
+def run_child(mode, at, workdir, config_fn="test_train:sigkill_config"):
+  """Runs `config_fn` ('module:factory' under tests/) in a child on 8 CPU devices, which
+  SIGKILLs itself after the save of step `at` starts (mode 'save') or at its `at`-th batch
+  (mode 'batch')."""
+  code = _CHILD.format(repo=str(REPO), tests=str(REPO / "tests"), config_fn=config_fn)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
   proc = subprocess.run(
     [sys.executable, "-c", code, mode, str(at), str(workdir)],
@@ -215,12 +224,12 @@ def _run_child(mode, at, workdir):
   ],
 )
 def test_sigkill_and_resume_is_exact(tmp_path, kills):
-  config = small_config(total_steps=8, every_steps=2, data=2, fsdp=2, model=2)
+  config = sigkill_config()
   train.run(config, str(tmp_path / "reference"))
 
   workdir = tmp_path / "killed"
   for mode, at in kills:
-    _run_child(mode, at, workdir)
+    run_child(mode, at, workdir)
   train.run(config, str(workdir))  # resumes and finishes
   _assert_trees(_params(workdir), _params(tmp_path / "reference"), exact=True)
 

@@ -468,6 +468,7 @@ def load_pretrained(
 
   - `pre_logits` is dropped when `model_config.representation_size` is None, else kept;
   - `head` is replaced by `init_params`' freshly initialised head (the new number of classes);
+  - `mask_embedding` and `mpp_head` of a masked patch prediction run (vit_jax.mpp) are dropped;
   - position embeddings are resized bicubically to the model's patch grid (`patch_grid`);
   - encoder blocks are stacked or unstacked as in `init_params`; dtypes follow `init_params`.
 
@@ -504,6 +505,13 @@ def load_pretrained(
       logging.info("load_pretrained: dropping pre_logits (representation_size=None)")
     restored = {k: v for k, v in restored.items() if not k.startswith("pre_logits/")}
   restored = {k: v for k, v in restored.items() if not k.startswith("head/")}
+  mpp_keys = [k for k in restored if k == "mask_embedding" or k.startswith("mpp_head/")]
+  if mpp_keys and not any(k in expected for k in mpp_keys):
+    logging.info(
+      "load_pretrained: dropping the masked patch prediction head and [mask] embedding (%s)",
+      ", ".join(sorted(mpp_keys)),
+    )
+    restored = {k: v for k, v in restored.items() if k not in mpp_keys}
   for name, value in expected.items():
     if name.startswith("head/"):
       if isinstance(value, jax.ShapeDtypeStruct):

@@ -163,7 +163,7 @@ def representation_model(
   """
   if representation not in ("pre_logits", "pooled"):
     raise ValueError(f"representation={representation!r}; expected 'pre_logits' or 'pooled'")
-  params = {k: v for k, v in params.items() if k != "head"}
+  params = {k: v for k, v in params.items() if k not in ("head", "mpp_head", "mask_embedding")}
   rep_size = None
   if representation == "pre_logits" and "pre_logits" in params:
     rep_size = int(np.shape(params["pre_logits"]["kernel"])[-1])

@@ -15,6 +15,7 @@ This file must not import TensorFlow.
 """
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -307,7 +308,13 @@ class VisionTransformer(nn.Module):
 
   @nn.compact
   def __call__(
-    self, images: jax.Array, *, train: bool, return_representation: bool = False
+    self,
+    images: jax.Array,
+    *,
+    train: bool,
+    return_representation: bool = False,
+    corrupt_fn: Callable[[jax.Array], jax.Array] | None = None,
+    return_tokens: bool = False,
   ) -> jax.Array:
     """Classifies images.
 
@@ -315,9 +322,14 @@ class VisionTransformer(nn.Module):
       images: [batch, height, width, 3], values in [-1, 1].
       train: enables dropout (needs the 'dropout' rng).
       return_representation: return the pre-head representation [batch, R or D] instead.
+      corrupt_fn: applied to the patch embeddings [batch, patches, D] before the class token
+        and position embeddings are added (masked patch prediction, vit_jax.mpp); it may create
+        parameters of the calling module. None: no change.
+      return_tokens: return the encoder's output for the patch tokens [batch, patches, D]
+        (float32, after the final LayerNorm, class token dropped) instead of the logits.
 
     Returns:
-      Logits [batch, num_classes] in float32 (or the representation).
+      Logits [batch, num_classes] in float32 (or the representation, or the patch tokens).
     """
     if self.classifier not in ("token", "gap"):
       raise ValueError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
@@ -338,6 +350,8 @@ class VisionTransformer(nn.Module):
       param_dtype=self.param_dtype,
       name="embedding",
     )(x)
+    if corrupt_fn is not None:
+      x = corrupt_fn(x)
     batch, _, width = x.shape
     if self.classifier == "token":
       cls = self.param("cls", nn.initializers.zeros, (1, 1, width), self.param_dtype)
@@ -355,6 +369,8 @@ class VisionTransformer(nn.Module):
       gelu_approximate=self.gelu_approximate,
       name="Transformer",
     )(x, not train)
+    if return_tokens:
+      return (x[:, 1:] if self.classifier == "token" else x).astype(jnp.float32)
     x = x[:, 0] if self.classifier == "token" else jnp.mean(x, axis=1)
     if self.representation_size is not None:
       x = nn.Dense(

@@ -13,6 +13,9 @@ Metrics: each step adds its sums (loss, correct top-1, examples, gradient norm) 
 window that the host reads and resets at every log step, so a logged loss or accuracy is the mean
 over the window's examples, not the last step's. Training accuracy is top-1 for single-label data
 and precision@1 (the top-scoring class is one of the image's labels) for multi-label data.
+With `config.loss = 'mpp'` (masked patch prediction, vit_jax.mpp) the model is the MPP wrapper of
+`config.model`, an example's loss is the mean over its corrupted patches, and accuracy is the
+fraction of corrupted patches whose 3-bit colour is predicted right.
 Images/s and MFU count only time spent training: evaluation and checkpoint saves are excluded.
 
 Workdir: a config that differs from the workdir's saved `config.json` in a field that may not
@@ -49,6 +52,7 @@ from vit_jax import (
   logging_util,
   losses,
   models,
+  mpp,
   optim,
   sharding,
   train_checkpoint,
@@ -111,11 +115,15 @@ def make_train_step(
   whatever `accum_steps` is: micro-batches sum masked losses and gradients, divided once at the
   end. The step adds its sums to `window` (see `Window`) and records there the first step with a
   non-finite loss or gradient norm. Accuracy counts top-1 hits, or precision@1 if `multi_label`.
+  `loss_name='mpp'`: `model` is a vit_jax.mpp.MaskedPatchPredictor and the labels are unused.
   """
-  loss_fn = losses.LOSSES[loss_name]
+  loss_fn = None if loss_name == "mpp" else losses.LOSSES[loss_name]
 
   def micro_step(params, micro, key):
     def loss_sum(p):
+      if loss_fn is None:
+        per_example, accuracy = mpp.objective(model, p, micro["image"], key)
+        return jnp.sum(per_example * micro["mask"]), jnp.sum(accuracy * micro["mask"])
       logits = model.apply({"params": p}, micro["image"], train=True, rngs={"dropout": key})
       targets = losses.dense_targets(micro["label"], num_classes)
       mask = micro["mask"]
@@ -258,7 +266,10 @@ def build(
       f"batch_size {batch_size} must be a multiple of accum_steps ({accum}) × the batch shards "
       f"of the mesh ({shards})"
     )
-  model = models.get_model(config.model, num_classes)
+  if config.loss == "mpp":
+    model = mpp.get_model(config.model, config.mpp)
+  else:
+    model = models.get_model(config.model, num_classes)
   height, width = _image_shape(config)
   rng = jax.random.PRNGKey(config.seed)
   init_key, dropout_key = jax.random.split(rng)
@@ -360,6 +371,8 @@ def run(
   else:
     state = jax.jit(init_state, out_shardings=state_shardings)(init_key)
     if config.model_init:
+      if config.loss == "mpp":
+        raise ValueError("config.model_init with loss='mpp': MPP pretraining starts from scratch")
       head = jax.jit(lambda k: init_params(k)["head"], out_shardings=replicated)(init_key)
       head = jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), head)
       params = _load_init_params(config, abstract["params"], head, state_shardings["params"])

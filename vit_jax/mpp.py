@@ -1,0 +1,280 @@
+"""Masked patch prediction: the paper's self-supervised pretraining objective (§4.6, App. B.1.2).
+
+"We corrupt 50% of patch embeddings by either replacing their embeddings with a learnable [mask]
+embedding (80%), a random other patch embedding (10%) or just keeping them as is (10%) ... predict
+the 3-bit, mean color (i.e., 512 colors in total) of every corrupted patch using their respective
+patch representations." The appendix compares three targets, all available here:
+
+  mean_color     the 3-bit mean colour of the patch: one softmax over 512 colours (the default);
+  downsample4x4  the patch downsized to 4×4 with 3-bit colours: 16 softmaxes over 512 colours;
+  l2             the full patch, regressed with a squared error (patch² × 3 values in [-1, 1]).
+
+Corruption (`corrupt`): exactly round(rate × patches) patches of each image are chosen uniformly;
+each chosen patch independently becomes the [mask] embedding (p=0.8), the embedding of another
+patch of the *same image* (p=0.1; drawn uniformly from the image's other patches, before any
+corruption) or stays as is (p=0.1). Only chosen patches enter the loss.
+
+`MaskedPatchPredictor` is a VisionTransformer with two extra parameters at the top level,
+`mask_embedding` [D] and the Dense `mpp_head`; every other name is the ViT's, so a fine-tuning
+stage starts from an MPP checkpoint with `model_init` (vit_jax.checkpoint.load_pretrained drops
+the two). Its representation (`return_representation=True`, the few-shot evaluators') is the
+mean of the patch tokens after the final LayerNorm: the class token's output is never trained by
+this objective. Targets need image patches, so R50 hybrids are not supported.
+
+This file must not import TensorFlow.
+"""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from vit_jax import models, models_vit
+
+TARGETS = ("mean_color", "downsample4x4", "l2")
+COLOR_BITS = 3
+NUM_COLORS = 2 ** (3 * COLOR_BITS)  # 512
+# Kinds of patch after `corrupt`.
+KEPT_CLEAN, MASKED, RANDOM, KEPT_CORRUPTED = 0, 1, 2, 3
+
+
+def mpp_config(
+  target: str = "mean_color",
+  corrupt_rate: float = 0.5,
+  mask_rate: float = 0.8,
+  random_rate: float = 0.1,
+) -> ml_collections.ConfigDict:
+  """`config.mpp` of a stage with `config.loss = 'mpp'` (defaults: the paper's)."""
+  return ml_collections.ConfigDict(
+    dict(target=target, corrupt_rate=corrupt_rate, mask_rate=mask_rate, random_rate=random_rate)
+  )
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets (from the input image, values in [-1, 1]).
+
+
+def patches(images: jax.Array, patch_size: int) -> jax.Array:
+  """[batch, H, W, C] → [batch, patches, p, p, C] in the row-major order of the patch embedding."""
+  b, h, w, c = images.shape
+  p = patch_size
+  gh, gw = h // p, w // p
+  x = images[:, : gh * p, : gw * p].reshape(b, gh, p, gw, p, c)
+  return x.transpose(0, 1, 3, 2, 4, 5).reshape(b, gh * gw, p, p, c)
+
+
+def quantize(values: jax.Array) -> jax.Array:
+  """Values in [-1, 1] → int32 levels 0..7 (3 bits, equal-width bins of [0, 1])."""
+  levels = 2**COLOR_BITS
+  return jnp.clip(jnp.floor((values + 1.0) / 2.0 * levels), 0, levels - 1).astype(jnp.int32)
+
+
+def color_index(rgb_levels: jax.Array) -> jax.Array:
+  """[..., 3] levels 0..7 → one of 512 colours: r·64 + g·8 + b."""
+  levels = 2**COLOR_BITS
+  return (rgb_levels[..., 0] * levels + rgb_levels[..., 1]) * levels + rgb_levels[..., 2]
+
+
+def targets(images: jax.Array, patch_size: int, target: str) -> jax.Array:
+  """The prediction targets of every patch.
+
+  Returns:
+    mean_color: int32 [batch, patches]; downsample4x4: int32 [batch, patches, 16];
+    l2: float32 [batch, patches, p·p·3].
+  """
+  x = patches(images.astype(jnp.float32), patch_size)  # [B, N, p, p, 3]
+  if target == "mean_color":
+    return color_index(quantize(jnp.mean(x, axis=(2, 3))))
+  if target == "downsample4x4":
+    b, n, p, _, c = x.shape
+    if p % 4:
+      raise ValueError(f"mpp target downsample4x4 needs a patch size divisible by 4, got {p}")
+    s = p // 4
+    cells = jnp.mean(x.reshape(b, n, 4, s, 4, s, c), axis=(3, 5))  # [B, N, 4, 4, 3]
+    return color_index(quantize(cells)).reshape(b, n, 16)
+  if target == "l2":
+    return x.reshape(x.shape[0], x.shape[1], -1)
+  raise ValueError(f"mpp target {target!r}; expected one of {TARGETS}")
+
+
+def num_outputs(target: str, patch_size: int) -> int:
+  """Width of the `mpp_head` for `target`."""
+  if target == "mean_color":
+    return NUM_COLORS
+  if target == "downsample4x4":
+    return 16 * NUM_COLORS
+  if target == "l2":
+    return patch_size * patch_size * 3
+  raise ValueError(f"mpp target {target!r}; expected one of {TARGETS}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Corruption.
+
+
+def corrupt(
+  key: jax.Array,
+  x: jax.Array,
+  mask_embedding: jax.Array,
+  corrupt_rate: float = 0.5,
+  mask_rate: float = 0.8,
+  random_rate: float = 0.1,
+) -> tuple[jax.Array, jax.Array]:
+  """Corrupts patch embeddings as App. B.1.2 describes (jittable).
+
+  Args:
+    key: PRNG key.
+    x: patch embeddings [batch, patches, D].
+    mask_embedding: the learnable [mask] embedding [D].
+    corrupt_rate: fraction of each image's patches chosen (rounded to a whole number).
+    mask_rate, random_rate: of the chosen patches, the probability of the [mask] embedding and of
+      another patch's embedding (same image); the rest stay as they are.
+
+  Returns:
+    (corrupted embeddings [batch, patches, D], kind int32 [batch, patches]: KEPT_CLEAN for a patch
+    not chosen, else MASKED, RANDOM or KEPT_CORRUPTED).
+  """
+  b, n, _ = x.shape
+  k_choose, k_kind, k_other = jax.random.split(key, 3)
+  num = int(round(corrupt_rate * n))
+  # Exactly `num` chosen per image: the patches of the `num` smallest uniform scores.
+  ranks = jnp.argsort(jnp.argsort(jax.random.uniform(k_choose, (b, n)), axis=1), axis=1)
+  chosen = ranks < num
+  u = jax.random.uniform(k_kind, (b, n))
+  kind = jnp.where(
+    u < mask_rate, MASKED, jnp.where(u < mask_rate + random_rate, RANDOM, KEPT_CORRUPTED)
+  )
+  kind = jnp.where(chosen, kind, KEPT_CLEAN).astype(jnp.int32)
+  # Another patch of the same image: shift the index by 1..n-1 (never the patch itself).
+  shift = jax.random.randint(k_other, (b, n), 1, max(n, 2))
+  other = (jnp.arange(n)[None, :] + shift) % n
+  replaced = jnp.take_along_axis(x, other[..., None], axis=1)
+  out = jnp.where((kind == MASKED)[..., None], mask_embedding.astype(x.dtype), x)
+  out = jnp.where((kind == RANDOM)[..., None], replaced, out)
+  return out, kind
+
+
+# ---------------------------------------------------------------------------------------------
+# The model.
+
+
+class MaskedPatchPredictor(models_vit.VisionTransformer):
+  """A ViT with a [mask] embedding and a per-patch prediction head (`mpp_head`).
+
+  Called with `train` and a 'mpp' rng (corruption; without one a fixed key is used), it returns
+  dict(outputs [batch, patches, num_outputs] float32, kind int32 [batch, patches]); with
+  `return_representation=True` the mean patch token [batch, D] of the uncorrupted image.
+  """
+
+  target: str = "mean_color"
+  corrupt_rate: float = 0.5
+  mask_rate: float = 0.8
+  random_rate: float = 0.1
+
+  @nn.compact
+  def __call__(self, images: jax.Array, *, train: bool, return_representation: bool = False):
+    if return_representation:
+      tokens = super().__call__(images, train=train, return_tokens=True)
+      return jnp.mean(tokens, axis=1)
+    mask_embedding = self.param(
+      "mask_embedding", nn.initializers.normal(0.02), (self.hidden_size,), self.param_dtype
+    )
+    key = self.make_rng("mpp") if self.has_rng("mpp") else jax.random.PRNGKey(0)
+    kinds = []
+
+    def corrupt_fn(x):
+      out, kind = corrupt(
+        key, x, mask_embedding, self.corrupt_rate, self.mask_rate, self.random_rate
+      )
+      kinds.append(kind)
+      return out
+
+    tokens = super().__call__(images, train=train, corrupt_fn=corrupt_fn, return_tokens=True)
+    outputs = nn.Dense(
+      num_outputs(self.target, self.patch_size),
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name="mpp_head",
+    )(tokens)
+    return dict(outputs=outputs.astype(jnp.float32), kind=kinds[0])
+
+
+def get_model(
+  model_config: ml_collections.ConfigDict, mpp: ml_collections.ConfigDict
+) -> MaskedPatchPredictor:
+  """The MPP model of a ViT preset config (`config.model`) and `config.mpp`."""
+  if mpp.target not in TARGETS:
+    raise ValueError(f"config.mpp.target={mpp.target!r}; expected one of {TARGETS}")
+  vit = models.get_model(model_config, None)
+  if vit.resnet is not None:
+    raise ValueError("masked patch prediction needs image patches; R50 hybrids are not supported")
+  fields = {
+    f.name: getattr(vit, f.name)
+    for f in dataclasses.fields(vit)
+    if f.init and f.name not in ("parent", "name")
+  }
+  return MaskedPatchPredictor(
+    **fields,
+    target=mpp.target,
+    corrupt_rate=float(mpp.corrupt_rate),
+    mask_rate=float(mpp.mask_rate),
+    random_rate=float(mpp.random_rate),
+  )
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss.
+
+
+def per_example_loss(
+  out: dict[str, jax.Array], images: jax.Array, patch_size: int, target: str
+) -> tuple[jax.Array, jax.Array]:
+  """Loss and accuracy of each image, averaged over its corrupted patches only.
+
+  Every image has the same number of corrupted patches, so the mean over images of these is the
+  mean over all corrupted patches of the batch.
+
+  Args:
+    out: the model's dict(outputs [B, N, K], kind [B, N]).
+    images: the uncorrupted input [B, H, W, 3] in [-1, 1].
+    patch_size: the model's patch size.
+    target: one of TARGETS.
+
+  Returns:
+    (loss [B], accuracy [B]): softmax cross-entropy (squared error for l2) and the fraction of
+    corrupted patches whose 3-bit colour is right (for downsample4x4, of their 16 cells; for l2,
+    the mean colour of the predicted patch).
+  """
+  y = targets(images, patch_size, target)
+  z, corrupted = out["outputs"], (out["kind"] != KEPT_CLEAN).astype(jnp.float32)
+  if target == "mean_color":
+    logp = jax.nn.log_softmax(z, axis=-1)
+    loss = -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
+    correct = (jnp.argmax(z, -1) == y).astype(jnp.float32)
+  elif target == "downsample4x4":
+    z = z.reshape(*z.shape[:2], 16, NUM_COLORS)
+    logp = jax.nn.log_softmax(z, axis=-1)
+    loss = -jnp.mean(jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0], axis=-1)
+    correct = jnp.mean((jnp.argmax(z, -1) == y).astype(jnp.float32), axis=-1)
+  else:
+    loss = jnp.mean(jnp.square(z - y), axis=-1)
+    pixels = z.shape[-1] // 3
+    mean_rgb = lambda v: jnp.mean(v.reshape(*v.shape[:2], pixels, 3), axis=2)  # noqa: E731
+    correct = color_index(quantize(mean_rgb(z))) == color_index(quantize(mean_rgb(y)))
+    correct = correct.astype(jnp.float32)
+  count = jnp.maximum(jnp.sum(corrupted, axis=1), 1.0)
+  return jnp.sum(loss * corrupted, axis=1) / count, jnp.sum(correct * corrupted, axis=1) / count
+
+
+def objective(
+  model: MaskedPatchPredictor, params: Any, images: jax.Array, key: jax.Array, train: bool = True
+) -> tuple[jax.Array, jax.Array]:
+  """(loss [B], accuracy [B]) of `model` on `images`; `key` draws dropout and the corruption."""
+  dropout_key, mpp_key = jax.random.split(key)
+  out = model.apply(
+    {"params": params}, images, train=train, rngs={"dropout": dropout_key, "mpp": mpp_key}
+  )
+  return per_example_loss(out, images, model.patch_size, model.target)
