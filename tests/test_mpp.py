@@ -107,6 +107,7 @@ def sigkill_config():
   return config
 
 
+@pytest.mark.slow  # ~2-3 minutes on 2 cores: keeps the default suite under ~15 minutes
 def test_mpp_run_resumes_exactly_after_sigkill_and_finetunes(tmp_path):
   config = sigkill_config()
   metrics = train.run(config, str(tmp_path / "reference"))
