@@ -173,6 +173,27 @@ def test_representation_layer():
   assert _apply(models.get_model("testing", num_classes=None), params, images).shape == (2, 32)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_attention_backward_equals_autodiff(dtype):
+  """The hand-written backward pass of the attention core is the gradient of its forward."""
+  from vit_jax.models_vit import _attention, _attention_weights
+
+  def plain(q, k, v):
+    return jnp.einsum("bhqk,bhkd->bhqd", _attention_weights(q, k), v)
+
+  q, k, v = (
+    jax.random.normal(jax.random.key(i), (2, 3, 9, 8), jnp.float32).astype(dtype) for i in range(3)
+  )
+  cotangent = jax.random.normal(jax.random.key(3), (2, 3, 9, 8), jnp.float32).astype(dtype)
+  np.testing.assert_array_equal(_attention(q, k, v), plain(q, k, v))
+  ours = jax.vjp(_attention, q, k, v)[1](cotangent)
+  reference = jax.vjp(plain, q, k, v)[1](cotangent)
+  tol = 1e-5 if dtype == jnp.float32 else 3e-2
+  for a, b in zip(ours, reference, strict=True):
+    assert a.dtype == dtype
+    np.testing.assert_allclose(np.float32(a), np.float32(b), atol=tol, rtol=tol)
+
+
 def test_attention_matches_flax_reference():
   """Our fused attention equals Flax's own MultiHeadDotProductAttention on the same params."""
   from vit_jax.models_vit import MultiHeadDotProductAttention

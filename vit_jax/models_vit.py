@@ -8,13 +8,18 @@ are one scanned `Transformer/encoderblock` whose leaves have a leading layer axi
 
 Computation runs in `dtype` (e.g. bfloat16) while parameters stay in `param_dtype` (float32).
 Attention weights are sown into the `intermediates` collection when the caller makes it mutable
-(`model.apply(..., mutable=['intermediates'])`); otherwise attention takes the fused
-`jax.nn.dot_product_attention` path and never materialises them.
+(`model.apply(..., mutable=['intermediates'])`).
+
+Layout for speed, not for the parameters (which keep the checkpoint format): the Dense layers run
+as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, and the attention core
+in heads-major layout with a hand-written backward pass (`_attention`); see the profile in
+experiments/benchmark_model.py's docstring.
 
 This file must not import TensorFlow.
 """
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -30,29 +35,99 @@ _xavier = nn.initializers.xavier_uniform()
 _tiny_normal = nn.initializers.normal(stddev=1e-6)
 
 
-class _HeadsProjection(nn.Module):
-  """The kernel [D, heads, head_dim] and bias [heads, head_dim] of a DenseGeneral, not applied.
+def _matmul_2d(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+  """x [..., n] @ kernel [n, m] + bias [m], run as one 2-D matmul over the flattened rows.
 
-  Created exactly as `nn.DenseGeneral(features=(heads, head_dim))` creates them (same names,
-  shapes and initial values), so the attention can run its three projections as one matmul.
+  The same numbers as a Dense on [batch, tokens, n]; XLA's CPU backend runs the backward pass of
+  the 2-D form (the weight gradient contracts one dimension instead of batch and tokens) about
+  2.5x faster for the ViT's shapes (experiments/benchmark_model.py).
+  """
+  rows = x.reshape(-1, x.shape[-1])
+  return (rows @ kernel + bias).reshape(*x.shape[:-1], kernel.shape[-1])
+
+
+def _attention_weights(q: jax.Array, k: jax.Array) -> jax.Array:
+  """softmax(q k^T / sqrt(head_dim)) over keys, in float32: [b, h, q, d], [b, h, k, d] → [b, h, q, k]."""
+  logits = jnp.einsum("bhqd,bhkd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  return jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(q.dtype)
+
+
+@jax.custom_vjp
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """softmax(q k^T / sqrt(d)) v for [batch, heads, tokens, head_dim] inputs.
+
+  The same function as the autodiff of `_attention_weights` and one einsum, with a hand-written
+  backward pass whose four batched matmuls all have the two shapes of the forward pass
+  ("bhqd,bhkd->bhqk" and "bhqk,bhkd->bhqd", transposing the [q, k] matrices explicitly). XLA's
+  CPU backend runs those two shapes through its fast matmul library and the transposed ones the
+  autodiff would produce (contracting a non-minor dimension) several times slower.
+  """
+  return jnp.einsum("bhqk,bhkd->bhqd", _attention_weights(q, k), v)
+
+
+def _attention_fwd(q, k, v):
+  weights = _attention_weights(q, k)
+  return jnp.einsum("bhqk,bhkd->bhqd", weights, v), (q, k, v, weights)
+
+
+def _attention_bwd(residuals, d_out):
+  q, k, v, weights = residuals
+  scale = 1.0 / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  d_weights = jnp.einsum("bhqd,bhkd->bhqk", d_out, v)
+  w32 = weights.astype(jnp.float32)
+  d_logits = w32 * (d_weights - jnp.sum(d_weights * w32, axis=-1, keepdims=True))
+  d_logits = (d_logits * scale).astype(q.dtype)
+  d_q = jnp.einsum("bhqk,bhkd->bhqd", d_logits, k)
+  # d_k = d_logits^T q and d_v = weights^T d_out, computed transposed (d_k^T = q^T d_logits)
+  # so that only the small [tokens, head_dim] operands are transposed; the barrier keeps XLA
+  # from folding those transposes back into the matmuls.
+  q_t, d_out_t = jax.lax.optimization_barrier(
+    (jnp.swapaxes(q, -1, -2), jnp.swapaxes(d_out, -1, -2))
+  )
+  d_k_t, d_v_t = jax.lax.optimization_barrier(
+    (
+      jnp.einsum("bhdq,bhqk->bhdk", q_t, d_logits),
+      jnp.einsum("bhdq,bhqk->bhdk", d_out_t, weights),
+    )
+  )
+  d_k, d_v = jnp.swapaxes(d_k_t, -1, -2), jnp.swapaxes(d_v_t, -1, -2)
+  return d_q, d_k, d_v
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+class _Projection(nn.Module):
+  """The kernel and bias of a DenseGeneral, created but not applied.
+
+  Same names, shapes and initial values as `nn.DenseGeneral` (Xavier over the kernel flattened to
+  [inputs, outputs], zero bias): the attention applies them as 2-D matmuls (`_matmul_2d`).
   """
 
-  features: tuple[int, int]
+  kernel_shape: tuple[int, ...]
+  num_inputs: int  # leading dimensions of the kernel that are contracted with the input
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, width: int) -> tuple[jax.Array, jax.Array]:
-    def kernel_init(rng, shape, dtype):
-      # Xavier over the flattened [D, heads * head_dim] matrix, as DenseGeneral does.
-      return jnp.reshape(_xavier(rng, (shape[0], shape[1] * shape[2]), dtype), shape)
+  def __call__(self) -> tuple[jax.Array, jax.Array]:
+    n = self.num_inputs
 
-    kernel = self.param("kernel", kernel_init, (width, *self.features), self.param_dtype)
-    bias = self.param("bias", nn.initializers.zeros, self.features, self.param_dtype)
+    def kernel_init(rng, shape, dtype):
+      flat = (math.prod(shape[:n]), math.prod(shape[n:]))
+      return jnp.reshape(_xavier(rng, flat, dtype), shape)
+
+    kernel = self.param("kernel", kernel_init, self.kernel_shape, self.param_dtype)
+    bias = self.param("bias", nn.initializers.zeros, self.kernel_shape[n:], self.param_dtype)
     return kernel, bias
 
 
 class MultiHeadDotProductAttention(nn.Module):
-  """Multi-head self-attention with query/key/value kernels [D, heads, D/heads]."""
+  """Multi-head self-attention with query/key/value kernels [D, heads, D/heads].
+
+  The three projections run as one matmul (their kernels concatenated at apply time), and the
+  attention itself in heads-major layout [batch, heads, tokens, head_dim]. The parameters are
+  those of Flax's `nn.MultiHeadDotProductAttention` (query/key/value/out, DenseGeneral layout).
+  """
 
   num_heads: int
   dropout_rate: float = 0.0
@@ -62,46 +137,36 @@ class MultiHeadDotProductAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     """x: [batch, tokens, width] → [batch, tokens, width]."""
-    width = x.shape[-1]
-    if width % self.num_heads:
-      raise ValueError(f"hidden size {width} is not divisible by num_heads={self.num_heads}")
-    head_dim = width // self.num_heads
+    batch, tokens, width = x.shape
+    heads = self.num_heads
+    if width % heads:
+      raise ValueError(f"hidden size {width} is not divisible by num_heads={heads}")
+    head_dim = width // heads
     projections = [
-      _HeadsProjection((self.num_heads, head_dim), self.param_dtype, name=n)(width)
+      _Projection((width, heads, head_dim), 1, self.param_dtype, name=n)()
       for n in ("query", "key", "value")
     ]
-    # One [D, 3 * D] matmul instead of three [D, D] ones: the wider matmul runs closer to peak,
-    # and the backward pass sums the input gradient inside one matmul instead of adding three.
-    # Stacking the kernels costs a copy of 3 * D^2 weights, small next to the activations.
     kernel = jnp.stack([k for k, _ in projections], axis=1).astype(self.dtype)  # [D, 3, h, d]
     bias = jnp.stack([b for _, b in projections], axis=0).astype(self.dtype)  # [3, h, d]
-    qkv = jnp.einsum("btd,dnhk->btnhk", x.astype(self.dtype), kernel) + bias
-    # [batch, tokens, heads, head_dim] each.
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    sow_weights = self.is_mutable_collection("intermediates")
-    drop_weights = self.dropout_rate > 0.0 and not deterministic
-    if sow_weights or drop_weights:
-      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(self.dtype)
-      # Softmax in float32: bf16 loses the small weights that sum to most of the mass.
-      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
-      self.sow("intermediates", "attention_weights", weights)  # [batch, heads, q, k]
-      if drop_weights:
-        weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=False)
-      out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    qkv = _matmul_2d(x.astype(self.dtype), kernel.reshape(width, -1), bias.reshape(-1))
+    qkv = qkv.reshape(batch, tokens, 3, heads, head_dim).transpose(2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]  # [batch, heads, tokens, head_dim]
+    if self.is_mutable_collection("intermediates"):
+      self.sow("intermediates", "attention_weights", _attention_weights(q, k))
+    if self.dropout_rate > 0.0 and not deterministic:
+      weights = nn.Dropout(rate=self.dropout_rate)(_attention_weights(q, k), deterministic=False)
+      out = jnp.einsum("bhqk,bhkd->bhqd", weights, v)
     else:
-      out = jax.nn.dot_product_attention(q, k, v)
-    return nn.DenseGeneral(
-      features=width,
-      axis=(-2, -1),
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=_xavier,
-      name="out",
-    )(out)
+      out = _attention(q, k, v)
+    out = out.transpose(0, 2, 1, 3).reshape(batch, tokens, width)
+    out_kernel, out_bias = _Projection((heads, head_dim, width), 2, self.param_dtype, name="out")()
+    return _matmul_2d(
+      out, out_kernel.reshape(width, width).astype(self.dtype), out_bias.astype(self.dtype)
+    )
 
 
 class MlpBlock(nn.Module):
-  """Dense → GELU → Dense, with dropout.
+  """Dense → GELU → Dense, with dropout (the matmuls over flattened tokens, `_matmul_2d`).
 
   The published weights were trained with the tanh approximation of GELU (flax's default,
   `gelu_approximate=True`); timm and Hugging Face default to the exact (erf) GELU, which
@@ -123,10 +188,11 @@ class MlpBlock(nn.Module):
       kernel_init=_xavier,
       bias_init=_tiny_normal,
     )
-    y = nn.gelu(dense(self.mlp_dim, name="Dense_0")(x), approximate=self.gelu_approximate)
+    rows = x.reshape(-1, x.shape[-1])
+    y = nn.gelu(dense(self.mlp_dim, name="Dense_0")(rows), approximate=self.gelu_approximate)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     y = dense(x.shape[-1], name="Dense_1")(y)
-    return nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
+    return nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic).reshape(x.shape)
 
 
 class Encoder1DBlock(nn.Module):
