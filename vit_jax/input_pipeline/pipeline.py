@@ -59,7 +59,12 @@ def _options(config) -> tf.data.Options:
 
 
 def _example_fns(config, source: sources.Source, num_classes: int, pp_spec: str):
-  """Returns (sandboxed per-record fn for `interleave`, label check for `map`)."""
+  """Returns (per-record fn, label check for `map`).
+
+  The per-record fn of a source whose records may fail to parse or decode returns a one-element
+  dataset (for `interleave`) holding the example, or a zero image with mask 0 if it failed; for
+  in-memory arrays (`source.may_fail` False) it returns the example itself, for a plain `map`.
+  """
   size = config.image_size
   pp_fn = preprocess.get_preprocess_fn(pp_spec, size)
   multi = bool(config.multi_label)
@@ -86,21 +91,6 @@ def _example_fns(config, source: sources.Source, num_classes: int, pp_spec: str)
       "bad_label": bad_label,
       "num_labels": tf.size(labels),
     }
-
-  @graph_fn
-  def sandboxed(raw, rng):
-    where = source.where(raw)
-    fallback = {
-      "image": tf.zeros([size, size, 3], tf.float32),
-      "label": label_spec,
-      "mask": tf.constant(0.0),
-      "error": tf.constant(0),
-      "bad_label": tf.constant(-1, tf.int64),
-      "num_labels": tf.constant(0),
-    }
-    good = tf.data.Dataset.from_tensors((raw, rng)).map(process).ignore_errors()
-    out = good.concatenate(tf.data.Dataset.from_tensors(fallback)).take(1)
-    return out.map(graph_fn(lambda ex: {**ex, "where": where}))
 
   @graph_fn
   def check(ex):
@@ -131,12 +121,41 @@ def _example_fns(config, source: sources.Source, num_classes: int, pp_spec: str)
         "mask": ex["mask"],
       }
 
+  if not source.may_fail:
+    # Nothing to catch: a plain map, without a nested dataset per record.
+    @graph_fn
+    def direct(raw, rng):
+      return {**process(raw, rng), "where": source.where(raw)}
+
+    return direct, check
+
+  @graph_fn
+  def sandboxed(raw, rng):
+    where = source.where(raw)
+    fallback = {
+      "image": tf.zeros([size, size, 3], tf.float32),
+      "label": label_spec,
+      "mask": tf.constant(0.0),
+      "error": tf.constant(0),
+      "bad_label": tf.constant(-1, tf.int64),
+      "num_labels": tf.constant(0),
+    }
+    good = tf.data.Dataset.from_tensors((raw, rng)).map(process).ignore_errors()
+    out = good.concatenate(tf.data.Dataset.from_tensors(fallback)).take(1)
+    return out.map(graph_fn(lambda ex: {**ex, "where": where}))
+
   return sandboxed, check
 
 
-def _process(ds: tf.data.Dataset, sandboxed, check) -> tf.data.Dataset:
+def _process(ds: tf.data.Dataset, per_record, check, may_fail: bool) -> tf.data.Dataset:
+  if not may_fail:
+    return ds.map(
+      graph_fn(lambda raw, rng: check(per_record(raw, rng))),
+      num_parallel_calls=tf.data.AUTOTUNE,
+      deterministic=True,
+    )
   ds = ds.interleave(
-    sandboxed,
+    per_record,
     cycle_length=max(16, 2 * (os.cpu_count() or 1)),
     block_length=1,
     num_parallel_calls=tf.data.AUTOTUNE,
@@ -309,8 +328,8 @@ class TrainIterator:
 
     ds = epoch(epoch0).skip(offset)
     ds = ds.concatenate(tf.data.Dataset.range(epoch0 + 1, 2**62).flat_map(epoch))
-    sandboxed, check = _example_fns(config, source, self.num_classes, config.pp_train)
-    ds = _process(ds, sandboxed, check)
+    per_record, check = _example_fns(config, source, self.num_classes, config.pp_train)
+    ds = _process(ds, per_record, check, source.may_fail)
     ds = ds.batch(self.local_batch_size, drop_remainder=True)
     if config.mixup_alpha > 0:
       batches = tf.data.Dataset.counter(start // self.local_batch_size)
@@ -401,8 +420,8 @@ class EvalIterable:
     config, size = self._config, self._config.image_size
     ds = self._source.epoch(tf.constant(0, tf.int64), False, 0).take(self._host_length).enumerate()
     ds = ds.map(graph_fn(lambda i, raw: (raw, tf.stack([tf.constant(0, tf.int64), i]))))
-    sandboxed, check = _example_fns(config, self._source, self.num_classes, config.pp_eval)
-    ds = _process(ds, sandboxed, check)
+    per_record, check = _example_fns(config, self._source, self.num_classes, config.pp_eval)
+    ds = _process(ds, per_record, check, self._source.may_fail)
     pad = {
       "image": tf.zeros([size, size, 3], tf.float32),
       "label": tf.zeros([self.num_classes], tf.float32)

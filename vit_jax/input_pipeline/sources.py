@@ -70,6 +70,10 @@ def _shuffle_seed(seed: int, epoch: tf.Tensor, host: int) -> tf.Tensor:
 class Source:
   """Base class; see the module docstring for the contract."""
 
+  # Whether a record can fail to parse or decode (then it becomes a masked zero image, which
+  # costs a nested tf.data dataset per record); False for arrays already in memory.
+  may_fail = True
+
   def __init__(self, config, split: str, process_index: int, process_count: int):
     self.config = config
     self.split = split
@@ -161,6 +165,8 @@ def folder_class_names(root: str) -> list[str]:
 
 class BuiltinSource(_IndexedSource):
   """A bundled offline dataset (builtin.py), held in memory as uint8 arrays."""
+
+  may_fail = False
 
   def __init__(self, config, split, process_index, process_count):
     super().__init__(config, split, process_index, process_count)
