@@ -1,22 +1,28 @@
-r"""Forward and train-step throughput of the ViT models, with timm's figures when it is installed.
+r"""Forward and train-step throughput of the ViT models against timm, each side in its own process.
 
 For each model, dtype and mode (forward; train step = forward + backward + optax update) this
 prints images/s, the achieved FLOP/s, its fraction of the device's peak and, when PyTorch and
-timm are importable, timm's images/s for the same architecture in the same run and the JAX/timm
-ratio. With `--baseline_rev` it also benchmarks `vit_jax/models_vit.py` (and `models_resnet.py`)
-as they are at that git revision, so a model change is measured before/after in one run.
+timm are importable, timm's images/s for the same architecture and the JAX/timm ratio. Every
+implementation runs in a process of its own (this script re-invoked with `--process=jax|timm|
+baseline`, one after the other), so neither competes with the other's threads or memory. With
+`--baseline_rev` it also benchmarks `vit_jax/models_vit.py` (and `models_resnet.py`) as they are
+at that git revision, so a model change is measured before/after in one run.
 
-  # CPU defaults: ViT-B/16 at batch 8, ViT-Ti/16 at batch 32, 224px, fp32 and bf16:
+  # CPU defaults: the demo's model (32px, batch 128), ViT-Ti/16 (batch 32) and ViT-B/16 (batch
+  # 8) at 224px, fp32:
   python experiments/benchmark_model.py
   # The working tree against the last commit, timm off, forward only:
   python experiments/benchmark_model.py --baseline_rev=HEAD --timm=off --modes=forward
-  # A GPU or TPU (larger default batches there):
+  # A GPU or TPU (larger default batches there), bf16:
   python experiments/benchmark_model.py --models=B/16 --dtypes=bfloat16
 
-Timing: every variant of one (model, dtype, mode) is built, compiled and warmed up first; then
-`--repeats` rounds each time `--iters` back-to-back steps of every variant in turn (interleaved,
-so a noisy machine slows all of them alike) and the median round is reported. JAX steps end in
-`jax.block_until_ready`, torch steps in `torch.cuda.synchronize()` on GPU.
+`--models` takes presets or aliases (B/16, Ti/16, ...) and `demo`: experiments/demo.py's model
+(the `testing` preset widened, patch 4 on 32px images, 10 classes).
+
+Timing: in each process every (model, dtype, mode) is built, compiled and warmed up, then timed
+for `--repeats` rounds of `--iters` back-to-back steps; the median round is reported. JAX steps
+end in `jax.block_until_ready`, torch steps in `torch.cuda.synchronize()` on GPU. The machine
+should be otherwise idle: the sides run at different times.
 
 FLOPs: "model" FLOPs are the analytic count of the ViT's matmuls (multiply-add = 2 FLOPs; patch
 embedding, QKV, QK^T, AV, output projection, MLP, head; the train step counted as 3x forward),
@@ -35,6 +41,13 @@ Threads: torch gets `--torch_threads` (default: the CPUs this process may use, w
 XLA's CPU backend uses). `--xla_flags` is added to XLA_FLAGS before the backend starts, e.g.
 `--xla_flags=--xla_cpu_multi_thread_eigen=false`.
 
+Where the time goes (the demo's model, train step, 2 CPU cores, XLA's per-op profile from
+`jax.profiler`): before the layout work in models_vit.py the attention's batched matmuls in the
+shapes autodiff produced (a contraction over a non-minor dimension, or a transposed output) ran
+outside XLA's fast matmul library and took ~30% of the step, and the Dense layers' weight
+gradients on [batch, tokens, width] activations were ~2.5x slower than the same matmul on
+flattened rows; Dense matmuls, the softmax and GELU now dominate.
+
 PyTorch and timm are an optional extra (`--timm=auto` uses them when importable); nothing in the
 package or its tests imports them.
 """
@@ -42,6 +55,7 @@ package or its tests imports them.
 import dataclasses
 import functools
 import importlib.util
+import json
 import os
 import statistics
 import subprocess
@@ -56,11 +70,13 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
-_MODELS = flags.DEFINE_list("models", ["B/16", "Ti/16"], "Model presets or aliases.")
+_MODELS = flags.DEFINE_list(
+  "models", ["demo", "Ti/16", "B/16"], "Model presets or aliases, or 'demo' (experiments/demo.py)."
+)
 _BATCH_SIZES = flags.DEFINE_list(
   "batch_sizes", [], "Batch size per model (same order as --models); empty: backend defaults."
 )
-_DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Computation dtypes.")
+_DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Computation dtypes.")
 _MODES = flags.DEFINE_list("modes", ["forward", "train"], "forward and/or train.")
 _IMAGE_SIZE = flags.DEFINE_integer("image_size", 224, "Square input resolution.")
 _NUM_CLASSES = flags.DEFINE_integer("num_classes", 1000, "Head width (ImageNet-1k as timm).")
@@ -77,28 +93,22 @@ _BASELINE_REV = flags.DEFINE_string(
 )
 _XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS before jax starts.")
 _PEAK_TFLOPS = flags.DEFINE_float("peak_tflops", None, "Override the device peak (TFLOP/s).")
+_PROCESS = flags.DEFINE_enum(
+  "process",
+  "all",
+  ["all", "jax", "baseline", "timm"],
+  "all: run each implementation in its own process and compare; otherwise time only that one "
+  "and print its rows as JSON (used by 'all').",
+)
 
 # Default batch sizes per backend: small enough for 2 CPU cores to finish in minutes, large
 # enough on accelerators to fill the chip (single device; fits 16 GiB HBM on TPU v5e).
 _DEFAULT_BATCH = {
-  "cpu": {"ViT-B_16": 8, "ViT-Ti_16": 32},
-  "gpu": {"ViT-B_16": 256, "ViT-Ti_16": 1024},
-  "tpu": {"ViT-B_16": 128, "ViT-Ti_16": 512},
+  "cpu": {"ViT-B_16": 8, "ViT-Ti_16": 32, "demo": 128},
+  "gpu": {"ViT-B_16": 256, "ViT-Ti_16": 1024, "demo": 4096},
+  "tpu": {"ViT-B_16": 128, "ViT-Ti_16": 512, "demo": 4096},
 }
 _FALLBACK_BATCH = {"cpu": 8, "gpu": 128, "tpu": 64}
-
-# timm names of the presets (same architecture; act_layer is set to the tanh GELU below).
-_TIMM_NAMES = {
-  "ViT-Ti_16": "vit_tiny_patch16_224",
-  "ViT-S_16": "vit_small_patch16_224",
-  "ViT-S_32": "vit_small_patch32_224",
-  "ViT-B_16": "vit_base_patch16_224",
-  "ViT-B_32": "vit_base_patch32_224",
-  "ViT-B_8": "vit_base_patch8_224",
-  "ViT-L_16": "vit_large_patch16_224",
-  "ViT-L_32": "vit_large_patch32_224",
-  "ViT-H_14": "vit_huge_patch14_224",
-}
 
 # Dense peak FLOP/s per chip (bf16, fp32) by a substring of `device.device_kind`, most specific
 # first. fp32: bf16 peak on TPU (default precision = one bf16 pass), TF32 peak on NVIDIA.
@@ -282,15 +292,23 @@ def jax_runner(name, module, batch, mode, image_size, num_classes, seed=0) -> Ru
 # ---------------------------------------------------------------------------------------------
 
 
-def timm_runner(timm_name, batch, mode, dtype, image_size, num_classes) -> Runner:
-  """timm's model with the tanh GELU, eager, trained with the torch.optim twin of --optimizer."""
-  import timm
+def timm_runner(config, batch, mode, dtype, image_size, num_classes) -> Runner:
+  """timm's VisionTransformer with the same sizes and the tanh GELU, eager, trained with the
+  torch.optim twin of --optimizer."""
   import torch
   import torch.nn.functional as F
+  from timm.models.vision_transformer import VisionTransformer
 
   device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-  model = timm.create_model(
-    timm_name, pretrained=False, num_classes=num_classes, act_layer="gelu_tanh"
+  model = VisionTransformer(
+    img_size=image_size,
+    patch_size=config.patch_size,
+    embed_dim=config.hidden_size,
+    depth=config.num_layers,
+    num_heads=config.num_heads,
+    mlp_ratio=config.mlp_dim / config.hidden_size,
+    num_classes=num_classes,
+    act_layer="gelu_tanh",
   ).to(device)
   images = torch.rand(batch, 3, image_size, image_size, device=device) * 2 - 1
   labels = torch.randint(0, num_classes, (batch,), device=device)
@@ -349,99 +367,170 @@ def _want_timm() -> bool:
   return True
 
 
-def main(argv):
-  del argv
-  if _XLA_FLAGS.value:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _XLA_FLAGS.value).strip()
+def _model(name: str):
+  """(name, model config, image size, classes) of a --models entry."""
+  from vit_jax import models
+
+  if name == "demo":
+    sys.path.insert(0, os.path.join(_REPO, "experiments"))
+    import demo
+
+    config = models.get_model_config("testing")
+    config.update(demo.MODEL)
+    return "demo", config, 32, 10
+  name = models.resolve_name(name)
+  return name, models.get_model_config(name), _IMAGE_SIZE.value, _NUM_CLASSES.value
+
+
+def _time(runner: Runner) -> None:
+  for _ in range(_REPEATS.value):
+    t0 = time.perf_counter()
+    runner.run(_ITERS.value)
+    runner.times.append((time.perf_counter() - t0) / _ITERS.value)
+
+
+def _measure(impl: str) -> list[dict]:
+  """Times every (model, dtype, mode) with one implementation, in this process."""
   import jax
 
   from vit_jax import models
 
-  device = jax.devices()[0]
-  backend = device.platform
-  cpus = len(os.sched_getaffinity(0))
-  use_timm = _want_timm()
-  print(f"jax {jax.__version__} on {device.device_kind} ({backend}), {cpus} CPUs")
-  print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-  if use_timm:
+  backend = jax.devices()[0].platform
+  baseline = _load_baseline_module(_BASELINE_REV.value) if impl == "baseline" else None
+  if impl == "timm":
     import timm
     import torch
 
+    cpus = len(os.sched_getaffinity(0))
     torch.set_num_threads(_TORCH_THREADS.value or cpus)
-    torch_device = "cuda" if torch.cuda.is_available() else "cpu"
     print(
-      f"torch {torch.__version__} on {torch_device}, timm {timm.__version__}, "
-      f"threads {torch.get_num_threads()}"
+      f"  torch {torch.__version__}, timm {timm.__version__}, {torch.get_num_threads()} threads"
     )
-  baseline = _load_baseline_module(_BASELINE_REV.value) if _BASELINE_REV.value else None
-  print(
-    f"optimizer {_OPTIMIZER.value}, warmup {_WARMUP.value}, {_REPEATS.value} rounds x "
-    f"{_ITERS.value} steps (median round)\n"
-  )
-
-  names = [models.resolve_name(m) for m in _MODELS.value]
-  if _BATCH_SIZES.value and len(_BATCH_SIZES.value) != len(names):
-    raise app.UsageError("--batch_sizes needs one entry per model")
-  rows = []
-  for i, name in enumerate(names):
+  results = []
+  for i, entry in enumerate(_MODELS.value):
+    name, config, image_size, num_classes = _model(entry)
     if _BATCH_SIZES.value:
       batch = int(_BATCH_SIZES.value[i])
     else:
       batch = _DEFAULT_BATCH.get(backend, {}).get(name, _FALLBACK_BATCH.get(backend, 8))
-    config = models.get_model_config(name)
-    fwd_flops = analytic_flops(config, _IMAGE_SIZE.value, _NUM_CLASSES.value)
     for dtype in _DTYPES.value:
-      module = models.get_model(name, _NUM_CLASSES.value, dtype=dtype)
-      peak, peak_how = device_peak(device, dtype)
       for mode in _MODES.value:
-        runners = [jax_runner("jax", module, batch, mode, _IMAGE_SIZE.value, _NUM_CLASSES.value)]
-        if baseline is not None:
-          fields = {
-            f.name: getattr(module, f.name)
-            for f in dataclasses.fields(module)
-            if f.name not in ("parent", "name")
-          }
-          old = baseline.VisionTransformer(**fields)
-          runners.append(
-            jax_runner(
-              "jax@" + _BASELINE_REV.value, old, batch, mode, _IMAGE_SIZE.value, _NUM_CLASSES.value
-            )
-          )
-        if use_timm and name in _TIMM_NAMES:
-          runners.append(
-            timm_runner(
-              _TIMM_NAMES[name], batch, mode, dtype, _IMAGE_SIZE.value, _NUM_CLASSES.value
-            )
-          )
-        for _ in range(_REPEATS.value):
-          for r in runners:
-            t0 = time.perf_counter()
-            r.run(_ITERS.value)
-            r.times.append((time.perf_counter() - t0) / _ITERS.value)
-        model_flops = fwd_flops * batch * (3 if mode == "train" else 1) if fwd_flops else None
-        ref = runners[0]
-        for r in runners:
-          step_s = statistics.median(r.times)
-          row = dict(
+        if impl == "timm":
+          if config.resnet is not None:
+            continue
+          runner = timm_runner(config, batch, mode, dtype, image_size, num_classes)
+        else:
+          module = models.get_model(config, num_classes, dtype=dtype)
+          if baseline is not None:
+            fields = {
+              f.name: getattr(module, f.name)
+              for f in dataclasses.fields(module)
+              if f.name not in ("parent", "name")
+            }
+            module = baseline.VisionTransformer(**fields)
+          runner = jax_runner(impl, module, batch, mode, image_size, num_classes)
+        _time(runner)
+        results.append(
+          dict(
             model=name,
             batch=batch,
             dtype=dtype,
             mode=mode,
-            impl=r.name,
-            img_s=batch / step_s,
-            step_ms=step_s * 1e3,
-            spread=(max(r.times) - min(r.times)) / step_s,
-            best_img_s=batch / min(r.times),
-            tflops=model_flops / step_s / 1e12 if model_flops else None,
-            xla_tflops=r.xla_flops / step_s / 1e12 if r.xla_flops else None,
-            peak=model_flops / step_s / peak if model_flops and peak else None,
-            vs=(step_s / statistics.median(ref.times)) if r is not ref else None,
-            vs_best=(min(r.times) / min(ref.times)) if r is not ref else None,
+            image_size=image_size,
+            num_classes=num_classes,
+            impl=impl if impl != "baseline" else "jax@" + _BASELINE_REV.value,
+            times=runner.times,
+            xla_flops=runner.xla_flops,
           )
-          rows.append(row)
-          _print_row(row, header=len(rows) == 1)
-        print(f"  peak {peak / 1e12:.3g} TFLOP/s ({peak_how})" if peak else f"  peak {peak_how}")
-        del runners
+        )
+        print(f"  {name} {dtype} {mode}: {batch / statistics.median(runner.times):.2f} img/s")
+  return results
+
+
+def _run_process(impl: str) -> list[dict]:
+  """Re-invokes this script with --process=impl; returns its rows."""
+  flag_names = (
+    "models batch_sizes dtypes modes image_size num_classes warmup iters repeats optimizer "
+    "torch_threads baseline_rev"
+  ).split()
+  args = [sys.executable, os.path.abspath(__file__), f"--process={impl}"]
+  for flag in flag_names:
+    value = flags.FLAGS[flag].value
+    if value is not None:
+      args.append(f"--{flag}={','.join(value) if isinstance(value, list) else value}")
+  print(f"\n== {impl} (own process)", flush=True)
+  proc = subprocess.run(args, stdout=subprocess.PIPE, text=True, check=True)
+  rows = []
+  for line in proc.stdout.splitlines():
+    if line.startswith(_JSON_MARK):
+      rows.extend(json.loads(line[len(_JSON_MARK) :]))
+    else:
+      print(line, flush=True)
+  return rows
+
+
+_JSON_MARK = "BENCHMARK_ROWS "
+
+
+def main(argv):
+  del argv
+  if _XLA_FLAGS.value:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _XLA_FLAGS.value).strip()
+  if _PROCESS.value != "all":
+    rows = _measure(_PROCESS.value)
+    print(_JSON_MARK + json.dumps(rows), flush=True)
+    return
+  import jax
+
+  device = jax.devices()[0]
+  cpus = len(os.sched_getaffinity(0))
+  print(f"jax {jax.__version__} on {device.device_kind} ({device.platform}), {cpus} CPUs")
+  print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+  print(
+    f"optimizer {_OPTIMIZER.value}, warmup {_WARMUP.value}, {_REPEATS.value} rounds x "
+    f"{_ITERS.value} steps (median round); each implementation in its own process"
+  )
+  impls = (
+    ["jax"] + (["baseline"] if _BASELINE_REV.value else []) + (["timm"] if _want_timm() else [])
+  )
+  measured = {impl: _run_process(impl) for impl in impls}
+  rows = []
+  for ref in measured["jax"]:
+    key = tuple(ref[k] for k in ("model", "batch", "dtype", "mode"))
+    group = [ref] + [
+      r
+      for impl in impls[1:]
+      for r in measured[impl]
+      if tuple(r[k] for k in ("model", "batch", "dtype", "mode")) == key
+    ]
+    name, config, image_size, num_classes = _model(
+      "demo" if ref["model"] == "demo" else ref["model"]
+    )
+    fwd_flops = analytic_flops(config, image_size, num_classes)
+    peak, peak_how = device_peak(device, ref["dtype"])
+    batch, mode = ref["batch"], ref["mode"]
+    model_flops = fwd_flops * batch * (3 if mode == "train" else 1) if fwd_flops else None
+    for r in group:
+      step_s = statistics.median(r["times"])
+      row = dict(
+        model=name,
+        batch=batch,
+        dtype=ref["dtype"],
+        mode=mode,
+        impl=r["impl"],
+        img_s=batch / step_s,
+        step_ms=step_s * 1e3,
+        spread=(max(r["times"]) - min(r["times"])) / step_s,
+        best_img_s=batch / min(r["times"]),
+        tflops=model_flops / step_s / 1e12 if model_flops else None,
+        xla_tflops=r["xla_flops"] / step_s / 1e12 if r["xla_flops"] else None,
+        peak=model_flops / step_s / peak if model_flops and peak else None,
+        vs=(step_s / statistics.median(ref["times"])) if r is not ref else None,
+        vs_best=(min(r["times"]) / min(ref["times"])) if r is not ref else None,
+      )
+      rows.append(row)
+      _print_row(row, header=len(rows) == 1)
+    print(f"  peak {peak / 1e12:.3g} TFLOP/s ({peak_how})" if peak else f"  peak {peak_how}")
   _print_summary(rows)
 
 

@@ -1,0 +1,118 @@
+r"""What the trainer loses around its step: trainer images/s against the bare compiled step.
+
+  python experiments/bench_trainer.py                       # the demo's pretraining (32px)
+  python experiments/bench_trainer.py --steps=300 --batch_size=128
+
+1. The bare step: the trainer's own jitted step (`vit_jax.train.build` → `jit_step`) of the
+   demo's pretraining config (experiments/demo.py's model, Fashion-MNIST, batch 128, AdamW with
+   the config's masks and clipping), on one fixed batch already on the device, timed over
+   back-to-back calls.
+2. The trainer: `vit_jax.train.run` on the same config for `--steps` steps (input pipeline,
+   host-to-device transfers, metrics and the final checkpoint included; evaluators off), with
+   images/s from its own meter, averaged over the log windows after the first (compilation).
+
+Prints both and their ratio. Run it on an otherwise idle machine.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def demo_config(batch_size: int, steps: int, log_every: int):
+  import demo
+
+  from configs import pretrain
+
+  config = pretrain.get_config("dataset=fashion_mnist,loss=softmax")
+  for key, value in demo.MODEL.items():
+    config.model[key] = value
+  config.model.representation_size = demo.MODEL["hidden_size"]
+  config.batch_size = batch_size
+  config.total_steps = steps
+  config.log_every_steps = log_every
+  config.checkpoint.every_steps = steps
+  for evaluator in config.evals.values():
+    evaluator.every_steps = 0
+  config.evals = {}
+  return config
+
+
+def bare_step(config, iters: int) -> float:
+  """Images/s of the trainer's compiled step on one fixed on-device batch."""
+  import jax
+  import numpy as np
+
+  from vit_jax import sharding, train
+
+  mesh = sharding.make_mesh(config.mesh, None)
+  built = train.build(config, mesh, 10)
+  state = jax.jit(built.init_state, out_shardings=built.state_shardings)(built.init_key)
+  rng = np.random.default_rng(0)
+  size, b = config.dataset.image_size, config.batch_size
+  batch = dict(
+    image=rng.uniform(-1, 1, (b, size, size, 3)).astype(np.float32),
+    label=rng.integers(0, 10, b).astype(np.int32),
+    mask=np.ones(b, np.float32),
+  )
+  batch = jax.device_put(batch)
+  window = jax.device_put(train.empty_window())
+  step = built.jit_step(batch).lower(state, batch, window).compile()
+  for _ in range(5):
+    state, window, _ = step(state, batch, window)
+  jax.block_until_ready(state)
+  start = time.perf_counter()
+  for _ in range(iters):
+    state, window, _ = step(state, batch, window)
+  jax.block_until_ready(state)
+  return iters * b / (time.perf_counter() - start)
+
+
+def trainer(config) -> float:
+  """Mean images/s of the trainer's log windows after the first."""
+  from absl import logging
+
+  from vit_jax import train
+
+  rates = []
+  original = train.logging_util.Throughput.__call__
+
+  def record(self, step):
+    out = original(self, step)
+    if "images_per_sec" in out:
+      rates.append(out["images_per_sec"])
+    return out
+
+  train.logging_util.Throughput.__call__ = record
+  logging.set_verbosity(logging.WARNING)
+  with tempfile.TemporaryDirectory() as workdir:
+    train.run(config, workdir)
+  return statistics.mean(rates[1:])
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--batch_size", type=int, default=128)
+  parser.add_argument("--steps", type=int, default=250)
+  parser.add_argument("--log_every", type=int, default=50)
+  parser.add_argument("--bare_iters", type=int, default=40)
+  args = parser.parse_args()
+  config = demo_config(args.batch_size, args.steps, args.log_every)
+  bare = bare_step(config, args.bare_iters)
+  print(f"bare step: {bare:.1f} images/s ({args.bare_iters} steps, batch {args.batch_size})")
+  ours = trainer(config)
+  print(
+    f"trainer:   {ours:.1f} images/s ({args.steps} steps, mean of the log windows after the "
+    f"first)\ntrainer / bare step: {ours / bare:.1%}"
+  )
+
+
+if __name__ == "__main__":
+  main()
