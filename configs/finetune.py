@@ -49,7 +49,7 @@ Expected top-1 (paper Table 2, JFT-300M pretraining, 384px): ViT-L/16 87.76 Imag
 VTAB-1k is not offered: its 19 tasks need per-task splits and label transforms this config does
 not implement.
 
-CPU demo (Animal-MNIST at 48px, from the demo's pretrain run; minival 10%):
+CPU demo (Animal-MNIST at 32px, from the demo's pretrain run; minival 10%):
 
   python -m vit_jax.main --config=configs/finetune.py:dataset=animal_mnist \
       --config.model_init=/tmp/vit_demo_pretrain --workdir=/tmp/vit_demo_finetune
@@ -78,8 +78,9 @@ _PRESETS = {
   "oxford_flowers102": dict(
     image_size=384, total_steps=500, warmup=100, lr=0.003, test="test", minival=10
   ),
-  # The CPU demo: 28px silhouettes at 48px (position embeddings resized from the 32px demo).
-  "animal_mnist": dict(image_size=48, total_steps=300, warmup=30, lr=0.01, test="test", minival=10),
+  # The CPU demo: 28px silhouettes at the demo's 32px. 1000 steps of batch 128 (14 epochs): in
+  # 600 steps lr 0.1 reached 89.7% where 0.03 reached 84.9% (both still rising).
+  "animal_mnist": dict(image_size=32, total_steps=1000, warmup=100, lr=0.1, test="test", minival=10),
 }
 LR_GRID = {
   "imagenet2012": _GRID_LARGE,
@@ -87,7 +88,7 @@ LR_GRID = {
   "cifar100": _GRID_SMALL,
   "oxford_iiit_pet": _GRID_SMALL,
   "oxford_flowers102": _GRID_SMALL,
-  "animal_mnist": (0.003, 0.01, 0.03),
+  "animal_mnist": (0.03, 0.1, 0.3),
 }
 
 

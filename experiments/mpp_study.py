@@ -29,6 +29,10 @@ import shutil
 import sys
 import time
 
+# Experiments share small helpers (pixel_baselines.py) from their own folder.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pixel_baselines  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
@@ -54,7 +58,7 @@ class Profile:
 FULL = Profile(
   model=dict(hidden_size=64, mlp_dim=256, num_heads=4, num_layers=4),
   image_size=32,
-  pretrain_steps=2000,
+  pretrain_steps=1000,  # the demo's pretraining budget (experiments/demo.py)
   pretrain_batch=128,
   finetune_steps=200,
   finetune_batch=128,
@@ -115,25 +119,6 @@ def finetune_config(dataset: str, init: str, profile: Profile, workdir: str):
   else:
     config.model_init = workdir
   return config
-
-
-def baselines(dataset: str, profile: Profile) -> dict[str, float]:
-  """Raw-pixel (/255) logistic regression and kNN-3 top-1 on the fine-tuning splits."""
-  from sklearn.linear_model import LogisticRegression
-  from sklearn.neighbors import KNeighborsClassifier
-
-  from vit_jax.input_pipeline import builtin
-
-  n = profile.max_train_examples
-  x, y = builtin.get_split(dataset, f"train[:{n}]" if n else "train")
-  xt, yt = builtin.get_split(dataset, "test")
-  if profile.max_test_examples:
-    xt, yt = xt[: profile.max_test_examples], yt[: profile.max_test_examples]
-  x = x.reshape(len(x), -1) / 255.0
-  xt = xt.reshape(len(xt), -1) / 255.0
-  logreg = LogisticRegression(max_iter=1000).fit(x, y)
-  knn = KNeighborsClassifier(n_neighbors=3).fit(x, y)
-  return dict(logreg=float(logreg.score(xt, yt)), knn3=float(knn.score(xt, yt)))
 
 
 def _table(results: dict) -> str:
@@ -223,7 +208,10 @@ def main(argv: list[str] | None = None) -> dict:
       results["seconds"][f"finetune_{dataset}_{init}"] = time.perf_counter() - start
       results["finetune"][dataset][init] = metrics["val/accuracy"]
       print(f"finetune {dataset} from {init}: {metrics['val/accuracy']:.4f}", flush=True)
-    results["baselines"][dataset] = baselines(dataset, profile)
+    n = profile.max_train_examples
+    results["baselines"][dataset] = pixel_baselines.baselines(
+      dataset, f"train[:{n}]" if n else "train", max_test_examples=profile.max_test_examples
+    )
 
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "results.json"), "w") as f:

@@ -38,6 +38,10 @@ import sys
 import time
 from typing import Any
 
+# Experiments share small helpers (pixel_baselines.py) from their own folder.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pixel_baselines  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UPSTREAM = "fashion_mnist"
 UPSTREAM_TRAIN = 60_000
@@ -351,29 +355,6 @@ def test_accuracy(workdir: str, dataset: str, profile: Profile) -> float:
   return evaluator.run(params)["test/accuracy"]
 
 
-def pixel_baselines(dataset: str, train_rows: Any | None, split: str) -> dict[str, float]:
-  """Raw-pixel logistic regression and kNN-3 (pixels / 255) trained on `split` (or its
-  `train_rows`), top-1 on the test split."""
-  import numpy as np
-  from sklearn.linear_model import LogisticRegression
-  from sklearn.neighbors import KNeighborsClassifier
-
-  from vit_jax.input_pipeline import builtin
-
-  x, y = builtin.get_split(dataset, split)
-  if train_rows is not None:
-    x, y = x[train_rows], y[train_rows]
-  xt, yt = builtin.get_split(dataset, "test")
-  flat = lambda a: a.reshape(len(a), -1).astype(np.float32) / 255.0  # noqa: E731
-  logreg = LogisticRegression(max_iter=200).fit(flat(x), y)
-  knn = KNeighborsClassifier(n_neighbors=min(3, len(y))).fit(flat(x), y)
-  return dict(
-    logreg=float(logreg.score(flat(xt), yt)),
-    knn3=float(knn.score(flat(xt), yt)),
-    train_examples=len(y),
-  )
-
-
 def _cached(results: dict, key: str, fn):
   if key not in results:
     results[key] = fn()
@@ -468,13 +449,13 @@ def run_study(workdir: str, profile: Profile) -> dict[str, Any]:
     entry[f"{profile.shots}shot"] = _cached(
       cache,
       f"baseline/{dataset}/{profile.shots}shot",
-      lambda d=dataset: pixel_baselines(d, fewshot.training_rows(d), "train"),
+      lambda d=dataset: pixel_baselines.baselines(d, "train", fewshot.training_rows(d)),
     )
     if dataset in profile.finetune_datasets:
       entry["finetune"] = _cached(
         cache,
         f"baseline/{dataset}/finetune",
-        lambda d=dataset: pixel_baselines(d, None, FINETUNE_TRAIN),
+        lambda d=dataset: pixel_baselines.baselines(d, FINETUNE_TRAIN),
       )
   results["seconds_this_invocation"] = time.perf_counter() - start
   save()

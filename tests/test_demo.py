@@ -41,6 +41,14 @@ def test_quick_demo_then_predict(tmp_path):
   assert set(results["pretrain"]) >= {"fewshot_animal_mnist/1shot", "fewshot_mnist_5k/25shot"}
   assert 0.0 <= results["probe"]["linear_probe/logreg_accuracy"] <= 1.0
   assert results["probe"]["linear_probe/representation_size"] == 64  # the pre-logits
+  # Raw-pixel baselines on the stages' own splits (--quick: the first 2000 / 500 examples).
+  assert "pixels logreg / kNN-3" in out.stdout
+  base = results["baselines"]
+  assert set(base) == {"fashion_mnist", "animal_mnist", "mnist_5k"}
+  assert base["animal_mnist"]["train_examples"] == 2000
+  assert base["animal_mnist"]["test_examples"] == 500
+  assert base["mnist_5k"]["train_examples"] == 256  # the probe's runlocal size
+  assert all(0.5 < b["knn3"] <= 1 and 0.5 < b["logreg"] <= 1 for b in base.values())
   gain = 100 * (results["finetune"]["val/accuracy"] - results["scratch"]["val/accuracy"])
   assert results["gain_points"] == pytest.approx(gain)
 
