@@ -503,9 +503,7 @@ def main(argv):
       for r in measured[impl]
       if tuple(r[k] for k in ("model", "batch", "dtype", "mode")) == key
     ]
-    name, config, image_size, num_classes = _model(
-      "demo" if ref["model"] == "demo" else ref["model"]
-    )
+    name, config, image_size, num_classes = _model(ref["model"])
     fwd_flops = analytic_flops(config, image_size, num_classes)
     peak, peak_how = device_peak(device, ref["dtype"])
     batch, mode = ref["batch"], ref["mode"]
