@@ -80,7 +80,9 @@ _PRESETS = {
   ),
   # The CPU demo: 28px silhouettes at the demo's 32px. 1000 steps of batch 128 (14 epochs): in
   # 600 steps lr 0.1 reached 89.7% where 0.03 reached 84.9% (both still rising).
-  "animal_mnist": dict(image_size=32, total_steps=1000, warmup=100, lr=0.1, test="test", minival=10),
+  "animal_mnist": dict(
+    image_size=32, total_steps=1000, warmup=100, lr=0.1, test="test", minival=10
+  ),
 }
 LR_GRID = {
   "imagenet2012": _GRID_LARGE,

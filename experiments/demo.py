@@ -23,15 +23,13 @@ import argparse
 import dataclasses
 import json
 import os
-import re
-import shutil
-import subprocess
 import sys
 import time
 
 # Experiments share small helpers (pixel_baselines.py) from their own folder.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pixel_baselines  # noqa: E402
+import stages  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASETS = ("fashion_mnist", "animal_mnist", "mnist_5k")
@@ -84,61 +82,6 @@ def split_flags(budget: Budget) -> list[str]:
   return flags
 
 
-# ---------------------------------------------------------------------------------------------
-# Stages.
-
-# Lines of a stage's log worth showing: metrics ('[step] k=v, ...'), ETA, and failures.
-_METRICS = re.compile(r"logging_writer\.py:\d+\] \[(\d+)\] (.*)$")
-_SHOW = ("loss=", "accuracy=", "shot=", "ETA", "Error", "error", "Traceback")
-
-
-def _parse_metrics(line: str, into: dict[str, float]) -> bool:
-  m = _METRICS.search(line)
-  if not m:
-    return False
-  for item in m.group(2).split(", "):
-    key, _, value = item.partition("=")
-    try:
-      into[key.strip()] = float(value)
-    except ValueError:
-      pass
-  into["step"] = float(m.group(1))
-  return True
-
-
-def run_stage(title: str, args: list[str], workdir: str, verbose: bool) -> tuple[dict, float]:
-  """Runs `python -m vit_jax.main ARGS --workdir=WORKDIR`; returns (last metrics, seconds)."""
-  shutil.rmtree(workdir, ignore_errors=True)
-  cmd = [sys.executable, "-m", "vit_jax.main", *args, f"--workdir={workdir}"]
-  print(f"\n== {title}\n  " + " \\\n      ".join(cmd[1:]), flush=True)
-  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  start = time.perf_counter()
-  metrics: dict[str, float] = {}
-  tail: list[str] = []
-  with subprocess.Popen(
-    cmd + ["--alsologtostderr"],
-    cwd=REPO,
-    env=env,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-    bufsize=1,
-  ) as proc:
-    for line in proc.stdout:
-      line = line.rstrip()
-      tail = (tail + [line])[-40:]
-      is_metrics = _parse_metrics(line, metrics)
-      if verbose or ((is_metrics or "ETA" in line) and any(s in line for s in _SHOW)):
-        shown = line.split("] ", 1)[-1] if not verbose else line
-        print(f"  {time.perf_counter() - start:6.0f}s  {shown[:150]}", flush=True)
-  seconds = time.perf_counter() - start
-  if proc.returncode:
-    print("\n".join(tail), file=sys.stderr)
-    raise SystemExit(f"stage '{title}' failed (exit {proc.returncode}); log tail above")
-  return metrics, seconds
-
-
 def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", default="/tmp/vit_demo")
@@ -156,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     train_common += ["--config.log_every_steps=10", "--config.eval_batch_size=250"]
   every = budget.eval_every
 
-  pretrain, pretrain_s = run_stage(
+  pretrain, pretrain_s = stages.run_stage(
     "1. pretrain on Fashion-MNIST",
     # Softmax: one label per image here (the paper's sigmoid suits multi-label ImageNet-21k/JFT,
     # and with its -10 head bias it needs far more than this budget to get going).
@@ -174,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
       f"--config.checkpoint.every_steps={budget.pretrain_steps}",
     ],
     work["pretrain"],
-    args.verbose,
+    verbose=args.verbose,
   )
   finetune_args = (
     ["--config=configs/finetune.py:dataset=animal_mnist,holdout=false"]
@@ -187,16 +130,16 @@ def main(argv: list[str] | None = None) -> dict:
       f"--config.checkpoint.every_steps={budget.finetune_steps}",
     ]
   )
-  finetune, finetune_s = run_stage(
+  finetune, finetune_s = stages.run_stage(
     "2. fine-tune the pretrained model on Animal-MNIST",
     finetune_args + [f"--config.model_init={work['pretrain']}"],
     work["finetune"],
-    args.verbose,
+    verbose=args.verbose,
   )
   # `runlocal` on the probe keeps the backbone (its architecture and resolution come from the
   # pretrain workdir's config.json) and one l2 value; --quick probes 256 examples of each split.
   probe_splits = ("train[:256]", "test[:256]") if args.quick else ("train", "test")
-  _, probe_s = run_stage(
+  _, probe_s = stages.run_stage(
     "3. linear probe of the pretrained pre-logits on MNIST-5k",
     [
       "--config=configs/linear_probe.py:dataset=mnist_5k" + (",runlocal" if args.quick else ""),
@@ -206,15 +149,15 @@ def main(argv: list[str] | None = None) -> dict:
       f"--config.dataset.eval_split={probe_splits[1]}",
     ],
     work["probe"],
-    args.verbose,
+    verbose=args.verbose,
   )
   with open(os.path.join(work["probe"], "linear_probe.json")) as f:
     probe = json.load(f)
-  scratch, scratch_s = run_stage(
+  scratch, scratch_s = stages.run_stage(
     "4. fine-tune the same model on Animal-MNIST from scratch (same budget)",
     finetune_args + ["--config.init_from_scratch=true"],
     work["scratch"],
-    args.verbose,
+    verbose=args.verbose,
   )
 
   print("\n== 5. raw-pixel baselines on the same splits (experiments/pixel_baselines.py)")
@@ -298,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     f"{'pixels logreg / kNN-3':<22} {'wall':>7}"
   )
   for stage, dataset, steps, acc, pix, seconds in rows:
-    wall = _fmt(seconds) if seconds is not None else ""
+    wall = stages.fmt_seconds(seconds) if seconds is not None else ""
     print(f"{stage:<26} {dataset:<14} {steps!s:>6}  {acc:<26} {pix:<22} {wall:>7}")
   gain = 100 * (ft_acc - scratch_acc)
   print(
@@ -313,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
   )
   if args.quick:
     print("(--quick: budgets far too small for these numbers to mean anything.)")
-  print(f"Total wall time {_fmt(total_s)}.")
+  print(f"Total wall time {stages.fmt_seconds(total_s)}.")
   results = dict(
     quick=args.quick,
     pretrain=pretrain,
@@ -334,10 +277,6 @@ def main(argv: list[str] | None = None) -> dict:
   with open(os.path.join(args.workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=2)
   return results
-
-
-def _fmt(seconds: float) -> str:
-  return f"{int(seconds // 60)}m{int(seconds % 60):02d}s" if seconds >= 60 else f"{seconds:.0f}s"
 
 
 if __name__ == "__main__":

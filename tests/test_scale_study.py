@@ -1,6 +1,7 @@
 """The ViT-vs-BiT scale study (experiments/scale_study.py): its protocol pieces, and `--quick`
 end to end (slow), including a rerun that skips every finished run."""
 
+import importlib
 import importlib.util
 import json
 import os
@@ -38,6 +39,39 @@ def test_stage_flags_follow_the_protocol():
   assert "--config.dataset.train_split=train[:98%]" in ft
   assert "--config.evals.val.split=train[98%:]" in ft  # the learning rate's held-out split
   assert "--config.dataset.name=mnist_5k" in ft and "--config.model_init=/w/pre" in ft
+
+
+def _config_of(args: list[str]):
+  """The stage config that `python -m vit_jax.main ARGS` builds, every override applied; a flag
+  naming a field the config lacks raises KeyError (as the stage would fail at startup)."""
+  path, _, arg = args[0].removeprefix("--config=").partition(":")
+  module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+  config = module.get_config(arg)
+  for flag in args[1:]:
+    key, _, value = flag.removeprefix("--config.").partition("=")
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    if leaf not in node:
+      raise KeyError(f"{flag}: the config has no field {key}")
+    node[leaf] = type(node[leaf])(value) if node[leaf] is not None else value
+  return config
+
+
+@pytest.mark.parametrize("profile", ["FULL", "QUICK"])
+@pytest.mark.parametrize("family", ["ViT", "BiT"])
+def test_stage_flags_name_fields_the_configs_have(family, profile):
+  """Every override the study passes exists in the stage config (a renamed field fails here,
+  not an hour into the full run)."""
+  profile = getattr(scale_study, profile)
+  config = _config_of(scale_study.pretrain_args(family, 4, profile))
+  assert config.total_steps == profile.pretrain_steps
+  assert config.dataset.train_split == "train[:15000]"
+  assert all(e.every_steps == 0 for k, e in config.evals.items() if k.startswith("fewshot_"))
+  ft = _config_of(scale_study.finetune_args(family, "/w/pre", "mnist_5k", 0.1, profile))
+  assert ft.schedule.base_lr == 0.1 and ft.dataset.name == "mnist_5k"
+  assert ft.total_steps == profile.finetune_steps
 
 
 @pytest.mark.slow  # four training stages (minutes on 2 shared cores)

@@ -195,8 +195,8 @@ def settings_of(config) -> dict[str, Any]:
   return dict(
     batch_size=int(config.batch_size),
     accum_steps=int(config.accum_steps),
-    remat=bool(config.model.remat),
-    scan=bool(config.model.scan),
+    remat=bool(config.model.get("remat", False)),
+    scan=bool(config.model.get("scan", False)),
   )
 
 
