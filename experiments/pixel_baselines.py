@@ -1,7 +1,8 @@
 """Raw-pixel baselines that every accuracy of the experiments stands next to.
 
-Logistic regression and kNN-3 (scikit-learn) on pixels / 255 of a builtin dataset, trained on
-exactly the examples a model was trained on and scored on the same test split:
+Logistic regression and kNN-3 (scikit-learn) on pixels / 255 of a builtin dataset (`baselines`)
+or of any uint8 images (`scores`: an image folder's, read by experiments/folder_transfer.py),
+trained on exactly the examples a model was trained on and scored on the same test split:
 
   python experiments/pixel_baselines.py animal_mnist mnist_5k     # prints top-1 per dataset
 """
@@ -33,10 +34,6 @@ def baselines(
     max_iter: L-BFGS iterations of the logistic regression (1000 converges on the downstream
       sets; 100 keeps Fashion-MNIST's 60k examples to ~15 s on 2 cores).
   """
-  from sklearn.exceptions import ConvergenceWarning
-  from sklearn.linear_model import LogisticRegression
-  from sklearn.neighbors import KNeighborsClassifier
-
   from vit_jax.input_pipeline import builtin
 
   x, y = builtin.get_split(dataset, train_split)
@@ -45,6 +42,17 @@ def baselines(
   xt, yt = builtin.get_split(dataset, test_split)
   if max_test_examples:
     xt, yt = xt[:max_test_examples], yt[:max_test_examples]
+  return scores(x, y, xt, yt, max_iter)
+
+
+def scores(
+  x: np.ndarray, y: np.ndarray, xt: np.ndarray, yt: np.ndarray, max_iter: int = 1000
+) -> dict[str, float]:
+  """The baselines (see `baselines`) of uint8 images `x` [N, ...] with labels `y`, scored on
+  `xt`, `yt`."""
+  from sklearn.exceptions import ConvergenceWarning
+  from sklearn.linear_model import LogisticRegression
+  from sklearn.neighbors import KNeighborsClassifier
 
   def flat(a):
     return a.reshape(len(a), -1).astype(np.float32) / 255.0

@@ -1,0 +1,88 @@
+"""experiments/folder_transfer.py: the bundled digits as an image folder, its pixel baselines
+read back from the files, and (slow) the fine-tuning stages end to end."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vit_jax.input_pipeline import builtin, sources
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location(
+  "folder_transfer", os.path.join(REPO, "experiments", "folder_transfer.py")
+)
+folder_transfer = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(folder_transfer)
+
+
+def test_digits_folder_reads_back_as_the_builtin_split(tmp_path):
+  root = folder_transfer.write_builtin_folder("digits", str(tmp_path / "digits"))
+  assert sources.folder_class_names(root) == list(builtin.DIGIT_CLASSES)
+  for split in ("train", "test"):
+    images, labels = folder_transfer.read_folder(root, split, image_size=32)
+    want_images, want_labels = builtin.get_split("digits", split)
+    # Same examples (the folder lists them by class, then by file name), pixels unchanged.
+    order = np.argsort(want_labels, kind="stable")
+    np.testing.assert_array_equal(labels, want_labels[order])
+    assert images.shape == (len(want_labels), 8, 8, 3)  # as stored: no resize (one size)
+    np.testing.assert_array_equal(images, np.repeat(want_images[order], 3, axis=-1))
+
+
+def test_images_of_different_sizes_are_resized_to_the_model_resolution(tmp_path):
+  from PIL import Image
+
+  for i, size in enumerate((10, 20)):
+    os.makedirs(tmp_path / "train" / "a", exist_ok=True)
+    Image.new("RGB", (size, size), (255, 0, 0)).save(tmp_path / "train" / "a" / f"{i}.png")
+  images, labels = folder_transfer.read_folder(str(tmp_path), "train", image_size=16)
+  assert images.shape == (2, 16, 16, 3) and labels.tolist() == [0, 0]
+  assert (images[..., 0] == 255).all() and (images[..., 1:] == 0).all()
+
+
+def test_missing_pretrained_workdir_is_one_clear_line(tmp_path):
+  with pytest.raises(SystemExit, match="--pretrained=.*nowhere is not a pretrain workdir"):
+    folder_transfer.main([f"--pretrained={tmp_path / 'nowhere'}", f"--workdir={tmp_path}"])
+  assert not os.listdir(tmp_path)  # nothing written
+
+
+@pytest.mark.slow  # a pretraining stage and two fine-tuning stages (~2 min on 2 cores)
+def test_quick_folder_transfer_end_to_end(tmp_path):
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+  env.pop("XLA_FLAGS", None)
+  # A seconds-long pretraining run of the demo's architecture.
+  model = [f"--config.model.{k}={v}" for k, v in folder_transfer.demo.MODEL.items()]
+  pretrain = subprocess.run(
+    [sys.executable, "-m", "vit_jax.main"]
+    + ["--config=configs/pretrain.py:dataset=fashion_mnist,loss=softmax,runlocal"]
+    + model
+    + ["--config.model.representation_size=64", f"--workdir={tmp_path / 'pre'}"],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=REPO,
+    timeout=600,
+  )
+  assert pretrain.returncode == 0, pretrain.stderr[-3000:]
+  out = subprocess.run(
+    [sys.executable, os.path.join(REPO, "experiments", "folder_transfer.py"), "--quick"]
+    + [f"--pretrained={tmp_path / 'pre'}", f"--workdir={tmp_path / 'ft'}"],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=REPO,
+    timeout=900,
+  )
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert out.stdout.count("python -m vit_jax.main") == 2
+  results = json.loads((tmp_path / "ft" / "results.json").read_text())
+  assert set(results["runs"]) == {"pretrained", "scratch"}
+  for run in results["runs"].values():
+    assert run["step"] == 20 and 0 <= run["test_accuracy"] <= 1
+  base = results["baselines"]
+  assert base["train_examples"] == 1618 and base["test_examples"] == 179
+  assert 0.9 < base["knn3"] <= 1 and 0.9 < base["logreg"] <= 1
