@@ -37,7 +37,6 @@ import demo  # noqa: E402
 import pixel_baselines  # noqa: E402
 import stages  # noqa: E402
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 NO_FLIP = "decode|resize|value_range(-1, 1)"
 
 
@@ -64,6 +63,7 @@ def read_folder(root: str, split: str, image_size: int) -> tuple[np.ndarray, np.
 
   from vit_jax.input_pipeline import sources
 
+  extensions = sources.IMAGE_EXTENSIONS  # what the `folder` source reads
   classes = sources.folder_class_names(root)
   images, labels = [], []
   split_dir = os.path.join(root, split)
@@ -72,12 +72,12 @@ def read_folder(root: str, split: str, image_size: int) -> tuple[np.ndarray, np.
     if not os.path.isdir(class_dir):
       continue
     for filename in sorted(os.listdir(class_dir)):
-      if os.path.splitext(filename)[1].lower() in IMAGE_EXTENSIONS:
+      if os.path.splitext(filename)[1].lower() in extensions:
         with Image.open(os.path.join(class_dir, filename)) as image:
           images.append(image.convert("RGB"))
         labels.append(label)
   if not images:
-    raise SystemExit(f"no images under {split_dir}/<class>/ ({', '.join(IMAGE_EXTENSIONS)})")
+    raise SystemExit(f"no images under {split_dir}/<class>/ ({', '.join(extensions)})")
   if len({image.size for image in images}) > 1:
     images = [image.resize((image_size, image_size), Image.BILINEAR) for image in images]
   return np.stack([np.asarray(image) for image in images]), np.asarray(labels)
