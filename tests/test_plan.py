@@ -100,6 +100,53 @@ def test_parse_hlo_trip_count_from_backend_config_and_unknown_loops():
   assert stats.collectives["all-gather"]["count"] == 1  # counted once, and reported as unknown
 
 
+# A TPU weight gradient of a [1576, 768] x [768, 3, 12, 64] projection, as the TPU compiler writes
+# it: a convolution whose 3x12 window runs over a 1x1 input padded to 5x23 (so each output
+# element reads one real input position, the rest is padding).
+TPU_CONV_HLO = """\
+HloModule conv
+
+ENTRY %main (a: bf16[1576,768,1,1], b: bf16[3,12,64,1576]) -> bf16[768,3,12,64] {
+  %a = bf16[1576,768,1,1]{1,0,2,3:T(8,128)(2,1)} parameter(0)
+  %b = bf16[3,12,64,1576]{3,2,1,0:T(8,128)(2,1)} parameter(1)
+  ROOT %c = bf16[768,3,12,64]{0,3,2,1:T(8,128)(2,1)} convolution(%a, %b), window={size=3x12 pad=2_2x11_11 rhs_reversal=1x1}, dim_labels=fb01_01oi->b01f
+}
+"""
+
+
+def test_parse_hlo_counts_a_padded_window_convolution_as_the_matmul_it_is():
+  stats = compiled_stats.parse_hlo(TPU_CONV_HLO, 8)
+  assert stats.matmul_flops == 2 * 1576 * 768 * 3 * 12 * 64
+
+
+@pytest.mark.parametrize(
+  "stride,padding,lhs_dilation,rhs_dilation",
+  [
+    ((16, 16), "VALID", (1, 1), (1, 1)),  # the patch embedding
+    ((1, 1), "SAME", (1, 1), (1, 1)),
+    ((2, 1), ((3, 3), (0, 2)), (1, 1), (1, 1)),  # a ResNet stem's padding, uneven
+    ((1, 1), ((1, 1), (2, 2)), (1, 1), (2, 3)),  # atrous
+    ((1, 1), ((1, 1), (1, 1)), (2, 2), (1, 1)),  # transposed (input dilation)
+  ],
+)
+def test_parse_hlo_convolution_flops_count_only_real_input_taps(
+  stride, padding, lhs_dilation, rhs_dilation
+):
+  """The count equals an oracle: conv of all-ones (one feature) gives each output's real taps."""
+  batch, cin, cout, size, window = 2, 3, 5, (32, 20), (16, 16) if stride[0] == 16 else (7, 3)
+
+  def conv(x, k):
+    return jax.lax.conv_general_dilated(
+      x, k, stride, padding, lhs_dilation, rhs_dilation, ("NHWC", "HWIO", "NHWC")
+    )
+
+  x = jax.ShapeDtypeStruct((batch, *size, cin), "float32")
+  k = jax.ShapeDtypeStruct((*window, cin, cout), "float32")
+  text = jax.jit(conv).lower(x, k).compile().as_text()
+  taps = conv(jax.numpy.ones((1, *size, 1)), jax.numpy.ones((*window, 1, 1))).sum()
+  assert compiled_stats.parse_hlo(text, 1).matmul_flops == 2 * batch * cin * cout * int(taps)
+
+
 def _suggest(state, act, hbm=16, remat=False, scan=False, accum=1, per_device=8, fsdp=1):
   return planner.suggest(
     state_bytes=state * GiB,

@@ -48,6 +48,7 @@ _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _CALLS = re.compile(
   r"\b(calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)"
 )
+_WINDOW = re.compile(r"window=\{([^}]*)\}")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 
 
@@ -197,13 +198,53 @@ def _matmul_flops(instr: _Instr, table: dict[str, str]) -> float:
     contracted = math.prod(lhs[int(d)] for d in dims.group(1).split(",") if d)
     return 2.0 * out_size * contracted
   if instr.opcode == "convolution":
-    rhs = _operand_shape(instr, 1, table)
-    labels = re.search(r"dim_labels=\w+_(\w+)->", instr.attrs)
-    if rhs is None or labels is None or "o" not in labels.group(1):
+    lhs, rhs = _operand_shape(instr, 0, table), _operand_shape(instr, 1, table)
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", instr.attrs)
+    if lhs is None or rhs is None or labels is None or "i" not in labels.group(2):
       return 0.0
-    # Each output element sums over the kernel's window and input features (of its group).
-    return 2.0 * out_size * math.prod(rhs) / rhs[labels.group(1).index("o")]
+    lhs_l, rhs_l, out_l = labels.groups()
+    spatial = sorted(d for d in rhs_l if d.isdigit())
+    found = _WINDOW.search(instr.attrs)
+    window = dict(re.findall(r"(\w+)=([\d_x\-]+)", found.group(1))) if found else {}
+
+    def per_dim(key: str, default: str) -> list[str]:
+      return window[key].split("x") if key in window else [default] * len(spatial)
+
+    pads, strides = per_dim("pad", "0_0"), per_dim("stride", "1")
+    lhs_dil, rhs_dil = per_dim("lhs_dilate", "1"), per_dim("rhs_dilate", "1")
+    # Each output element sums over the input features of its group (rhs 'i') and over the
+    # window taps that land on real input: TPU programs express matmuls as convolutions whose
+    # window is mostly padding, so counting the whole window would overcount them many times.
+    taps = 1
+    for k, d in enumerate(spatial):
+      taps *= _valid_taps(
+        size=lhs[lhs_l.index(d)],
+        outputs=out[0][1][out_l.index(d)],
+        window=rhs[rhs_l.index(d)],
+        pad_lo=int(pads[k].split("_")[0]),
+        stride=int(strides[k]),
+        lhs_dilation=int(lhs_dil[k]),
+        rhs_dilation=int(rhs_dil[k]),
+      )
+    outputs_per_position = out_size / math.prod(out[0][1][out_l.index(d)] for d in spatial)
+    return 2.0 * outputs_per_position * rhs[rhs_l.index("i")] * taps
   return 0.0
+
+
+def _valid_taps(
+  *,
+  size: int,
+  outputs: int,
+  window: int,
+  pad_lo: int,
+  stride: int,
+  lhs_dilation: int,
+  rhs_dilation: int,
+) -> int:
+  """(output position, window tap) pairs of one spatial dimension that read a real input."""
+  pos = np.arange(outputs)[:, None] * stride + np.arange(window)[None, :] * rhs_dilation - pad_lo
+  real = (pos >= 0) & (pos % lhs_dilation == 0) & (pos // lhs_dilation < size)
+  return int(real.sum())
 
 
 def parse_hlo(text: str, num_devices: int) -> HloStats:
