@@ -353,6 +353,49 @@ class StepStats:
     return out
 
 
+_REFUSED = re.compile(
+  r"memory required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM"
+)
+
+
+def temporaries_refused(message: str) -> int | None:
+  """The temporaries (bytes) a TPU compiler asked for when it refused a step for lack of HBM.
+
+  None when `message` is not that error ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total
+  memory required for HLO temporaries (18.61G) exceeds available HBM (15.48G)").
+  """
+  m = _REFUSED.search(message)
+  if not m:
+    return None
+  return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " "))
+
+
+def refused_step_stats(
+  state: Mapping[str, Any], state_shardings: Mapping[str, Any], batch: Any, temp: int
+) -> StepStats:
+  """What is known of a step the compiler refused: `temp` from its error, the arguments from
+  the shardings (donated, so outputs alias them), no code size, FLOPs or collectives."""
+  params = sharded_bytes(state["params"], state_shardings["params"])
+  opt = sharded_bytes(state["opt_state"], state_shardings["opt_state"])
+  batch_bytes = sharded_bytes(batch, jax.tree_util.tree_map(lambda x: x.sharding, batch))
+  argument = params + opt + batch_bytes
+  return StepStats(
+    argument=argument,
+    output=params + opt,
+    alias=params + opt,
+    temp=temp,
+    code=0,
+    params=params,
+    opt_state=opt,
+    batch=batch_bytes,
+    gradients=min(params, temp),  # float32 gradients of float32 parameters
+    flops=0.0,
+    flops_xla=0.0,
+    collectives={k: {"count": 0.0, "bytes": 0.0} for k in COLLECTIVES},
+    loops=[],
+  )
+
+
 def step_stats(
   compiled: Any, state: Mapping[str, Any], state_shardings: Mapping[str, Any], batch: Any
 ) -> StepStats:

@@ -167,14 +167,15 @@ class Plan:
   model_flops: float  # per device per step, no recomputation
   efficiency: float
   compile_seconds: float
+  refused: str = ""  # the compiler's error when it refused the step for lack of memory
 
   @property
   def fits(self) -> bool:
-    return self.hbm is not None and self.stats.total <= self.hbm
+    return not self.refused and self.hbm is not None and self.stats.total <= self.hbm
 
   @property
   def step_seconds(self) -> float | None:
-    if not self.peak_flops:
+    if not self.peak_flops or self.refused:
       return None
     return self.stats.flops / (self.peak_flops * self.efficiency)
 
@@ -239,9 +240,20 @@ def plan(
   batch = abstract_batch(config, mesh, classes)
   window = train.abstract_window(mesh)
   start = time.perf_counter()
-  compiled = built.jit_step(batch).lower(state, batch, window).compile()
+  refused = ""
+  try:
+    compiled = built.jit_step(batch).lower(state, batch, window).compile()
+  except jax.errors.JaxRuntimeError as e:
+    # The TPU compiler refuses a program whose temporaries exceed the HBM, and says how much
+    # it needed: a plan that does not fit, for the suggestions and --search to work from.
+    temp = compiled_stats.temporaries_refused(str(e))
+    if temp is None:
+      raise
+    refused = str(e).strip().splitlines()[0]
+    stats = compiled_stats.refused_step_stats(state, built.state_shardings, batch, temp)
+  else:
+    stats = compiled_stats.step_stats(compiled, state, built.state_shardings, batch)
   seconds = time.perf_counter() - start
-  stats = compiled_stats.step_stats(compiled, state, built.state_shardings, batch)
   height, width = batch["image"].shape[1:3]
   per_example = compiled_stats.model_flops_per_example(
     built.model, built.abstract_state["params"], (height, width)
@@ -260,6 +272,7 @@ def plan(
     model_flops=per_example * int(config.batch_size) / len(devices),
     efficiency=efficiency,
     compile_seconds=seconds,
+    refused=refused,
   )
 
 
@@ -425,6 +438,22 @@ def format_plan(p: Plan) -> str:
     f"batch {p.settings['batch_size']} ({p.settings['per_device_batch']} per device, "
     f"accum_steps {p.settings['accum_steps']}), remat={p.settings['remat']}, "
     f"scan={p.settings['scan']}; compiled in {p.compile_seconds:.0f} s",
+  ]
+  if p.refused:
+    return "\n".join(
+      [
+        *lines,
+        f"the compiler refused the step: {p.refused}",
+        f"  parameters        {_gib(s.params)}",
+        f"  optimizer state   {_gib(s.opt_state)}",
+        f"  batch             {_gib(s.batch)}",
+        f"  temporaries       {_gib(s.temp)}   (the compiler's figure)",
+        f"  total             {_gib(s.total)}   of {p.hbm / GiB:.0f} GiB HBM: DOES NOT FIT "
+        f"({100 * s.total / p.hbm:.0f}%)",
+        "no FLOPs or collectives: nothing was compiled",
+      ]
+    )
+  lines += [
     "memory per device (compiler's memory_analysis):",
     f"  parameters        {_gib(s.params)}",
     f"  optimizer state   {_gib(s.opt_state)}",
