@@ -302,6 +302,45 @@ def test_small_model_on_a_v3_8():
   assert looped.stats.flops == pytest.approx(p.stats.flops, rel=0.15)
 
 
+def _fake_plan(total_gib, flops, **settings):
+  stats = compiled_stats.StepStats(
+    argument=int(total_gib * GiB), output=0, alias=0, temp=0, code=0, params=int(4 * GiB),
+    opt_state=int(8 * GiB), batch=0, gradients=0, flops=flops, flops_xla=flops,
+    collectives={}, loops=[],
+  )  # fmt: skip
+  return planner.Plan(
+    topology="v3:16x16", device_kind="TPU v3", num_devices=512,
+    mesh=dict(data=512, fsdp=1, model=1),
+    settings=dict(batch_size=4096, per_device_batch=8, accum_steps=1, remat=False, scan=True,
+                  **settings),
+    stats=stats, hbm=16 * GiB, peak_flops=61.5e12, model_flops=flops, efficiency=0.5,
+    compile_seconds=1.0,
+  )  # fmt: skip
+
+
+def test_search_prefers_the_fastest_setting_that_leaves_headroom(monkeypatch):
+  config = pretrain.get_config("dataset=jft,model=H/14")
+  base = _fake_plan(24, 3e12)  # 12 GiB of state and 12 of activations: does not fit
+  base.stats.temp, base.stats.argument = int(12 * GiB), int(12 * GiB)
+  # Compiled (remat, FSDP degree, accum_steps, batch) → (GiB, FLOPs per step).
+  trials = {
+    (True, 1, 1, 4096): (15.9, 3.9e12),  # fits, but at 99% of the HBM
+    (True, 2, 1, 4096): (9.0, 4.0e12),
+    (True, 1, 8, 4096): (14.0, 3.95e12),
+  }
+
+  def fake(config_, topology, devices=None, **kwargs):
+    c = config_
+    key = (bool(c.model.remat), int(c.mesh.fsdp), int(c.accum_steps), int(c.batch_size))
+    return _fake_plan(*trials.get(key, (30, 3e12)))
+
+  monkeypatch.setattr(planner, "plan", fake)
+  found = planner.search(config, "v3:16x16", base, max_trials=8)
+  # Proposed: remat, FSDP 2 with remat, accum_steps 8 (alone and with remat), a smaller batch.
+  # The tight remat plan has the fewest FLOPs; those with a tenth of the HBM free come first.
+  assert [p.stats.total / GiB for _, p in found] == pytest.approx([14.0, 9.0, 15.9])
+
+
 def test_a_refused_compile_reads_as_a_plan_that_does_not_fit():
   message = (
     "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
