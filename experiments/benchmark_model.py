@@ -476,6 +476,8 @@ def main(argv):
   del argv
   if _XLA_FLAGS.value:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _XLA_FLAGS.value).strip()
+  import vit_jax  # noqa: F401, PLC0415 (adds its XLA:CPU defaults to XLA_FLAGS: xla_cpu_flags)
+
   if _PROCESS.value != "all":
     rows = _measure(_PROCESS.value)
     print(_JSON_MARK + json.dumps(rows), flush=True)

@@ -1,0 +1,48 @@
+"""vit_jax's XLA:CPU defaults: added to XLA_FLAGS on import unless the user set the flag."""
+
+import os
+import subprocess
+import sys
+
+from vit_jax import xla_cpu_flags
+
+FLAG = "--xla_cpu_experimental_ynn_fusion_type"
+# A matmul compiled after `import vit_jax`: its HLO says whether YNNPACK runs it.
+PROGRAM = (
+  "import vit_jax, jax, jax.numpy as jnp; "
+  "x = jnp.ones((64, 64)); print(jax.jit(lambda a: a @ a).lower(x).compile().as_text())"
+)
+
+
+def test_apply_adds_missing_flags_and_keeps_the_users():
+  env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  xla_cpu_flags.apply(env)
+  assert env["XLA_FLAGS"].split() == [
+    "--xla_force_host_platform_device_count=8",
+    *xla_cpu_flags.DEFAULTS,
+  ]
+  xla_cpu_flags.apply(env)  # idempotent
+  assert env["XLA_FLAGS"].split().count(xla_cpu_flags.DEFAULTS[0]) == 1
+  mine = {"XLA_FLAGS": f"{FLAG}="}
+  xla_cpu_flags.apply(mine)
+  assert mine == {"XLA_FLAGS": f"{FLAG}="}
+  empty = {}
+  xla_cpu_flags.apply(empty)
+  assert empty["XLA_FLAGS"].split() == list(xla_cpu_flags.DEFAULTS)
+
+
+def _hlo(xla_flags):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  if xla_flags is not None:
+    env["XLA_FLAGS"] = xla_flags
+  out = subprocess.run(
+    [sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=120
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  return out.stdout
+
+
+def test_matmuls_leave_ynnpack_unless_the_user_asks_for_it():
+  assert "__ynn_fusion" not in _hlo(None)
+  assert "__ynn_fusion" in _hlo(f"{FLAG}=individual_dot")

@@ -1,0 +1,30 @@
+"""XLA:CPU settings vit_jax applies before JAX starts its backends: matmuls outside YNNPACK.
+
+jax 0.10's CPU backend hands every dot (and convolution) to YNNPACK by default and reductions to
+YNNPACK fusions. For the ViT's matmuls on a 2-core AVX2 machine, XLA's own (Eigen) dots are
+faster: the fp32 train step of experiments/benchmark_model.py went from 6.5 to 9.6 images/s for
+ViT-Ti/16 (batch 32) and from 0.74 to 0.90 for ViT-B/16 (batch 8) with
+`--xla_cpu_experimental_ynn_fusion_type=-individual_dot` (YNNPACK keeps the reductions and
+convolutions); the demo's small model (width 64) lost about 6% (302 to 284). The README's
+benchmark section has the figures against timm.
+
+`apply()` runs when vit_jax is imported. It only adds flags XLA_FLAGS does not already set, so
+`XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=` (or any other value) overrides it, and it
+changes nothing once JAX has created a backend (XLA reads XLA_FLAGS once). GPU and TPU backends
+ignore XLA:CPU flags.
+
+This file must not import JAX.
+"""
+
+import os
+
+DEFAULTS = ("--xla_cpu_experimental_ynn_fusion_type=-individual_dot",)
+
+
+def apply(environ=os.environ) -> None:
+  """Adds each of DEFAULTS to environ['XLA_FLAGS'] unless that flag is already there."""
+  flags = environ.get("XLA_FLAGS", "")
+  present = {f.split("=")[0] for f in flags.split()}
+  added = [f for f in DEFAULTS if f.split("=")[0] not in present]
+  if added:
+    environ["XLA_FLAGS"] = " ".join([flags, *added]).strip()
