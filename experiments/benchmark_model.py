@@ -41,12 +41,14 @@ Threads: torch gets `--torch_threads` (default: the CPUs this process may use, w
 XLA's CPU backend uses). `--xla_flags` is added to XLA_FLAGS before the backend starts, e.g.
 `--xla_flags=--xla_cpu_multi_thread_eigen=false`.
 
-Where the time goes (the demo's model, train step, 2 CPU cores, XLA's per-op profile from
-`jax.profiler`): before the layout work in models_vit.py the attention's batched matmuls in the
-shapes autodiff produced (a contraction over a non-minor dimension, or a transposed output) ran
-outside XLA's fast matmul library and took ~30% of the step, and the Dense layers' weight
-gradients on [batch, tokens, width] activations were ~2.5x slower than the same matmul on
-flattened rows; Dense matmuls, the softmax and GELU now dominate.
+Where the time goes (train step, 2 CPU cores, XLA's per-op profile from `jax.profiler`): before
+the layout work in models_vit.py the attention's batched matmuls in the shapes autodiff produced
+ran outside XLA's fast matmul path and took ~30% of the demo model's step, and the Dense layers'
+weight gradients on [batch, tokens, width] activations were ~2.5x slower than the same matmul
+on flattened rows. Then YNNPACK, which jax 0.10 uses for every CPU matmul, ran Ti/16's attention
+backward matmuls at half the speed of XLA's own dots: vit_jax now keeps matmuls out of it
+(vit_jax/xla_cpu_flags.py). Elementwise fusions and reductions (LayerNorm, tanh GELU, softmax,
+Q/K/V transposes) are what remains: 40-60% of the step.
 
 PyTorch and timm are an optional extra (`--timm=auto` uses them when importable); nothing in the
 package or its tests imports them.
