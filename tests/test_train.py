@@ -109,8 +109,8 @@ def test_bit_stages_run_and_chain(tmp_path):
   config = pretrain.get_config("dataset=fashion_mnist,model=R26x1,runlocal")
   assert config.model.name == "BiT-R26x1" and "dropout_rate" not in config.model
   config.total_steps = 2
-  config.evals.fewshot.every_steps = 0  # at the end only
-  config.evals.val.every_steps = 0
+  for name in config.evals:  # val and each downstream few-shot set: at the end only
+    config.evals[name].every_steps = 0
   config.mesh.update(data=4, fsdp=2)
   metrics = main.run(config, str(tmp_path / "pretrain"))
   assert (
