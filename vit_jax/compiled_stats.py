@@ -353,6 +353,15 @@ class StepStats:
     return out
 
 
+def _argument_bytes(state, state_shardings, batch) -> tuple[int, int, int]:
+  """Bytes per device of the parameters, the optimizer state and the batch."""
+  return (
+    sharded_bytes(state["params"], state_shardings["params"]),
+    sharded_bytes(state["opt_state"], state_shardings["opt_state"]),
+    sharded_bytes(batch, jax.tree_util.tree_map(lambda x: x.sharding, batch)),
+  )
+
+
 _REFUSED = re.compile(
   r"memory required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM"
 )
@@ -375,9 +384,7 @@ def refused_step_stats(
 ) -> StepStats:
   """What is known of a step the compiler refused: `temp` from its error, the arguments from
   the shardings (donated, so outputs alias them), no code size, FLOPs or collectives."""
-  params = sharded_bytes(state["params"], state_shardings["params"])
-  opt = sharded_bytes(state["opt_state"], state_shardings["opt_state"])
-  batch_bytes = sharded_bytes(batch, jax.tree_util.tree_map(lambda x: x.sharding, batch))
+  params, opt, batch_bytes = _argument_bytes(state, state_shardings, batch)
   argument = params + opt + batch_bytes
   return StepStats(
     argument=argument,
@@ -408,9 +415,7 @@ def step_stats(
     batch: the batch (arrays or ShapeDtypeStructs carrying shardings).
   """
   mem = compiled.memory_analysis()
-  params = sharded_bytes(state["params"], state_shardings["params"])
-  opt = sharded_bytes(state["opt_state"], state_shardings["opt_state"])
-  batch_bytes = sharded_bytes(batch, jax.tree_util.tree_map(lambda x: x.sharding, batch))
+  params, opt, batch_bytes = _argument_bytes(state, state_shardings, batch)
   # Gradients have the parameters' shapes in float32 (the parameters' dtype here).
   grads = sum(
     int(np.prod(s.shard_shape(tuple(x.shape)))) * 4
