@@ -33,16 +33,10 @@ JFT_IMAGES = 303_000_000
 # Epochs of the paper's JFT-300M pretraining runs behind Table 2 (as we read App. B, Table 6).
 EPOCHS = {"B/16": 7, "L/16": 7, "H/14": 14}
 PAPER_CORE_DAYS = {"L/16": 680, "H/14": 2500}
-# (model, topology): the paper's TPUv3 for every model, and H/14 on the newer chips.
-RUNS = [
-  ("B/16", "v3:16x16"),
-  ("L/16", "v3:16x16"),
-  ("H/14", "v3:16x16"),
-  ("H/14", "v4:8x8x8"),
-  ("H/14", "v5p:8x8x8"),
-  ("H/14", "v5e:16x16"),
-  ("H/14", "v6e:16x16"),
-]
+# (model, topology): the paper's TPUv3 slice, then slices of the newer chips with as many devices
+# (v4, v5p: one megacore device per chip) or chips (v5e, v6e).
+TOPOLOGIES = ("v3:16x16", "v4:8x8x8", "v5p:8x8x8", "v5e:16x16", "v6e:16x16")
+RUNS = [(model, topology) for topology in TOPOLOGIES for model in ("B/16", "L/16", "H/14")]
 
 
 def run_one(model: str, topology: str) -> dict:
@@ -108,7 +102,7 @@ def table(rows: list[dict]) -> str:
       f"| {r['model']} | {r['topology']} | {c['num_devices']} × {c['device_kind']} | {settings} "
       f"| {(s['params'] + s['opt_state']) / 2**30:.2f} GiB | {s['temp'] / 2**30:.2f} GiB "
       f"| {s['total'] / 2**30:.2f} / {c['hbm'] / 2**30:.0f} GiB | {s['flops'] / 1e9:,.0f} "
-      f"| {c['step_seconds']:.2f} | {days}{paper} | {eff} |"
+      f"| {c['step_seconds']:.3f} | {days}{paper} | {eff} |"
     )
   return "\n".join(lines) + "\n"
 
