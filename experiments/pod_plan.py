@@ -4,8 +4,8 @@ r"""The paper's pretraining configs compiled for TPU slices: memory, FLOPs, impl
 
 needs libtpu (`pip install -e ".[tpu]"`) and no TPU. For each (model, topology) it compiles the
 trainer's step of `configs/pretrain.py:dataset=jft,model=<model>` (batch 4096, with
-`model.scan=True`) with vit_jax.tools.plan; when a configuration does not fit, the planner's search picks the fastest
-proposed setting that does. Writes results.json and table.md (the README's table).
+`model.scan=True`) with vit_jax.tools.plan; when a configuration does not fit, the planner's
+search picks the fastest proposed setting that leaves a tenth of the HBM free. Writes results.json and table.md (the README's table).
 
 Memory and FLOPs are the TPU compiler's. Step times and core-days are estimates at an assumed
 fraction of peak (--efficiency); the column "efficiency implied by the paper" is the fraction

@@ -250,11 +250,12 @@ def plan(
     temp = compiled_stats.temporaries_refused(str(e))
     if temp is None:
       raise
+    seconds = time.perf_counter() - start
     refused = str(e).strip().splitlines()[0]
     stats = compiled_stats.refused_step_stats(state, built.state_shardings, batch, temp)
   else:
+    seconds = time.perf_counter() - start
     stats = compiled_stats.step_stats(compiled, state, built.state_shardings, batch)
-  seconds = time.perf_counter() - start
   height, width = batch["image"].shape[1:3]
   per_example = compiled_stats.model_flops_per_example(
     built.model, built.abstract_state["params"], (height, width)
