@@ -194,6 +194,62 @@ def test_attention_backward_equals_autodiff(dtype):
     np.testing.assert_allclose(np.float32(a), np.float32(b), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_layer_norm_equals_flax_and_its_backward_equals_autodiff(dtype):
+  """The LayerNorm with a hand-written backward pass: flax's function, parameters and gradients."""
+  from vit_jax.models_vit import LayerNorm
+
+  x = (3.0 + 2.0 * jax.random.normal(jax.random.key(0), (2, 5, 48))).astype(dtype)
+  ours = LayerNorm(dtype=dtype)
+  reference = nn.LayerNorm(dtype=dtype)
+  params = ours.init(jax.random.key(1), x)["params"]
+  assert jax.tree.map(jnp.shape, params) == jax.tree.map(
+    jnp.shape, reference.init(jax.random.key(1), x)["params"]
+  )
+  params = {
+    "scale": 1.0 + jax.random.normal(jax.random.key(2), (48,)),
+    "bias": jax.random.normal(jax.random.key(3), (48,)),
+  }
+  cotangent = jax.random.normal(jax.random.key(4), x.shape).astype(dtype)
+
+  def vjp(module):
+    out, pullback = jax.vjp(lambda p, x: module.apply({"params": p}, x), params, x)
+    return out, pullback(cotangent)
+
+  (out, (d_params, d_x)), (ref_out, (ref_d_params, ref_d_x)) = vjp(ours), vjp(reference)
+  assert out.dtype == d_x.dtype == dtype and d_params["scale"].dtype == jnp.float32
+  tol = 2e-5 if dtype == jnp.float32 else 2e-2
+  np.testing.assert_allclose(np.float32(out), np.float32(ref_out), atol=tol, rtol=tol)
+  np.testing.assert_allclose(np.float32(d_x), np.float32(ref_d_x), atol=tol, rtol=tol)
+  for name in ("scale", "bias"):
+    np.testing.assert_allclose(d_params[name], ref_d_params[name], atol=10 * tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_tanh_gelu_is_flax_gelu_and_its_backward_a_gradient(dtype):
+  """Same forward as flax's tanh GELU; the backward is the derivative (float64 central
+  differences as the oracle) at least as accurately as autodiff of flax's GELU."""
+  from vit_jax.models_vit import _gelu_tanh
+
+  x = (4.0 * jax.random.normal(jax.random.key(0), (64, 33))).astype(dtype)
+  cotangent = jax.random.normal(jax.random.key(1), x.shape).astype(dtype)
+  out, pullback = jax.vjp(_gelu_tanh, x)
+  ref_out, ref_pullback = jax.vjp(lambda x: nn.gelu(x, approximate=True), x)
+  np.testing.assert_array_equal(out, ref_out)
+  (d_x,), (ref_d_x,) = pullback(cotangent), ref_pullback(cotangent)
+  assert d_x.dtype == dtype
+
+  def gelu64(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+  x64, h = np.float64(np.float32(x)), 1e-5
+  exact = np.float64(np.float32(cotangent)) * (gelu64(x64 + h) - gelu64(x64 - h)) / (2 * h)
+  ours_error = np.max(np.abs(np.float32(d_x) - exact))
+  autodiff_error = np.max(np.abs(np.float32(ref_d_x) - exact))
+  assert ours_error <= max(autodiff_error, 1e-6 if dtype == jnp.float32 else 1e-2)
+  assert ours_error < (1e-5 if dtype == jnp.float32 else 5e-2)
+
+
 def test_attention_matches_flax_reference():
   """Our fused attention equals Flax's own MultiHeadDotProductAttention on the same params."""
   from vit_jax.models_vit import MultiHeadDotProductAttention
