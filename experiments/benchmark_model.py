@@ -20,7 +20,11 @@ at that git revision, so a model change is measured before/after in one run.
 (the `testing` preset widened, patch 4 on 32px images, 10 classes).
 
 Timing: in each process every (model, dtype, mode) is built, compiled and warmed up, then timed
-for `--repeats` rounds of `--iters` back-to-back steps; the median round is reported. JAX steps
+for `--repeats` rounds of `--iters` back-to-back steps. With `--processes=N` each implementation
+runs in N processes, started in turn (jax, timm, jax, timm, ...), and the median is over all their
+rounds: on the 2-core machine the same step differs by up to ~8% from one process to the next
+(and the machine's speed drifts over minutes), more than within a process, so one process per
+side can tilt a ratio by that much. JAX steps
 end in `jax.block_until_ready`, torch steps in `torch.cuda.synchronize()` on GPU. The machine
 should be otherwise idle: the sides run at different times.
 
@@ -84,7 +88,13 @@ _IMAGE_SIZE = flags.DEFINE_integer("image_size", 224, "Square input resolution."
 _NUM_CLASSES = flags.DEFINE_integer("num_classes", 1000, "Head width (ImageNet-1k as timm).")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps per variant after compilation.")
 _ITERS = flags.DEFINE_integer("iters", 3, "Back-to-back steps per timed round.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds; the median is reported.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds per process.")
+_PROCESSES = flags.DEFINE_integer(
+  "processes",
+  1,
+  "Processes per implementation, started in turn (jax, timm, jax, timm, ...); the median is "
+  "over every timed round of all of them.",
+)
 _OPTIMIZER = flags.DEFINE_enum(
   "optimizer", "adamw", ["adamw", "sgd"], "Train-step optimizer (sgd = SGD with momentum 0.9)."
 )
@@ -474,6 +484,17 @@ def _run_process(impl: str) -> list[dict]:
 _JSON_MARK = "BENCHMARK_ROWS "
 
 
+def _merge_rounds(rows: list[dict], new_rows: list[dict]) -> None:
+  """Adds another process's rows to `rows`: the timed rounds of the same variant are pooled."""
+  for new in new_rows:
+    key = tuple(new[k] for k in ("model", "batch", "dtype", "mode"))
+    same = [r for r in rows if tuple(r[k] for k in ("model", "batch", "dtype", "mode")) == key]
+    if same:
+      same[0]["times"] = same[0]["times"] + new["times"]
+    else:
+      rows.append(dict(new))
+
+
 def main(argv):
   del argv
   if _XLA_FLAGS.value:
@@ -492,12 +513,16 @@ def main(argv):
   print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
   print(
     f"optimizer {_OPTIMIZER.value}, warmup {_WARMUP.value}, {_REPEATS.value} rounds x "
-    f"{_ITERS.value} steps (median round); each implementation in its own process"
+    f"{_ITERS.value} steps in each of {_PROCESSES.value} process(es) per implementation, "
+    "started in turn (median round)"
   )
   impls = (
     ["jax"] + (["baseline"] if _BASELINE_REV.value else []) + (["timm"] if _want_timm() else [])
   )
-  measured = {impl: _run_process(impl) for impl in impls}
+  measured = {impl: [] for impl in impls}
+  for _ in range(_PROCESSES.value):
+    for impl in impls:
+      _merge_rounds(measured[impl], _run_process(impl))
   rows = []
   for ref in measured["jax"]:
     key = tuple(ref[k] for k in ("model", "batch", "dtype", "mode"))
