@@ -13,7 +13,8 @@ Attention weights are sown into the `intermediates` collection when the caller m
 Layout for speed, not for the parameters (which keep the checkpoint format): the Dense layers run
 as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, and the attention core
 in heads-major layout with a hand-written backward pass (`_attention`), and the LayerNorms and
-the tanh GELU with one each (`_layer_norm`, `_gelu_tanh`); see the profile in experiments/benchmark_model.py's docstring.
+the tanh GELU with one each (`_layer_norm`, `_gelu_tanh`); see the profile in
+experiments/benchmark_model.py's docstring.
 
 This file must not import TensorFlow.
 """
