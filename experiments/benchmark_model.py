@@ -22,9 +22,9 @@ at that git revision, so a model change is measured before/after in one run.
 Timing: in each process every (model, dtype, mode) is built, compiled and warmed up, then timed
 for `--repeats` rounds of `--iters` back-to-back steps. With `--processes=N` each implementation
 runs in N processes, started in turn (jax, timm, jax, timm, ...), and the median is over all their
-rounds: on the 2-core machine the same step differs by up to ~8% from one process to the next
-(and the machine's speed drifts over minutes), more than within a process, so one process per
-side can tilt a ratio by that much. JAX steps
+rounds: on the 2-core machine the same step differs by up to ~8% from one process to the next,
+and timed rounds within one process vary about as much, so one process per side can tilt a ratio
+by that much. JAX steps
 end in `jax.block_until_ready`, torch steps in `torch.cuda.synchronize()` on GPU. The machine
 should be otherwise idle: the sides run at different times.
 
@@ -485,11 +485,15 @@ def _run_process(impl: str) -> list[dict]:
 _JSON_MARK = "BENCHMARK_ROWS "
 
 
+def _variant(row: dict) -> tuple:
+  """What makes two rows the same measurement: (model, batch, dtype, mode)."""
+  return tuple(row[k] for k in ("model", "batch", "dtype", "mode"))
+
+
 def _merge_rounds(rows: list[dict], new_rows: list[dict]) -> None:
   """Adds another process's rows to `rows`: the timed rounds of the same variant are pooled."""
   for new in new_rows:
-    key = tuple(new[k] for k in ("model", "batch", "dtype", "mode"))
-    same = [r for r in rows if tuple(r[k] for k in ("model", "batch", "dtype", "mode")) == key]
+    same = [r for r in rows if _variant(r) == _variant(new)]
     if same:
       same[0]["times"] = same[0]["times"] + new["times"]
     else:
@@ -526,12 +530,8 @@ def main(argv):
       _merge_rounds(measured[impl], _run_process(impl))
   rows = []
   for ref in measured["jax"]:
-    key = tuple(ref[k] for k in ("model", "batch", "dtype", "mode"))
     group = [ref] + [
-      r
-      for impl in impls[1:]
-      for r in measured[impl]
-      if tuple(r[k] for k in ("model", "batch", "dtype", "mode")) == key
+      r for impl in impls[1:] for r in measured[impl] if _variant(r) == _variant(ref)
     ]
     name, config, image_size, num_classes = _model(ref["model"])
     fwd_flops = analytic_flops(config, image_size, num_classes)
