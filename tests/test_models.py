@@ -266,6 +266,60 @@ def test_attention_matches_flax_reference():
   )
 
 
+def test_attention_kernel_auto_is_xla_off_gpu_and_cudnn_refuses_clearly():
+  assert models.get_model_config("testing").attention_kernel == "auto"
+  xla = models.get_model("testing", num_classes=4, attention_kernel="xla")
+  auto = models.get_model("testing", num_classes=4, dtype="bfloat16")
+  params, images = _init(xla)
+  assert jax.tree.structure(params) == jax.tree.structure(_init(auto)[0])
+  params = _randomize(params)
+  bf16_xla = xla.clone(dtype=jnp.bfloat16)
+  # On this (CPU) backend 'auto' is the XLA path, bit for bit, in bf16 too.
+  np.testing.assert_array_equal(_apply(auto, params, images), _apply(bf16_xla, params, images))
+  cudnn = models.get_model("testing", num_classes=4, attention_kernel="cudnn")
+  with pytest.raises(ValueError, match="attention_kernel='cudnn' needs an NVIDIA GPU.*'cpu'"):
+    _apply(cudnn, params, images)
+  with pytest.raises(ValueError, match="attention_kernel='flash'; expected one of"):
+    _apply(xla.clone(attention_kernel="flash"), params, images)
+
+
+def test_fused_attention_branch_layout(monkeypatch):
+  """The cuDNN branch's plumbing ([batch, tokens, heads, head_dim]; 65 tokens, so padded to 66
+  with the pad key masked), run through jax's XLA attention (cuDNN needs a GPU): same logits and
+  gradients as the heads-major XLA path."""
+  from vit_jax import models_vit
+
+  model = models.get_model("testing", num_classes=4)
+  params, images = _init(model)
+  params = _randomize(params, scale=0.3)
+
+  def loss_and_grads():
+    def loss(p):
+      return jnp.sum(jnp.sin(model.apply({"params": p}, images, train=False)))
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  reference = loss_and_grads()
+  calls = []
+
+  fused = models_vit._cudnn_attention
+
+  def spy(q, k, v):
+    calls.append(q.shape)
+    return fused(q, k, v)
+
+  monkeypatch.setattr(models_vit, "_use_cudnn", lambda *a: True)
+  monkeypatch.setattr(models_vit, "_cudnn_attention", spy)
+  monkeypatch.setattr(models_vit, "_FUSED_IMPLEMENTATION", "xla")
+  fused_result = loss_and_grads()
+  assert calls == [(2, 65, 2, 16)] * 2  # both layers; [batch, tokens, heads, head_dim]
+  for got, want in zip(jax.tree.leaves(fused_result), jax.tree.leaves(reference), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  # Sowing the weights (analysis) keeps the XLA path, which has them.
+  _, state = _apply(model, params, images, mutable=["intermediates"])
+  assert len(calls) == 2 and "intermediates" in state
+
+
 def test_sown_attention_weights_and_same_logits():
   model = models.get_model("testing", num_classes=4)
   params, images = _init(model)

@@ -11,10 +11,11 @@ Attention weights are sown into the `intermediates` collection when the caller m
 (`model.apply(..., mutable=['intermediates'])`).
 
 Layout for speed, not for the parameters (which keep the checkpoint format): the Dense layers run
-as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, and the attention core
-in heads-major layout with a hand-written backward pass (`_attention`), and the LayerNorms and
-the tanh GELU with one each (`_layer_norm`, `_gelu_tanh`); see the profile in
-experiments/benchmark_model.py's docstring.
+as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, the attention core
+in heads-major layout with a hand-written backward pass (`_attention`; on NVIDIA GPUs in bf16,
+cuDNN's fused attention instead: `attention_kernel`), and the LayerNorms and the tanh GELU with
+one each (`_layer_norm`, `_gelu_tanh`); see the profile in experiments/benchmark_model.py's
+docstring.
 
 This file must not import TensorFlow.
 """
@@ -111,6 +112,61 @@ def _attention_bwd(residuals, d_out):
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+ATTENTION_KERNELS = ("auto", "xla", "cudnn")
+
+
+_FUSED_IMPLEMENTATION = "cudnn"  # jax.nn.dot_product_attention's; tests run the code on "xla"
+
+
+def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """cuDNN's fused (flash) attention, forward and backward, on [batch, tokens, heads, head_dim].
+
+  jax (0.10-0.11) refuses to train cuDNN attention on an odd number of tokens (197 for a /16 model
+  at 224px with its class token), so odd sequences get one zero token that the keys' padding
+  mask (`key_value_seq_lengths`) hides, and its output row is dropped.
+  """
+  batch, tokens = q.shape[:2]
+  if tokens % 2 == 0:
+    return jax.nn.dot_product_attention(q, k, v, implementation=_FUSED_IMPLEMENTATION)
+  pad = ((0, 0), (0, 1), (0, 0), (0, 0))
+  lengths = jnp.full((batch,), tokens, jnp.int32)
+  out = jax.nn.dot_product_attention(
+    jnp.pad(q, pad),
+    jnp.pad(k, pad),
+    jnp.pad(v, pad),
+    query_seq_lengths=lengths,
+    key_value_seq_lengths=lengths,
+    implementation=_FUSED_IMPLEMENTATION,
+  )
+  return out[:, :tokens]
+
+
+def _use_cudnn(kernel: str, dtype: Dtype, head_dim: int) -> bool:
+  """Whether `attention_kernel` = kernel runs the attention core in cuDNN for this block.
+
+  'auto' picks cuDNN on an NVIDIA GPU for bf16/fp16 computation with a head dim cuDNN's flash
+  attention takes (a multiple of 8, at most 128); float32, other backends and other shapes take
+  the XLA path. 'cudnn' insists, and fails on a backend without it.
+  """
+  if kernel not in ATTENTION_KERNELS:
+    raise ValueError(f"attention_kernel={kernel!r}; expected one of {ATTENTION_KERNELS}")
+  on_gpu = jax.default_backend() == "gpu"
+  if kernel == "cudnn":
+    if not on_gpu:
+      raise ValueError(
+        f"attention_kernel='cudnn' needs an NVIDIA GPU; the default backend is "
+        f"{jax.default_backend()!r} (use 'auto' or 'xla')"
+      )
+    return True
+  return (
+    kernel == "auto"
+    and on_gpu
+    and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    and head_dim % 8 == 0
+    and head_dim <= 128
+  )
 
 
 _LAYER_NORM_EPSILON = 1e-6  # flax's nn.LayerNorm default, the published checkpoints' value
@@ -229,15 +285,19 @@ class _Projection(nn.Module):
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head self-attention with query/key/value kernels [D, heads, D/heads].
 
-  The three projections run as one matmul (their kernels concatenated at apply time), and the
-  attention itself in heads-major layout [batch, heads, tokens, head_dim]. The parameters are
-  those of Flax's `nn.MultiHeadDotProductAttention` (query/key/value/out, DenseGeneral layout).
+  The three projections run as one matmul (their kernels concatenated at apply time). The
+  attention core runs per `attention_kernel` (see `_use_cudnn`): cuDNN's fused attention on
+  [batch, tokens, heads, head_dim], or XLA matmuls and softmax in heads-major layout
+  [batch, heads, tokens, head_dim] with a hand-written backward pass (`_attention`). The
+  parameters are those of Flax's `nn.MultiHeadDotProductAttention` (query/key/value/out,
+  DenseGeneral layout).
   """
 
   num_heads: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  attention_kernel: str = "auto"
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -254,16 +314,24 @@ class MultiHeadDotProductAttention(nn.Module):
     kernel = jnp.stack([k for k, _ in projections], axis=1).astype(self.dtype)  # [D, 3, h, d]
     bias = jnp.stack([b for _, b in projections], axis=0).astype(self.dtype)  # [3, h, d]
     qkv = _matmul_2d(x.astype(self.dtype), kernel.reshape(width, -1), bias.reshape(-1))
-    qkv = qkv.reshape(batch, tokens, 3, heads, head_dim).transpose(2, 0, 3, 1, 4)
-    q, k, v = qkv[0], qkv[1], qkv[2]  # [batch, heads, tokens, head_dim]
-    if self.is_mutable_collection("intermediates"):
-      self.sow("intermediates", "attention_weights", _attention_weights(q, k))
-    if self.dropout_rate > 0.0 and not deterministic:
-      weights = nn.Dropout(rate=self.dropout_rate)(_attention_weights(q, k), deterministic=False)
-      out = jnp.einsum("bhqk,bhkd->bhqd", weights, v)
+    qkv = qkv.reshape(batch, tokens, 3, heads, head_dim)
+    sow = self.is_mutable_collection("intermediates")
+    dropout = self.dropout_rate > 0.0 and not deterministic
+    if _use_cudnn(self.attention_kernel, self.dtype, head_dim) and not (sow or dropout):
+      out = _cudnn_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])  # [b, t, h, d]
+      out = out.reshape(batch, tokens, width)
     else:
-      out = _attention(q, k, v)
-    out = out.transpose(0, 2, 1, 3).reshape(batch, tokens, width)
+      qkv = qkv.transpose(2, 0, 3, 1, 4)
+      q, k, v = qkv[0], qkv[1], qkv[2]  # [batch, heads, tokens, head_dim]
+      if sow:
+        self.sow("intermediates", "attention_weights", _attention_weights(q, k))
+      if dropout:
+        weights = _attention_weights(q, k)
+        weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=False)
+        out = jnp.einsum("bhqk,bhkd->bhqd", weights, v)
+      else:
+        out = _attention(q, k, v)
+      out = out.transpose(0, 2, 1, 3).reshape(batch, tokens, width)
     out_kernel, out_bias = _Projection((heads, head_dim, width), 2, self.param_dtype, name="out")()
     return _matmul_2d(
       out, out_kernel.reshape(width, width).astype(self.dtype), out_bias.astype(self.dtype)
@@ -311,13 +379,18 @@ class Encoder1DBlock(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   gelu_approximate: bool = True
+  attention_kernel: str = "auto"
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     y = LayerNorm(name="LayerNorm_0", **kw)(x)
     y = MultiHeadDotProductAttention(
-      self.num_heads, self.attention_dropout_rate, name="MultiHeadDotProductAttention_1", **kw
+      self.num_heads,
+      self.attention_dropout_rate,
+      attention_kernel=self.attention_kernel,
+      name="MultiHeadDotProductAttention_1",
+      **kw,
     )(y, deterministic)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + y
@@ -402,6 +475,7 @@ class Encoder(nn.Module):
   remat: bool = False
   scan: bool = False
   gelu_approximate: bool = True
+  attention_kernel: str = "auto"
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -416,6 +490,7 @@ class Encoder(nn.Module):
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       gelu_approximate=self.gelu_approximate,
+      attention_kernel=self.attention_kernel,
     )
     block_cls = _ScannedEncoder1DBlock if self.scan else Encoder1DBlock
     if self.remat:
@@ -458,6 +533,9 @@ class VisionTransformer(nn.Module):
     gelu_approximate: the MLP's GELU; True (default) is the tanh approximation the published
       weights were trained with, False the exact erf GELU that timm and Hugging Face use by
       default (and that matches them exactly). No parameter depends on it.
+    attention_kernel: the attention core: 'auto' (cuDNN's fused attention on NVIDIA GPUs for
+      bf16/fp16, XLA elsewhere), 'xla' or 'cudnn'. The same function up to rounding; no
+      parameter depends on it. Sowing attention weights or attention dropout use XLA.
   """
 
   num_classes: int | None
@@ -477,6 +555,7 @@ class VisionTransformer(nn.Module):
   remat: bool = False
   scan: bool = False
   gelu_approximate: bool = True
+  attention_kernel: str = "auto"
 
   @nn.compact
   def __call__(
@@ -539,6 +618,7 @@ class VisionTransformer(nn.Module):
       remat=self.remat,
       scan=self.scan,
       gelu_approximate=self.gelu_approximate,
+      attention_kernel=self.attention_kernel,
       name="Transformer",
     )(x, not train)
     if return_tokens:
