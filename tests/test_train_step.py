@@ -174,3 +174,17 @@ def test_committed_steps_ignore_half_written_ones(tmp_path):
   step4 = train_checkpoint.restore_params(tmp_path / "checkpoints" / "4")
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(step4), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+def test_tensor_parallel_mesh_keeps_attention_in_xla():
+  """cuDNN's fused attention cannot be split along heads: on a mesh with a 'model' axis the
+  trainer builds the model with attention_kernel='xla'; otherwise the config's choice stands."""
+  config = pretrain.get_config("dataset=fashion_mnist,runlocal")
+  assert config.model.attention_kernel == "auto"
+  kernels = {}
+  for model_axis in (1, 2):
+    config.mesh.update(data=1, fsdp=-1, model=model_axis)
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:2])
+    kernels[model_axis] = train.build(config, mesh, 10).model.attention_kernel
+  assert kernels == {1: "auto", 2: "xla"}
+  assert config.model.attention_kernel == "auto"  # the stage config itself is not changed

@@ -266,10 +266,16 @@ def build(
       f"batch_size {batch_size} must be a multiple of accum_steps ({accum}) × the batch shards "
       f"of the mesh ({shards})"
     )
+  model_config = config.model
+  if mesh.shape["model"] > 1 and model_config.get("attention_kernel") == "auto":
+    # Tensor parallelism splits the attention heads over devices, and jax cannot partition
+    # cuDNN's fused attention along heads: the attention core stays in XLA on such a mesh.
+    model_config = model_config.copy_and_resolve_references()
+    model_config.attention_kernel = "xla"
   if config.loss == "mpp":
-    model = mpp.get_model(config.model, config.mpp)
+    model = mpp.get_model(model_config, config.mpp)
   else:
-    model = models.get_model(config.model, num_classes)
+    model = models.get_model(model_config, num_classes)
   height, width = _image_shape(config)
   rng = jax.random.PRNGKey(config.seed)
   init_key, dropout_key = jax.random.split(rng)
