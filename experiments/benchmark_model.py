@@ -54,8 +54,9 @@ weight gradients on [batch, tokens, width] activations were ~2.5x slower than th
 on flattened rows. Then YNNPACK, which jax 0.10 uses for every CPU matmul, ran Ti/16's attention
 backward matmuls at half the speed of XLA's own dots: vit_jax now keeps matmuls out of it
 (vit_jax/xla_cpu_flags.py). LayerNorm and the tanh GELU got hand-written backward passes (fewer
-fusions, no materialised broadcasts). What remains is the attention core: about 70 ms per block of
-Ti/16's 3.4 s step (an ablation without it), where torch's fused CPU attention takes about 48.
+fusions, no materialised broadcasts). What remains is the attention core: about 70-75 ms per
+block of Ti/16's 3.4-3.7 s step (an ablation without it: experiments/ablate_step.py), where
+torch's fused CPU attention takes about 48.
 On an H200 (ViT-B/16, bf16, batch 256) cuDNN's fused attention (`--attention_kernel=auto`) took
 the train step from 93.5 to 74.4 ms; without any attention core it is 57.3 ms (README).
 
@@ -190,10 +191,13 @@ def _cpu_peak() -> tuple[float | None, str]:
   return peak, f"estimate: {cores} cores x 2 FMA x {lanes} fp32 lanes ({isa}) x 2 x {ghz:.2f} GHz"
 
 
-def device_peak(platform: str, device_kind: str, dtype: str) -> tuple[float | None, str]:
-  """Returns (peak FLOP/s or None, how it was obtained) for a device computing in `dtype`."""
-  if _PEAK_TFLOPS.value:
-    return _PEAK_TFLOPS.value * 1e12, "--peak_tflops"
+def device_peak(
+  platform: str, device_kind: str, dtype: str, peak_tflops: float | None = None
+) -> tuple[float | None, str]:
+  """Returns (peak FLOP/s or None, how it was obtained) for a device computing in `dtype`;
+  `peak_tflops` (--peak_tflops) overrides it."""
+  if peak_tflops:
+    return peak_tflops * 1e12, "--peak_tflops"
   if platform == "cpu":
     peak, how = _cpu_peak()
     return peak, how + ("; no native bf16, so bf16 peak = fp32 peak" if dtype != "float32" else "")
@@ -572,7 +576,7 @@ def main(argv):
     ]
     name, config, image_size, num_classes = _model(ref["model"])
     fwd_flops = analytic_flops(config, image_size, num_classes)
-    peak, peak_how = device_peak(*ref["device"], ref["dtype"])
+    peak, peak_how = device_peak(*ref["device"], ref["dtype"], _PEAK_TFLOPS.value)
     batch, mode = ref["batch"], ref["mode"]
     model_flops = fwd_flops * batch * (3 if mode == "train" else 1) if fwd_flops else None
     for r in group:

@@ -1,0 +1,197 @@
+r"""Where a ViT step's time goes: the step with one part removed or swapped, all in one process.
+
+Each variant replaces one function of `vit_jax/models_vit.py` while the step is traced (the
+attention core, LayerNorm or GELU by the identity; or our hand-written backward passes by plain
+autodiff of the same forward), and is compiled next to the unchanged step. Timed rounds then
+alternate between the variants, so a machine whose speed drifts (2 CPU cores: ±10% from round
+to round) tilts none of them. The difference to `full` is what that part costs inside the
+compiled step, fusions with its neighbours included, which per-op profiles on XLA:CPU do not
+show (its dot events time only the dispatch).
+
+  # ViT-Ti/16 train step (forward + backward + AdamW) on the CPU, batch 32, fp32:
+  python experiments/ablate_step.py --model=Ti/16 --batch=32
+  # On a GPU: ViT-B/16, bf16, cuDNN attention against the XLA path:
+  python experiments/ablate_step.py --model=B/16 --batch=256 --dtype=bfloat16 \
+      --variants=full,xla_attention,autodiff_attention,no_attention
+
+Variants: full, no_attention (the attention core returns V), no_layernorm, no_gelu,
+xla_attention (attention_kernel='xla'), autodiff_attention (the XLA path without `_attention`'s
+hand-written backward), autodiff_norms (LayerNorm and GELU without theirs). A removed part also
+changes the loss, so the numbers are costs, not a model anyone would train.
+"""
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _plain_attention(q, k, v):
+  import jax.numpy as jnp
+
+  from vit_jax import models_vit
+
+  return jnp.einsum("bhqk,bhkd->bhqd", models_vit._attention_weights(q, k), v)
+
+
+def _plain_layer_norm(x, scale, bias):
+  from vit_jax import models_vit
+
+  return models_vit._layer_norm_fwd(x, scale, bias)[0]
+
+
+def _plain_gelu(x):
+  import flax.linen as nn
+
+  return nn.gelu(x, approximate=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """models_vit functions to replace while tracing, and model field overrides."""
+
+  patches: dict[str, Callable]
+  overrides: dict[str, str]
+
+
+VARIANTS = {
+  "full": Variant({}, {}),
+  "no_attention": Variant({"_attention": lambda q, k, v: v}, {"attention_kernel": "xla"}),
+  "no_layernorm": Variant({"_layer_norm": lambda x, scale, bias: x}, {}),
+  "no_gelu": Variant({"_gelu_tanh": lambda x: x}, {}),
+  "xla_attention": Variant({}, {"attention_kernel": "xla"}),
+  "autodiff_attention": Variant({"_attention": _plain_attention}, {"attention_kernel": "xla"}),
+  "autodiff_norms": Variant({"_layer_norm": _plain_layer_norm, "_gelu_tanh": _plain_gelu}, {}),
+}
+
+
+def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classes):
+  """Returns (run: () -> loss or logits, first output) for one variant, compiled and warm."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from vit_jax import models, models_vit
+
+  saved = {name: getattr(models_vit, name) for name in variant.patches}
+  try:
+    for name, fn in variant.patches.items():
+      setattr(models_vit, name, fn)
+    model = models.get_model(model_name, num_classes, dtype=dtype, **variant.overrides)
+    rng = jax.random.key(0)
+    images = jax.random.uniform(rng, (batch, image_size, image_size, 3), jnp.float32, -1, 1)
+    labels = jax.random.randint(rng, (batch,), 0, num_classes)
+    params = jax.jit(lambda: model.init(rng, images[:1], train=False)["params"])()
+    # Noise on every parameter (the head starts at zero), so the output depends on every part.
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(rng, len(leaves))
+    leaves = [
+      p + 0.1 * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys, strict=True)
+    ]
+    params = jax.tree.unflatten(treedef, leaves)
+    if mode == "forward":
+      forward = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))
+      compiled = forward.lower(params, images).compile()
+
+      def run():
+        return jax.block_until_ready(compiled(params, images))
+
+      return run, run()
+    tx = optax.adamw(1e-4, weight_decay=0.05)
+
+    def step(params, opt_state, images, labels):
+      def loss_fn(p):
+        logits = model.apply({"params": p}, images, train=True)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+      loss, grads = jax.value_and_grad(loss_fn)(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss
+
+    state = [params, jax.jit(tx.init)(params)]
+    compiled = jax.jit(step).lower(state[0], state[1], images, labels).compile()
+  finally:
+    for name, fn in saved.items():
+      setattr(models_vit, name, fn)
+
+  def run():
+    # The same parameters every time (not donated), so each round does the same work.
+    return jax.block_until_ready(compiled(state[0], state[1], images, labels)[2])
+
+  return run, run()
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--model", default="Ti/16", help="Model preset or alias.")
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  parser.add_argument("--mode", default="train", choices=["train", "forward"])
+  parser.add_argument("--image_size", type=int, default=224)
+  parser.add_argument("--num_classes", type=int, default=1000)
+  parser.add_argument(
+    "--variants",
+    default="full,no_attention,no_layernorm,no_gelu",
+    help=f"Comma-separated, from {sorted(VARIANTS)}; 'full' is always added first.",
+  )
+  parser.add_argument("--rounds", type=int, default=6, help="Timed rounds per variant.")
+  parser.add_argument("--iters", type=int, default=1, help="Steps per timed round.")
+  args = parser.parse_args(argv)
+  names = ["full"] + [v for v in args.variants.split(",") if v and v != "full"]
+  unknown = [v for v in names if v not in VARIANTS]
+  if unknown:
+    parser.error(f"unknown variant(s) {unknown}; known: {sorted(VARIANTS)}")
+
+  import benchmark_model
+  import jax
+
+  import vit_jax  # noqa: F401 (its XLA:CPU defaults, as the trainer runs)
+  from vit_jax import models
+
+  device = jax.devices()[0]
+  config = models.get_model_config(args.model)
+  flops = benchmark_model.analytic_flops(config, args.image_size, args.num_classes)
+  flops = flops * args.batch * (3 if args.mode == "train" else 1) if flops else None
+  peak, peak_how = benchmark_model.device_peak(device.platform, device.device_kind, args.dtype)
+  print(
+    f"{args.model} {args.mode}, batch {args.batch}, {args.dtype}, jax {jax.__version__} on "
+    f"{device.device_kind}; {args.rounds} alternating rounds of {args.iters} step(s)",
+    flush=True,
+  )
+  runs = {}
+  for name in names:
+    t0 = time.perf_counter()
+    runs[name], out = compile_step(
+      args.model, VARIANTS[name], args.batch, args.dtype, args.mode, args.image_size,
+      args.num_classes,
+    )  # fmt: skip
+    first = float(out.ravel()[0])
+    print(f"  compiled {name} in {time.perf_counter() - t0:.0f} s (first output {first:.6f})")
+  times = {name: [] for name in names}
+  for _ in range(args.rounds):
+    for name in names:
+      t0 = time.perf_counter()
+      for _ in range(args.iters):
+        runs[name]()
+      times[name].append((time.perf_counter() - t0) / args.iters)
+  full = statistics.median(times["full"])
+  print(f"{'variant':20} {'ms/step':>9} {'min':>9} {'img/s':>9} {'vs full':>9} {'MFU':>6}")
+  for name in names:
+    step = statistics.median(times[name])
+    mfu = f"{100 * flops / step / peak:5.1f}%" if flops and peak else "     -"
+    print(
+      f"{name:20} {step * 1e3:9.1f} {min(times[name]) * 1e3:9.1f} {args.batch / step:9.1f}"
+      f" {(step - full) * 1e3:+9.1f} {mfu}"
+    )
+  print(f"MFU: the model's matmul FLOPs of the full step over the peak ({peak_how})")
+
+
+if __name__ == "__main__":
+  main()
