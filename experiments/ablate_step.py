@@ -74,6 +74,7 @@ VARIANTS = {
 
 def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classes):
   """Returns (run: () -> loss or logits, first output) for one variant, compiled and warm."""
+  import benchmark_model
   import jax
   import jax.numpy as jnp
   import optax
@@ -105,18 +106,9 @@ def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classe
 
       return run, run()
     tx = optax.adamw(1e-4, weight_decay=0.05)
-
-    def step(params, opt_state, images, labels):
-      def loss_fn(p):
-        logits = model.apply({"params": p}, images, train=True)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-      loss, grads = jax.value_and_grad(loss_fn)(params)
-      updates, opt_state = tx.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), opt_state, loss
-
     state = [params, jax.jit(tx.init)(params)]
-    compiled = jax.jit(step).lower(state[0], state[1], images, labels).compile()
+    step = jax.jit(benchmark_model.train_step_fn(model, tx))
+    compiled = step.lower(state[0], state[1], images, labels).compile()
   finally:
     for name, fn in saved.items():
       setattr(models_vit, name, fn)

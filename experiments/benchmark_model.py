@@ -265,6 +265,24 @@ def _cost_flops(compiled) -> float | None:
   return float(cost["flops"]) if cost and "flops" in cost else None
 
 
+def train_step_fn(module, tx):
+  """(params, opt_state, images, labels) -> (params, opt_state, loss): softmax cross-entropy,
+  gradients, one update of the optax transformation `tx`."""
+  import jax
+  import optax
+
+  def train_step(params, opt_state, images, labels):
+    def loss_fn(params):
+      logits = module.apply({"params": params}, images, train=True)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return train_step
+
+
 def jax_runner(name, module, batch, mode, image_size, num_classes, seed=0) -> Runner:
   """Builds, compiles and warms up the JAX forward or train step of `module`."""
   import jax
@@ -297,16 +315,7 @@ def jax_runner(name, module, batch, mode, image_size, num_classes, seed=0) -> Ru
       tx = optax.sgd(1e-3, momentum=0.9)
     opt_state = jax.jit(tx.init)(params)
 
-    def train_step(params, opt_state, images, labels):
-      def loss_fn(params):
-        logits = module.apply({"params": params}, images, train=True)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-      loss, grads = jax.value_and_grad(loss_fn)(params)
-      updates, opt_state = tx.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), opt_state, loss
-
-    step = jax.jit(train_step, donate_argnums=(0, 1))
+    step = jax.jit(train_step_fn(module, tx), donate_argnums=(0, 1))
     compiled = step.lower(params, opt_state, images, labels).compile()
     state = [params, opt_state]
 
