@@ -14,6 +14,8 @@ show (its dot events time only the dispatch).
   python experiments/ablate_step.py --model=B/16 --batch=256 --dtype=bfloat16 \
       --variants=full,xla_attention,autodiff_attention,no_attention
 
+`--model=demo` is experiments/demo.py's model (32px, 10 classes).
+
 Variants: full, no_attention (the attention core returns V), no_layernorm, no_gelu,
 xla_attention (attention_kernel='xla'), autodiff_attention (the XLA path without `_attention`'s
 hand-written backward), autodiff_norms (LayerNorm and GELU without theirs). A removed part also
@@ -44,7 +46,7 @@ def _plain_attention(q, k, v):
 def _plain_layer_norm(x, scale, bias):
   from vit_jax import models_vit
 
-  return models_vit._layer_norm_fwd(x, scale, bias)[0]
+  return models_vit._layer_norm_forward(x, scale, bias)[0]
 
 
 def _plain_gelu(x):
@@ -72,6 +74,19 @@ VARIANTS = {
 }
 
 
+def model_config(name: str):
+  """The model ConfigDict of a preset or alias, or of 'demo' (experiments/demo.py's model)."""
+  from vit_jax import models
+
+  if name != "demo":
+    return models.get_model_config(name)
+  import demo
+
+  config = models.get_model_config("testing")
+  config.update(demo.MODEL)
+  return config
+
+
 def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classes):
   """Returns (run: () -> loss or logits, first output) for one variant, compiled and warm."""
   import benchmark_model
@@ -85,7 +100,8 @@ def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classe
   try:
     for name, fn in variant.patches.items():
       setattr(models_vit, name, fn)
-    model = models.get_model(model_name, num_classes, dtype=dtype, **variant.overrides)
+    config = model_config(model_name)
+    model = models.get_model(config, num_classes, dtype=dtype, **variant.overrides)
     rng = jax.random.key(0)
     images = jax.random.uniform(rng, (batch, image_size, image_size, 3), jnp.float32, -1, 1)
     labels = jax.random.randint(rng, (batch,), 0, num_classes)
@@ -122,12 +138,14 @@ def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classe
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--model", default="Ti/16", help="Model preset or alias.")
+  parser.add_argument(
+    "--model", default="Ti/16", help="Model preset or alias, or 'demo' (32px, 10 classes)."
+  )
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument("--mode", default="train", choices=["train", "forward"])
-  parser.add_argument("--image_size", type=int, default=224)
-  parser.add_argument("--num_classes", type=int, default=1000)
+  parser.add_argument("--image_size", type=int, default=None, help="Default 224 (demo: 32).")
+  parser.add_argument("--num_classes", type=int, default=None, help="Default 1000 (demo: 10).")
   parser.add_argument(
     "--variants",
     default="full,no_attention,no_layernorm,no_gelu",
@@ -136,6 +154,9 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=6, help="Timed rounds per variant.")
   parser.add_argument("--iters", type=int, default=1, help="Steps per timed round.")
   args = parser.parse_args(argv)
+  demo_model = args.model == "demo"
+  args.image_size = args.image_size or (32 if demo_model else 224)
+  args.num_classes = args.num_classes or (10 if demo_model else 1000)
   names = ["full"] + [v for v in args.variants.split(",") if v and v != "full"]
   unknown = [v for v in names if v not in VARIANTS]
   if unknown:
@@ -145,10 +166,9 @@ def main(argv=None):
   import jax
 
   import vit_jax  # noqa: F401 (its XLA:CPU defaults, as the trainer runs)
-  from vit_jax import models
 
   device = jax.devices()[0]
-  config = models.get_model_config(args.model)
+  config = model_config(args.model)
   flops = benchmark_model.analytic_flops(config, args.image_size, args.num_classes)
   flops = flops * args.batch * (3 if args.mode == "train" else 1) if flops else None
   peak, peak_how = benchmark_model.device_peak(device.platform, device.device_kind, args.dtype)
