@@ -76,15 +76,11 @@ VARIANTS = {
 
 def model_config(name: str):
   """The model ConfigDict of a preset or alias, or of 'demo' (experiments/demo.py's model)."""
+  import benchmark_model
+
   from vit_jax import models
 
-  if name != "demo":
-    return models.get_model_config(name)
-  import demo
-
-  config = models.get_model_config("testing")
-  config.update(demo.MODEL)
-  return config
+  return benchmark_model.demo_model_config() if name == "demo" else models.get_model_config(name)
 
 
 def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classes):

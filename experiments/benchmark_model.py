@@ -413,17 +413,24 @@ def _want_timm() -> bool:
   return True
 
 
+def demo_model_config():
+  """experiments/demo.py's model: the `testing` preset widened (32px images, 10 classes)."""
+  sys.path.insert(0, os.path.join(_REPO, "experiments"))
+  import demo
+
+  from vit_jax import models
+
+  config = models.get_model_config("testing")
+  config.update(demo.MODEL)
+  return config
+
+
 def _model(name: str):
   """(name, model config, image size, classes) of a --models entry."""
   from vit_jax import models
 
   if name == "demo":
-    sys.path.insert(0, os.path.join(_REPO, "experiments"))
-    import demo
-
-    config = models.get_model_config("testing")
-    config.update(demo.MODEL)
-    return "demo", config, 32, 10
+    return "demo", demo_model_config(), 32, 10
   name = models.resolve_name(name)
   return name, models.get_model_config(name), _IMAGE_SIZE.value, _NUM_CLASSES.value
 
@@ -639,11 +646,11 @@ def _print_summary(rows):
   )
   keys = []
   for r in rows:
-    k = (r["model"], r["batch"], r["dtype"], r["mode"])
+    k = _variant(r)
     if k not in keys:
       keys.append(k)
   for k in keys:
-    group = [r for r in rows if (r["model"], r["batch"], r["dtype"], r["mode"]) == k]
+    group = [r for r in rows if _variant(r) == k]
     parts = [f"{group[0]['impl']} {group[0]['img_s']:.2f} ({group[0]['best_img_s']:.2f})"]
     parts += [
       f"{r['impl']} {r['img_s']:.2f} ({r['best_img_s']:.2f}) ratio x{r['vs']:.3f} (x{r['vs_best']:.3f})"

@@ -188,7 +188,7 @@ def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
 
 
 def _layer_norm_forward(x, scale, bias):
-  """y and the row statistics (mean, 1/std), both [..., 1] in float32."""
+  """(y in x's dtype, mean, 1/std): the output and the row statistics, [..., 1] in float32."""
   x32 = x.astype(jnp.float32)
   mean = jnp.mean(x32, axis=-1, keepdims=True)
   centered = x32 - mean
