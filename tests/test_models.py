@@ -174,17 +174,21 @@ def test_representation_layer():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_attention_backward_equals_autodiff(dtype):
+@pytest.mark.parametrize("head_dim", [8, 40])  # the transposed and the direct key/value gradients
+def test_attention_backward_equals_autodiff(dtype, head_dim):
   """The hand-written backward pass of the attention core is the gradient of its forward."""
-  from vit_jax.models_vit import _attention, _attention_weights
+  from vit_jax.models_vit import _TRANSPOSED_BWD_MAX_HEAD_DIM, _attention, _attention_weights
+
+  assert 8 <= _TRANSPOSED_BWD_MAX_HEAD_DIM < 40  # one case on each side
 
   def plain(q, k, v):
     return jnp.einsum("bhqk,bhkd->bhqd", _attention_weights(q, k), v)
 
+  shape = (2, 3, 9, head_dim)
   q, k, v = (
-    jax.random.normal(jax.random.key(i), (2, 3, 9, 8), jnp.float32).astype(dtype) for i in range(3)
+    jax.random.normal(jax.random.key(i), shape, jnp.float32).astype(dtype) for i in range(3)
   )
-  cotangent = jax.random.normal(jax.random.key(3), (2, 3, 9, 8), jnp.float32).astype(dtype)
+  cotangent = jax.random.normal(jax.random.key(3), shape, jnp.float32).astype(dtype)
   np.testing.assert_array_equal(_attention(q, k, v), plain(q, k, v))
   ours = jax.vjp(_attention, q, k, v)[1](cotangent)
   reference = jax.vjp(plain, q, k, v)[1](cotangent)
