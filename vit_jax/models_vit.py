@@ -102,8 +102,7 @@ def _attention_bwd(residuals, d_out):
   [128, 2, 65, 32] 16.5 vs 15.3 ms. Inside the whole train step the choice made no measurable
   difference on that machine (step-by-step alternation, median of paired ratios transposed /
   direct: Ti/16 0.994 over 20 pairs, B/16 1.010 over 12), so the rule rests on the standalone
-  figures; the direct form is also autodiff's, which ran faster than the transposed one on an H200
-  (XLA path, B/16 bf16 train step 90.5 vs 93.5 ms).
+  figures. The direct form is the one autodiff produces.
   """
   q, k, v, weights = residuals  # q is scaled: the logits are q k^T.
   d_weights = jnp.einsum("bhqd,bhkd->bhqk", d_out, v)
