@@ -11,6 +11,8 @@ at that git revision, so a model change is measured before/after in one run.
   # CPU defaults: the demo's model (32px, batch 128), ViT-Ti/16 (batch 32) and ViT-B/16 (batch
   # 8) at 224px, fp32:
   python experiments/benchmark_model.py
+  # The CPU comparison with timm taking turns step by step (drift on a shared machine cancels):
+  python experiments/benchmark_model.py --paired --repeats=16 --iters=1
   # The working tree against the last commit, timm off, forward only:
   python experiments/benchmark_model.py --baseline_rev=HEAD --timm=off --modes=forward
   # A GPU or TPU (larger default batches there), bf16, timm eager and under torch.compile:
@@ -26,9 +28,13 @@ for `--repeats` rounds of `--iters` back-to-back steps. With `--processes=N` eac
 runs in N processes, started in turn (jax, timm, jax, timm, ...), and the median is over all their
 rounds: on the 2-core machine the same step differs by up to ~8% from one process to the next,
 and timed rounds within one process vary about as much, so one process per side can tilt a ratio
-by that much. JAX steps
-end in `jax.block_until_ready`, torch steps in `torch.cuda.synchronize()` on GPU. The machine
-should be otherwise idle: the sides run at different times.
+by that much. With `--paired` the implementations' processes are all started first and then take
+turns: each round runs `--iters` steps of jax, then of each other side (reversed on odd rounds),
+after `--pause` seconds of quiet, so the two sides of every round ran seconds apart, and the
+ratio is the median of the rounds' ratios (printed with their interquartile range). Both sides
+hold their model in memory at once. JAX steps end in `jax.block_until_ready`, torch steps in
+`torch.cuda.synchronize()` on GPU. The machine should be otherwise idle: the sides run at
+different times.
 
 FLOPs: "model" FLOPs are the analytic count of the ViT's matmuls (multiply-add = 2 FLOPs; patch
 embedding, QKV, QK^T, AV, output projection, MLP, head; the train step counted as 3x forward),
@@ -70,6 +76,7 @@ package or its tests imports them.
 
 import dataclasses
 import functools
+import gc
 import importlib.util
 import json
 import os
@@ -104,6 +111,15 @@ _PROCESSES = flags.DEFINE_integer(
   1,
   "Processes per implementation, started in turn (jax, timm, jax, timm, ...); the median is "
   "over every timed round of all of them.",
+)
+_PAIRED = flags.DEFINE_bool(
+  "paired",
+  False,
+  "Take turns instead: one process per implementation, all alive at once, run --iters steps "
+  "each in turn for --repeats rounds; ratios are medians of the rounds' ratios.",
+)
+_PAUSE = flags.DEFINE_float(
+  "pause", 0.2, "--paired: idle seconds before each turn (the other side's threads go to sleep)."
 )
 _OPTIMIZER = flags.DEFINE_enum(
   "optimizer", "adamw", ["adamw", "sgd"], "Train-step optimizer (sgd = SGD with momentum 0.9)."
@@ -442,11 +458,13 @@ def _time(runner: Runner) -> None:
     runner.times.append((time.perf_counter() - t0) / _ITERS.value)
 
 
-def _measure(impl: str) -> list[dict]:
-  """Times every (model, dtype, mode) with one implementation, in this process."""
+def _variants(impl: str) -> list[tuple[dict, Callable[[], Runner]]]:
+  """(row fields, build) for every (model, dtype, mode) of one implementation, in this process;
+  `build()` constructs, compiles and warms up that variant's Runner."""
   from vit_jax import models
 
   baseline = _load_baseline_module(_BASELINE_REV.value) if impl == "baseline" else None
+  device = None
   if impl.startswith("timm"):
     import timm
     import torch
@@ -459,64 +477,104 @@ def _measure(impl: str) -> list[dict]:
     # fp32 matmuls in TF32 on NVIDIA GPUs, as XLA's default precision does on the JAX side.
     torch.set_float32_matmul_precision("high")
     print(
-      f"  torch {torch.__version__}, timm {timm.__version__}, {torch.get_num_threads()} threads"
+      f"  torch {torch.__version__}, timm {timm.__version__}, {torch.get_num_threads()} threads",
+      flush=True,
     )
   else:
     import jax
 
     device = jax.devices()[0]
-    print(f"  jax {jax.__version__} on {device.device_kind} ({device.platform})")
+    print(f"  jax {jax.__version__} on {device.device_kind} ({device.platform})", flush=True)
     backend = device.platform
-  results = []
+
+  def build(config, batch, dtype, mode, image_size, num_classes) -> Runner:
+    if impl.startswith("timm"):
+      return timm_runner(
+        config, batch, mode, dtype, image_size, num_classes, impl == "timm_compile"
+      )
+    module = models.get_model(
+      config, num_classes, dtype=dtype, attention_kernel=_ATTENTION_KERNEL.value
+    )
+    if baseline is not None:
+      # The fields the baseline's VisionTransformer has (older revisions have fewer).
+      known = {f.name for f in dataclasses.fields(baseline.VisionTransformer)}
+      fields = {
+        f.name: getattr(module, f.name)
+        for f in dataclasses.fields(module)
+        if f.name not in ("parent", "name") and f.name in known
+      }
+      module = baseline.VisionTransformer(**fields)
+    return jax_runner(impl, module, batch, mode, image_size, num_classes)
+
+  variants = []
   for i, entry in enumerate(_MODELS.value):
     name, config, image_size, num_classes = _model(entry)
     if _BATCH_SIZES.value:
       batch = int(_BATCH_SIZES.value[i])
     else:
       batch = _DEFAULT_BATCH.get(backend, {}).get(name, _FALLBACK_BATCH.get(backend, 8))
+    if impl.startswith("timm") and config.resnet is not None:
+      continue
     for dtype in _DTYPES.value:
       for mode in _MODES.value:
-        if impl.startswith("timm"):
-          if config.resnet is not None:
-            continue
-          runner = timm_runner(
-            config, batch, mode, dtype, image_size, num_classes, impl == "timm_compile"
-          )
-        else:
-          module = models.get_model(
-            config, num_classes, dtype=dtype, attention_kernel=_ATTENTION_KERNEL.value
-          )
-          if baseline is not None:
-            # The fields the baseline's VisionTransformer has (older revisions have fewer).
-            known = {f.name for f in dataclasses.fields(baseline.VisionTransformer)}
-            fields = {
-              f.name: getattr(module, f.name)
-              for f in dataclasses.fields(module)
-              if f.name not in ("parent", "name") and f.name in known
-            }
-            module = baseline.VisionTransformer(**fields)
-          runner = jax_runner(impl, module, batch, mode, image_size, num_classes)
-        _time(runner)
-        results.append(
-          dict(
-            model=name,
-            batch=batch,
-            dtype=dtype,
-            mode=mode,
-            image_size=image_size,
-            num_classes=num_classes,
-            impl=impl if impl != "baseline" else "jax@" + _BASELINE_REV.value,
-            times=runner.times,
-            xla_flops=runner.xla_flops,
-            device=None if impl.startswith("timm") else [device.platform, device.device_kind],
-          )
+        fields = dict(
+          model=name,
+          batch=batch,
+          dtype=dtype,
+          mode=mode,
+          image_size=image_size,
+          num_classes=num_classes,
+          impl=impl if impl != "baseline" else "jax@" + _BASELINE_REV.value,
+          device=None if device is None else [device.platform, device.device_kind],
         )
-        print(f"  {name} {dtype} {mode}: {batch / statistics.median(runner.times):.2f} img/s")
+        args = (config, batch, dtype, mode, image_size, num_classes)
+        variants.append((fields, functools.partial(build, *args)))
+  return variants
+
+
+def _measure(impl: str) -> list[dict]:
+  """Times every (model, dtype, mode) with one implementation, in this process."""
+  results = []
+  for fields, build in _variants(impl):
+    runner = build()
+    _time(runner)
+    results.append(dict(fields, times=runner.times, xla_flops=runner.xla_flops))
+    print(
+      f"  {fields['model']} {fields['dtype']} {fields['mode']}: "
+      f"{fields['batch'] / statistics.median(runner.times):.2f} img/s"
+    )
   return results
 
 
-def _run_process(impl: str) -> list[dict]:
-  """Re-invokes this script with --process=impl; returns its rows."""
+def _serve(impl: str) -> None:
+  """--paired's measured side: announces its variants, then obeys the parent's commands on
+  stdin, one per line: `build I` (variant I becomes the current one; the previous one is
+  dropped) and `run` (one timed round of the current variant: --iters steps). Each answer is one
+  _JSON_MARK line on stdout."""
+
+  def answer(value):
+    print(_JSON_MARK + json.dumps(value), flush=True)
+
+  variants = _variants(impl)
+  answer([fields for fields, _ in variants])
+  runner = None
+  for line in sys.stdin:
+    command, *args = line.split()
+    if command == "build":
+      runner = None
+      gc.collect()
+      runner = variants[int(args[0])][1]()
+      answer({"xla_flops": runner.xla_flops})
+    elif command == "run":
+      t0 = time.perf_counter()
+      runner.run(_ITERS.value)
+      answer((time.perf_counter() - t0) / _ITERS.value)
+    else:
+      raise ValueError(f"unknown command {line.strip()!r}")
+
+
+def _process_args(impl: str) -> list[str]:
+  """The command line that re-invokes this script as the process of one implementation."""
   flag_names = (
     "models batch_sizes dtypes modes image_size num_classes warmup iters repeats optimizer "
     "torch_threads baseline_rev attention_kernel"
@@ -526,8 +584,13 @@ def _run_process(impl: str) -> list[dict]:
     value = flags.FLAGS[flag].value
     if value is not None:
       args.append(f"--{flag}={','.join(value) if isinstance(value, list) else value}")
+  return args
+
+
+def _run_process(impl: str) -> list[dict]:
+  """Re-invokes this script with --process=impl; returns its rows."""
   print(f"\n== {impl} (own process)", flush=True)
-  proc = subprocess.run(args, stdout=subprocess.PIPE, text=True)
+  proc = subprocess.run(_process_args(impl), stdout=subprocess.PIPE, text=True)
   if proc.returncode:
     # One side failing (a missing kernel, out of memory) leaves the others' figures standing.
     print(f"  {impl} failed (exit status {proc.returncode}); its stderr is above", flush=True)
@@ -538,6 +601,84 @@ def _run_process(impl: str) -> list[dict]:
     else:
       print(line, flush=True)
   return rows
+
+
+class _Side:
+  """One implementation's process in --paired mode (this script with --process=impl --paired)."""
+
+  def __init__(self, impl: str):
+    self.impl = impl
+    # Both sides hold their model at once: on a GPU JAX must not take most of the memory.
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    self.proc = subprocess.Popen(
+      _process_args(impl) + ["--paired"],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      text=True,
+      env=env,
+    )
+    self.variants = self._answer()
+
+  def _answer(self):
+    for line in self.proc.stdout:
+      if line.startswith(_JSON_MARK):
+        return json.loads(line[len(_JSON_MARK) :])
+      print(line, end="", flush=True)
+    raise RuntimeError(f"{self.impl} failed (exit status {self.proc.wait()}); its stderr is above")
+
+  def ask(self, command: str):
+    self.proc.stdin.write(command + "\n")
+    self.proc.stdin.flush()
+    return self._answer()
+
+  def close(self) -> None:
+    self.proc.stdin.close()
+    self.proc.wait()
+
+
+def _paired(impls: list[str]) -> dict[str, list[dict]]:
+  """Rows of every implementation, timed in turns: one process per implementation stays alive,
+  and for each variant round r runs --iters steps of jax, then of each other side (reversed on
+  odd rounds), with --pause seconds of quiet before each turn. So the two sides of a ratio are
+  timed seconds apart, never at once, and a machine whose speed drifts tilts neither."""
+  sides = {}
+  for impl in impls:
+    print(f"\n== {impl} (own process, taking turns)", flush=True)
+    try:
+      sides[impl] = _Side(impl)
+    except RuntimeError as e:
+      print(f"  {e}", flush=True)  # the others' figures still stand
+  measured = {impl: [] for impl in impls}
+  if "jax" not in sides:
+    return measured
+  for fields in sides["jax"].variants:
+    rows = {}
+    for impl, side in list(sides.items()):
+      index = [i for i, f in enumerate(side.variants) if _variant(f) == _variant(fields)]
+      if not index:
+        continue  # timm has no R50+ViT hybrid
+      try:
+        built = side.ask(f"build {index[0]}")
+      except RuntimeError as e:
+        print(f"  {e}", flush=True)
+        del sides[impl]
+        continue
+      rows[impl] = dict(side.variants[index[0]], times=[], xla_flops=built["xla_flops"])
+    order = list(rows)
+    for r in range(_REPEATS.value):
+      for impl in order if r % 2 == 0 else order[::-1]:
+        time.sleep(_PAUSE.value)
+        rows[impl]["times"].append(sides[impl].ask("run"))
+    for impl, row in rows.items():
+      measured[impl].append(row)
+      print(
+        f"  {impl} {row['model']} {row['dtype']} {row['mode']}: "
+        f"{row['batch'] / statistics.median(row['times']):.2f} img/s",
+        flush=True,
+      )
+  for side in sides.values():
+    side.close()
+  return measured
 
 
 _JSON_MARK = "BENCHMARK_ROWS "
@@ -564,6 +705,9 @@ def main(argv):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _XLA_FLAGS.value).strip()
   import vit_jax  # noqa: F401, PLC0415 (adds its XLA:CPU defaults to XLA_FLAGS: xla_cpu_flags)
 
+  if _PROCESS.value != "all" and _PAIRED.value:
+    _serve(_PROCESS.value)
+    return
   if _PROCESS.value != "all":
     rows = _measure(_PROCESS.value)
     print(_JSON_MARK + json.dumps(rows), flush=True)
@@ -573,18 +717,29 @@ def main(argv):
   cpus = len(os.sched_getaffinity(0))
   print(f"{cpus} CPUs")
   print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+  if _PAIRED.value:
+    how = (
+      f"{_REPEATS.value} rounds, each {_ITERS.value} steps per implementation in turn in its own "
+      f"process ({_PAUSE.value} s pause before each turn); ratio: median of the rounds' ratios"
+    )
+  else:
+    how = (
+      f"{_REPEATS.value} rounds x {_ITERS.value} steps in each of {_PROCESSES.value} "
+      "process(es) per implementation, started in turn (median round)"
+    )
   print(
     f"JAX attention_kernel {_ATTENTION_KERNEL.value}, optimizer {_OPTIMIZER.value}, "
-    f"warmup {_WARMUP.value}, {_REPEATS.value} rounds x "
-    f"{_ITERS.value} steps in each of {_PROCESSES.value} process(es) per implementation, "
-    "started in turn (median round)"
+    f"warmup {_WARMUP.value}, {how}"
   )
   timm = ["timm"] + (["timm_compile"] if _TIMM_COMPILE.value else []) if _want_timm() else []
   impls = ["jax"] + (["baseline"] if _BASELINE_REV.value else []) + timm
-  measured = {impl: [] for impl in impls}
-  for _ in range(_PROCESSES.value):
-    for impl in impls:
-      _merge_rounds(measured[impl], _run_process(impl))
+  if _PAIRED.value:
+    measured = _paired(impls)
+  else:
+    measured = {impl: [] for impl in impls}
+    for _ in range(_PROCESSES.value):
+      for impl in impls:
+        _merge_rounds(measured[impl], _run_process(impl))
   rows = []
   for ref in measured["jax"]:
     group = [ref] + [
@@ -610,13 +765,32 @@ def main(argv):
         tflops=model_flops / step_s / 1e12 if model_flops else None,
         xla_tflops=r["xla_flops"] / step_s / 1e12 if r["xla_flops"] else None,
         peak=model_flops / step_s / peak if model_flops and peak else None,
-        vs=(step_s / statistics.median(ref["times"])) if r is not ref else None,
+        vs=ratio(r["times"], ref["times"], _PAIRED.value) if r is not ref else None,
+        vs_quartiles=(
+          ratio_quartiles(r["times"], ref["times"]) if r is not ref and _PAIRED.value else None
+        ),
         vs_best=(min(r["times"]) / min(ref["times"])) if r is not ref else None,
       )
       rows.append(row)
       _print_row(row, header=len(rows) == 1)
     print(f"  peak {peak / 1e12:.3g} TFLOP/s ({peak_how})" if peak else f"  peak {peak_how}")
   _print_summary(rows)
+
+
+def ratio(times: list[float], ref_times: list[float], paired: bool) -> float:
+  """How many times faster `ref` (JAX) ran than `times`' side: paired (round i of both sides
+  timed seconds apart), the median of the rounds' ratios; otherwise the ratio of the medians."""
+  if paired:
+    return statistics.median(t / r for t, r in zip(times, ref_times, strict=True))
+  return statistics.median(times) / statistics.median(ref_times)
+
+
+def ratio_quartiles(times: list[float], ref_times: list[float]) -> tuple[float, float] | None:
+  """The first and third quartiles of paired rounds' ratios (None for fewer than two rounds)."""
+  if len(times) < 2:
+    return None
+  q = statistics.quantiles([t / r for t, r in zip(times, ref_times, strict=True)], n=4)
+  return q[0], q[2]
 
 
 def _fmt(x, spec, missing="-"):
@@ -643,6 +817,7 @@ def _print_summary(rows):
   print(
     "\nSummary: images/s of the median round (of the best round); ratio = JAX's over the"
     " other's, >1 means JAX is faster"
+    + ("; --paired: median of the rounds' ratios" if _PAIRED.value else "")
   )
   keys = []
   for r in rows:
@@ -652,10 +827,14 @@ def _print_summary(rows):
   for k in keys:
     group = [r for r in rows if _variant(r) == k]
     parts = [f"{group[0]['impl']} {group[0]['img_s']:.2f} ({group[0]['best_img_s']:.2f})"]
-    parts += [
-      f"{r['impl']} {r['img_s']:.2f} ({r['best_img_s']:.2f}) ratio x{r['vs']:.3f} (x{r['vs_best']:.3f})"
-      for r in group[1:]
-    ]
+    for r in group[1:]:
+      if r["vs_quartiles"]:
+        detail = "rounds' ratios IQR {:.3f}-{:.3f}".format(*r["vs_quartiles"])
+      else:
+        detail = f"x{r['vs_best']:.3f}"
+      parts.append(
+        f"{r['impl']} {r['img_s']:.2f} ({r['best_img_s']:.2f}) ratio x{r['vs']:.3f} ({detail})"
+      )
     print(f"  {k[0]} b{k[1]} {k[2]:8} {k[3]:7}: " + ", ".join(parts))
 
 
