@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up vit_jax on a fresh Debian/Ubuntu machine with Python 3.11+: the Debian packages the demo
-# reads (Fashion-MNIST), a virtual environment in .venv with the package (editable) and, with
-# --test, the test tools. Idempotent: run it again after pulling.
+# needs (Fashion-MNIST; g++, which builds the CPU attention kernel on first use), a virtual
+# environment in .venv with the package (editable) and, with --test, the test tools. Idempotent:
+# run it again after pulling.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -10,9 +11,9 @@ extras=""
 
 sudo=""
 [[ "$(id -u)" != 0 ]] && sudo="sudo"
-if ! dpkg -s dataset-fashion-mnist python3-venv >/dev/null 2>&1; then
+if ! dpkg -s dataset-fashion-mnist python3-venv g++ >/dev/null 2>&1; then
   $sudo apt-get update -qq
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist python3-venv
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist python3-venv g++
 fi
 
 python3 -m venv .venv

@@ -312,7 +312,7 @@ def test_fused_attention_branch_layout(monkeypatch):
     calls.append(q.shape)
     return fused(q, k, v)
 
-  monkeypatch.setattr(models_vit, "_use_cudnn", lambda *a: True)
+  monkeypatch.setattr(models_vit, "_attention_path", lambda *a: "cudnn")
   monkeypatch.setattr(models_vit, "_cudnn_attention", spy)
   monkeypatch.setattr(models_vit, "_FUSED_IMPLEMENTATION", "xla")
   fused_result = loss_and_grads()

@@ -12,8 +12,9 @@ Attention weights are sown into the `intermediates` collection when the caller m
 
 Layout for speed, not for the parameters (which keep the checkpoint format): the Dense layers run
 as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, the attention core
-in heads-major layout with a hand-written backward pass (`_attention`; on NVIDIA GPUs in bf16,
-cuDNN's fused attention instead: `attention_kernel`), and the LayerNorms and the tanh GELU with
+in heads-major layout with a hand-written backward pass (`_attention`; instead, on NVIDIA GPUs in
+bf16 cuDNN's fused attention and on a one-device CPU in float32 the C++ kernel of
+`vit_jax/cpu_attention.py`: `attention_kernel`), and the LayerNorms and the tanh GELU with
 one each (`_layer_norm`, `_gelu_tanh`); see the profile in experiments/benchmark_model.py's
 docstring.
 
@@ -29,7 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import models_resnet
+from vit_jax import cpu_attention, models_resnet
 
 Dtype = Any
 
@@ -130,7 +131,7 @@ def _attention_bwd(residuals, d_out):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-ATTENTION_KERNELS = ("auto", "xla", "cudnn")
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "cpu")
 
 
 _FUSED_IMPLEMENTATION = "cudnn"  # jax.nn.dot_product_attention's; tests run the code on "xla"
@@ -159,30 +160,47 @@ def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   return out[:, :tokens]
 
 
-def _use_cudnn(kernel: str, dtype: Dtype, head_dim: int) -> bool:
-  """Whether `attention_kernel` = kernel runs the attention core in cuDNN for this block.
+def _attention_path(kernel: str, dtype: Dtype, head_dim: int) -> str:
+  """Where `attention_kernel` = kernel runs this block's attention core: 'cudnn', 'cpu' or 'xla'.
 
   'auto' picks cuDNN on an NVIDIA GPU for bf16/fp16 computation with a head dim cuDNN's flash
-  attention takes (a multiple of 8, at most 128); float32, other backends and other shapes take
-  the XLA path. 'cudnn' insists, and fails on a backend without it.
+  attention takes (a multiple of 8, at most 128), and the C++ kernel of `cpu_attention` on a
+  CPU backend with one device for float32 when it could be built (otherwise it logs why once);
+  everything else takes the XLA path. 'cudnn' and 'cpu' insist, and fail clearly where they
+  cannot run. The C++ kernel has no sharding rule, hence one device: on a mesh of several, XLA
+  would gather its operands.
   """
   if kernel not in ATTENTION_KERNELS:
     raise ValueError(f"attention_kernel={kernel!r}; expected one of {ATTENTION_KERNELS}")
-  on_gpu = jax.default_backend() == "gpu"
+  backend = jax.default_backend()
+  float32 = jnp.dtype(dtype) == jnp.dtype(jnp.float32)
   if kernel == "cudnn":
-    if not on_gpu:
+    if backend != "gpu":
       raise ValueError(
         f"attention_kernel='cudnn' needs an NVIDIA GPU; the default backend is "
-        f"{jax.default_backend()!r} (use 'auto' or 'xla')"
+        f"{backend!r} (use 'auto' or 'xla')"
       )
-    return True
-  return (
-    kernel == "auto"
-    and on_gpu
-    and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-    and head_dim % 8 == 0
-    and head_dim <= 128
-  )
+    return "cudnn"
+  if kernel == "cpu":
+    if backend != "cpu" or not float32:
+      raise ValueError(
+        f"attention_kernel='cpu' runs float32 on the CPU backend; here the backend is "
+        f"{backend!r} and the dtype {jnp.dtype(dtype).name} (use 'auto' or 'xla')"
+      )
+    reason = cpu_attention.unavailable_reason()
+    if reason:
+      raise ValueError(f"attention_kernel='cpu': {reason}")
+    return "cpu"
+  if kernel == "xla":
+    return "xla"
+  low_precision = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  if backend == "gpu" and low_precision and head_dim % 8 == 0 and head_dim <= 128:
+    return "cudnn"
+  if backend == "cpu" and float32 and jax.device_count() == 1:
+    if cpu_attention.unavailable_reason() is None:
+      return "cpu"
+    cpu_attention.warn_unavailable()
+  return "xla"
 
 
 _LAYER_NORM_EPSILON = 1e-6  # flax's nn.LayerNorm default, the published checkpoints' value
@@ -314,8 +332,9 @@ class MultiHeadDotProductAttention(nn.Module):
   """Multi-head self-attention with query/key/value kernels [D, heads, D/heads].
 
   The three projections run as one matmul (their kernels concatenated at apply time). The
-  attention core runs per `attention_kernel` (see `_use_cudnn`): cuDNN's fused attention on
-  [batch, tokens, heads, head_dim], or XLA matmuls and softmax in heads-major layout
+  attention core runs per `attention_kernel` (see `_attention_path`): cuDNN's fused attention on
+  [batch, tokens, heads, head_dim], the C++ kernel of `cpu_attention` on the projections' output
+  [batch, tokens, 3, heads, head_dim], or XLA matmuls and softmax in heads-major layout
   [batch, heads, tokens, head_dim] with a hand-written backward pass (`_attention`). The
   parameters are those of Flax's `nn.MultiHeadDotProductAttention` (query/key/value/out,
   DenseGeneral layout).
@@ -345,9 +364,12 @@ class MultiHeadDotProductAttention(nn.Module):
     qkv = qkv.reshape(batch, tokens, 3, heads, head_dim)
     sow = self.is_mutable_collection("intermediates")
     dropout = self.dropout_rate > 0.0 and not deterministic
-    if _use_cudnn(self.attention_kernel, self.dtype, head_dim) and not (sow or dropout):
+    path = _attention_path(self.attention_kernel, self.dtype, head_dim)
+    if path == "cudnn" and not (sow or dropout):
       out = _cudnn_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])  # [b, t, h, d]
       out = out.reshape(batch, tokens, width)
+    elif path == "cpu" and not (sow or dropout):
+      out = cpu_attention.attention(qkv).reshape(batch, tokens, width)
     else:
       qkv = qkv.transpose(2, 0, 3, 1, 4)
       q, k, v = qkv[0], qkv[1], qkv[2]  # [batch, heads, tokens, head_dim]
@@ -562,8 +584,9 @@ class VisionTransformer(nn.Module):
       weights were trained with, False the exact erf GELU that timm and Hugging Face use by
       default (and that matches them exactly). No parameter depends on it.
     attention_kernel: the attention core: 'auto' (cuDNN's fused attention on NVIDIA GPUs for
-      bf16/fp16, XLA elsewhere), 'xla' or 'cudnn'. The same function up to rounding; no
-      parameter depends on it. Sowing attention weights or attention dropout use XLA.
+      bf16/fp16, the C++ kernel of `cpu_attention` on a one-device CPU backend for float32, XLA
+      elsewhere), 'xla', 'cudnn' or 'cpu'. The same function up to rounding; no parameter
+      depends on it. Sowing attention weights or attention dropout use XLA.
   """
 
   num_classes: int | None
