@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up vit_jax on a fresh Debian/Ubuntu machine with Python 3.11+: the Debian packages the demo
-# needs (Fashion-MNIST; g++, which builds the CPU attention kernel on first use), a virtual
+# needs (Fashion-MNIST; g++, which builds the CPU kernels on first use), a virtual
 # environment in .venv with the package (editable) and, with --test, the test tools. Idempotent:
 # run it again after pulling.
 set -euo pipefail

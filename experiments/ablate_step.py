@@ -17,9 +17,12 @@ show (its dot events time only the dispatch).
 `--model=demo` is experiments/demo.py's model (32px, 10 classes).
 
 Variants: full, no_attention (the attention core returns V), no_layernorm, no_gelu,
-xla_attention (attention_kernel='xla'), autodiff_attention (the XLA path without `_attention`'s
-hand-written backward), autodiff_norms (LayerNorm and GELU without theirs). A removed part also
-changes the loss, so the numbers are costs, not a model anyone would train.
+xla_attention (attention_kernel='xla': on a one-device CPU, XLA instead of the C++ kernel of
+vit_jax/cpu_kernels.py), xla_layer_norm (likewise layer_norm_kernel='xla'), xla_kernels (both),
+autodiff_attention (the XLA path without `_attention`'s hand-written backward), autodiff_norms
+(LayerNorm and GELU without theirs). The variants that replace `_attention` or `_layer_norm`
+run that part on the XLA path. A removed part also changes the loss, so the numbers are costs,
+not a model anyone would train.
 """
 
 import argparse
@@ -63,14 +66,20 @@ class Variant:
   overrides: dict[str, str]
 
 
+_XLA_ATTENTION = {"attention_kernel": "xla"}
+_XLA_LAYER_NORM = {"layer_norm_kernel": "xla"}
 VARIANTS = {
   "full": Variant({}, {}),
-  "no_attention": Variant({"_attention": lambda q, k, v: v}, {"attention_kernel": "xla"}),
-  "no_layernorm": Variant({"_layer_norm": lambda x, scale, bias: x}, {}),
+  "no_attention": Variant({"_attention": lambda q, k, v: v}, _XLA_ATTENTION),
+  "no_layernorm": Variant({"_layer_norm": lambda x, scale, bias: x}, _XLA_LAYER_NORM),
   "no_gelu": Variant({"_gelu_tanh": lambda x: x}, {}),
-  "xla_attention": Variant({}, {"attention_kernel": "xla"}),
-  "autodiff_attention": Variant({"_attention": _plain_attention}, {"attention_kernel": "xla"}),
-  "autodiff_norms": Variant({"_layer_norm": _plain_layer_norm, "_gelu_tanh": _plain_gelu}, {}),
+  "xla_attention": Variant({}, _XLA_ATTENTION),
+  "xla_layer_norm": Variant({}, _XLA_LAYER_NORM),
+  "xla_kernels": Variant({}, {**_XLA_ATTENTION, **_XLA_LAYER_NORM}),
+  "autodiff_attention": Variant({"_attention": _plain_attention}, _XLA_ATTENTION),
+  "autodiff_norms": Variant(
+    {"_layer_norm": _plain_layer_norm, "_gelu_tanh": _plain_gelu}, _XLA_LAYER_NORM
+  ),
 }
 
 

@@ -28,7 +28,13 @@ def test_variants_patch_the_step_and_restore_the_model(capsys):
   }
   assert set(first) == set(ablate_step.VARIANTS)
   # The same function by another route gives the same loss; a removed part changes it.
-  for same in ("xla_attention", "autodiff_attention", "autodiff_norms"):
+  for same in (
+    "xla_attention",
+    "xla_layer_norm",
+    "xla_kernels",
+    "autodiff_attention",
+    "autodiff_norms",
+  ):
     assert abs(first[same] - first["full"]) < 1e-5, (same, first)
   for removed in ("no_attention", "no_layernorm", "no_gelu"):
     assert abs(first[removed] - first["full"]) > 1e-3, (removed, first)

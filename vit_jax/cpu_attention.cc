@@ -1,4 +1,4 @@
-// The ViT's attention core for XLA:CPU, an FFI custom call (vit_jax/cpu_attention.py builds and
+// The ViT's attention core for XLA:CPU, an FFI custom call (vit_jax/cpu_kernels.py builds and
 // registers it): softmax(q k^T / sqrt(head_dim)) v, forward and backward, float32.
 //
 // q, k and v are read straight from the QKV projection's [batch, tokens, 3, heads, head_dim]
@@ -15,6 +15,7 @@
 #include <immintrin.h>
 #endif
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"

@@ -63,8 +63,10 @@ def vit_config(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, re
       # The published weights use the tanh approximation; timm and Hugging Face the exact GELU.
       gelu_approximate=True,
       # The attention core's kernel (models_vit.ATTENTION_KERNELS); 'auto': cuDNN on GPUs (bf16),
-      # the C++ kernel of vit_jax/cpu_attention.py on a one-device CPU (float32).
+      # the C++ kernel of vit_jax/cpu_kernels.py on a one-device CPU (float32).
       attention_kernel="auto",
+      # The LayerNorms' (models_vit.LAYER_NORM_KERNELS); 'auto': C++ on a one-device CPU (float32).
+      layer_norm_kernel="auto",
     )
   )
 

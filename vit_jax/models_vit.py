@@ -14,8 +14,9 @@ Layout for speed, not for the parameters (which keep the checkpoint format): the
 as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, the attention core
 in heads-major layout with a hand-written backward pass (`_attention`; instead, on NVIDIA GPUs in
 bf16 cuDNN's fused attention and on a one-device CPU in float32 the C++ kernel of
-`vit_jax/cpu_attention.py`: `attention_kernel`), and the LayerNorms and the tanh GELU with
-one each (`_layer_norm`, `_gelu_tanh`); see the profile in experiments/benchmark_model.py's
+`vit_jax/cpu_kernels.py`: `attention_kernel`), and the LayerNorms and the tanh GELU with
+one each (`_layer_norm`, `_gelu_tanh`; the LayerNorms, like the attention, in C++ on a
+one-device CPU: `layer_norm_kernel`); see the profile in experiments/benchmark_model.py's
 docstring.
 
 This file must not import TensorFlow.
@@ -30,7 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import cpu_attention, models_resnet
+from vit_jax import cpu_kernels, models_resnet
 
 Dtype = Any
 
@@ -160,20 +161,44 @@ def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   return out[:, :tokens]
 
 
+def _use_cpu_kernel(field: str, kernel: str, dtype: Dtype) -> bool:
+  """Whether `field` = kernel ('auto', 'cpu' or another choice) runs vit_jax.cpu_kernels' C++.
+
+  'auto' takes it on a CPU backend with one device for float32 when the kernels could be built
+  (otherwise it logs why, once); 'cpu' insists, and fails clearly where it cannot run. The C++
+  kernels have no sharding rule, hence one device: on a mesh of several XLA would gather their
+  operands.
+  """
+  backend = jax.default_backend()
+  float32 = jnp.dtype(dtype) == jnp.dtype(jnp.float32)
+  if kernel == "cpu":
+    if backend != "cpu" or not float32:
+      raise ValueError(
+        f"{field}='cpu' runs float32 on the CPU backend; here the backend is {backend!r} and "
+        f"the dtype {jnp.dtype(dtype).name} (use 'auto' or 'xla')"
+      )
+    reason = cpu_kernels.unavailable_reason()
+    if reason:
+      raise ValueError(f"{field}='cpu': {reason}")
+    return True
+  if kernel == "auto" and backend == "cpu" and float32 and jax.device_count() == 1:
+    if cpu_kernels.unavailable_reason() is None:
+      return True
+    cpu_kernels.warn_unavailable()
+  return False
+
+
 def _attention_path(kernel: str, dtype: Dtype, head_dim: int) -> str:
   """Where `attention_kernel` = kernel runs this block's attention core: 'cudnn', 'cpu' or 'xla'.
 
   'auto' picks cuDNN on an NVIDIA GPU for bf16/fp16 computation with a head dim cuDNN's flash
-  attention takes (a multiple of 8, at most 128), and the C++ kernel of `cpu_attention` on a
-  CPU backend with one device for float32 when it could be built (otherwise it logs why once);
-  everything else takes the XLA path. 'cudnn' and 'cpu' insist, and fail clearly where they
-  cannot run. The C++ kernel has no sharding rule, hence one device: on a mesh of several, XLA
-  would gather its operands.
+  attention takes (a multiple of 8, at most 128), the C++ kernel of `cpu_kernels` as
+  `_use_cpu_kernel` says, and the XLA path everywhere else. 'cudnn' and 'cpu' insist, and fail
+  clearly where they cannot run.
   """
   if kernel not in ATTENTION_KERNELS:
     raise ValueError(f"attention_kernel={kernel!r}; expected one of {ATTENTION_KERNELS}")
   backend = jax.default_backend()
-  float32 = jnp.dtype(dtype) == jnp.dtype(jnp.float32)
   if kernel == "cudnn":
     if backend != "gpu":
       raise ValueError(
@@ -181,29 +206,18 @@ def _attention_path(kernel: str, dtype: Dtype, head_dim: int) -> str:
         f"{backend!r} (use 'auto' or 'xla')"
       )
     return "cudnn"
-  if kernel == "cpu":
-    if backend != "cpu" or not float32:
-      raise ValueError(
-        f"attention_kernel='cpu' runs float32 on the CPU backend; here the backend is "
-        f"{backend!r} and the dtype {jnp.dtype(dtype).name} (use 'auto' or 'xla')"
-      )
-    reason = cpu_attention.unavailable_reason()
-    if reason:
-      raise ValueError(f"attention_kernel='cpu': {reason}")
+  if _use_cpu_kernel("attention_kernel", kernel, dtype):
     return "cpu"
-  if kernel == "xla":
-    return "xla"
   low_precision = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  if backend == "gpu" and low_precision and head_dim % 8 == 0 and head_dim <= 128:
+  fits = head_dim % 8 == 0 and head_dim <= 128
+  if kernel == "auto" and backend == "gpu" and low_precision and fits:
     return "cudnn"
-  if backend == "cpu" and float32 and jax.device_count() == 1:
-    if cpu_attention.unavailable_reason() is None:
-      return "cpu"
-    cpu_attention.warn_unavailable()
   return "xla"
 
 
-_LAYER_NORM_EPSILON = 1e-6  # flax's nn.LayerNorm default, the published checkpoints' value
+# flax's nn.LayerNorm default, the published checkpoints' value; the C++ kernel's too.
+_LAYER_NORM_EPSILON = cpu_kernels.LAYER_NORM_EPSILON
+LAYER_NORM_KERNELS = ("auto", "xla", "cpu")
 
 
 @jax.custom_vjp
@@ -263,17 +277,24 @@ class LayerNorm(nn.Module):
   """LayerNorm over the last axis with flax's parameters (`scale` ones, `bias` zeros) and epsilon.
 
   Computes `_layer_norm` in float32 and returns `dtype`; a drop-in for `nn.LayerNorm` in the
-  checkpoint format.
+  checkpoint format. `kernel` (LAYER_NORM_KERNELS): 'auto' runs the C++ kernel of `cpu_kernels`
+  on a one-device CPU in float32 (`_use_cpu_kernel`), 'cpu' insists, 'xla' never.
   """
 
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  kernel: str = "auto"
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    if self.kernel not in LAYER_NORM_KERNELS:
+      raise ValueError(f"layer_norm_kernel={self.kernel!r}; expected one of {LAYER_NORM_KERNELS}")
     features = x.shape[-1]
     scale = self.param("scale", nn.initializers.ones, (features,), self.param_dtype)
     bias = self.param("bias", nn.initializers.zeros, (features,), self.param_dtype)
+    if _use_cpu_kernel("layer_norm_kernel", self.kernel, self.dtype):
+      f32 = jnp.float32
+      return cpu_kernels.layer_norm(x.astype(f32), scale.astype(f32), bias.astype(f32))
     return _layer_norm(x.astype(self.dtype), scale, bias)
 
 
@@ -333,7 +354,7 @@ class MultiHeadDotProductAttention(nn.Module):
 
   The three projections run as one matmul (their kernels concatenated at apply time). The
   attention core runs per `attention_kernel` (see `_attention_path`): cuDNN's fused attention on
-  [batch, tokens, heads, head_dim], the C++ kernel of `cpu_attention` on the projections' output
+  [batch, tokens, heads, head_dim], the C++ kernel of `cpu_kernels` on the projections' output
   [batch, tokens, 3, heads, head_dim], or XLA matmuls and softmax in heads-major layout
   [batch, heads, tokens, head_dim] with a hand-written backward pass (`_attention`). The
   parameters are those of Flax's `nn.MultiHeadDotProductAttention` (query/key/value/out,
@@ -369,7 +390,7 @@ class MultiHeadDotProductAttention(nn.Module):
       out = _cudnn_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])  # [b, t, h, d]
       out = out.reshape(batch, tokens, width)
     elif path == "cpu" and not (sow or dropout):
-      out = cpu_attention.attention(qkv).reshape(batch, tokens, width)
+      out = cpu_kernels.attention(qkv).reshape(batch, tokens, width)
     else:
       qkv = qkv.transpose(2, 0, 3, 1, 4)
       q, k, v = qkv[0], qkv[1], qkv[2]  # [batch, heads, tokens, head_dim]
@@ -430,11 +451,13 @@ class Encoder1DBlock(nn.Module):
   param_dtype: Dtype = jnp.float32
   gelu_approximate: bool = True
   attention_kernel: str = "auto"
+  layer_norm_kernel: str = "auto"
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    y = LayerNorm(name="LayerNorm_0", **kw)(x)
+    ln_kw = dict(kernel=self.layer_norm_kernel, **kw)
+    y = LayerNorm(name="LayerNorm_0", **ln_kw)(x)
     y = MultiHeadDotProductAttention(
       self.num_heads,
       self.attention_dropout_rate,
@@ -444,7 +467,7 @@ class Encoder1DBlock(nn.Module):
     )(y, deterministic)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + y
-    y = LayerNorm(name="LayerNorm_2", **kw)(x)
+    y = LayerNorm(name="LayerNorm_2", **ln_kw)(x)
     y = MlpBlock(
       self.mlp_dim,
       self.dropout_rate,
@@ -526,6 +549,7 @@ class Encoder(nn.Module):
   scan: bool = False
   gelu_approximate: bool = True
   attention_kernel: str = "auto"
+  layer_norm_kernel: str = "auto"
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -541,6 +565,7 @@ class Encoder(nn.Module):
       param_dtype=self.param_dtype,
       gelu_approximate=self.gelu_approximate,
       attention_kernel=self.attention_kernel,
+      layer_norm_kernel=self.layer_norm_kernel,
     )
     block_cls = _ScannedEncoder1DBlock if self.scan else Encoder1DBlock
     if self.remat:
@@ -558,7 +583,12 @@ class Encoder(nn.Module):
     else:
       for i in range(self.num_layers):
         x = block_cls(name=f"encoderblock_{i}", **block_kw)(x, deterministic)
-    return LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name="encoder_norm")(x)
+    return LayerNorm(
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel=self.layer_norm_kernel,
+      name="encoder_norm",
+    )(x)
 
 
 class VisionTransformer(nn.Module):
@@ -584,9 +614,11 @@ class VisionTransformer(nn.Module):
       weights were trained with, False the exact erf GELU that timm and Hugging Face use by
       default (and that matches them exactly). No parameter depends on it.
     attention_kernel: the attention core: 'auto' (cuDNN's fused attention on NVIDIA GPUs for
-      bf16/fp16, the C++ kernel of `cpu_attention` on a one-device CPU backend for float32, XLA
+      bf16/fp16, the C++ kernel of `cpu_kernels` on a one-device CPU backend for float32, XLA
       elsewhere), 'xla', 'cudnn' or 'cpu'. The same function up to rounding; no parameter
       depends on it. Sowing attention weights or attention dropout use XLA.
+    layer_norm_kernel: the LayerNorms: 'auto' (the C++ kernel of `cpu_kernels` on a one-device
+      CPU backend for float32, XLA elsewhere), 'xla' or 'cpu'; the same function up to rounding.
   """
 
   num_classes: int | None
@@ -607,6 +639,7 @@ class VisionTransformer(nn.Module):
   scan: bool = False
   gelu_approximate: bool = True
   attention_kernel: str = "auto"
+  layer_norm_kernel: str = "auto"
 
   @nn.compact
   def __call__(
@@ -670,6 +703,7 @@ class VisionTransformer(nn.Module):
       scan=self.scan,
       gelu_approximate=self.gelu_approximate,
       attention_kernel=self.attention_kernel,
+      layer_norm_kernel=self.layer_norm_kernel,
       name="Transformer",
     )(x, not train)
     if return_tokens:
