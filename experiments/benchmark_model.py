@@ -60,9 +60,10 @@ weight gradients on [batch, tokens, width] activations were ~2.5x slower than th
 on flattened rows. Then YNNPACK, which jax 0.10 uses for every CPU matmul, ran Ti/16's attention
 backward matmuls at half the speed of XLA's own dots: vit_jax now keeps matmuls out of it
 (vit_jax/xla_cpu_flags.py). LayerNorm and the tanh GELU got hand-written backward passes (fewer
-fusions, no materialised broadcasts). What remains is the attention core: about 70-75 ms per
-block of Ti/16's 3.4-3.7 s step (an ablation without it: experiments/ablate_step.py), where
-torch's fused CPU attention takes about 48.
+fusions, no materialised broadcasts). Ablations of both sides then put the rest of the gap in the
+attention core (about 74 ms per block of Ti/16's step against torch's fused CPU attention's ~41)
+and in LayerNorm: on a one-device CPU both now run as C++ kernels (vit_jax/cpu_kernels.py;
+`ablate_step.py --variants=full,xla_kernels` compares them with XLA's path).
 On an H200 (ViT-B/16, bf16, batch 256) cuDNN's fused attention (`--attention_kernel=auto`) took
 the train step from 93.5 to 74.4 ms; without any attention core it is 57.3 ms (README).
 
