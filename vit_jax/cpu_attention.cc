@@ -18,37 +18,15 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-// Runs body(task) for every task in [0, tasks) on XLA's intra-op thread pool, one worker per pool
-// thread taking tasks in turn, and returns at once: XLA's runtime goes on with other work and
-// continues after this custom call when the future is ready. (Blocking a pool thread until the
-// workers finish stalled the whole train step: with two threads one of them sat waiting.)
-template <typename Body>
-ffi::Future ParallelFor(ffi::ThreadPool& pool, int64_t tasks, Body body) {
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), tasks));
-  ffi::CountDownPromise done(workers);
-  ffi::Future future(done);
-  auto next = std::make_shared<std::atomic<int64_t>>(0);
-  for (int64_t w = 0; w < workers; ++w) {
-    pool.Schedule([done, next, tasks, body]() mutable {
-      for (int64_t t; (t = next->fetch_add(1)) < tasks;) body(t);
-      done.CountDown();
-    });
-  }
-  return future;
-}
-
-ffi::Future Failed(ffi::Error error) {
-  ffi::Promise promise;
-  ffi::Future future(promise);
-  promise.SetError(std::move(error));
-  return future;
-}
+using vit_jax::Failed;
+using vit_jax::ParallelFor;
 
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
@@ -181,7 +159,7 @@ ffi::Future Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::Result
   float* w = weights->typed_data();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
   const int64_t stride = 3 * s.h * s.d;
-  return ParallelFor(pool, s.b * s.h, [=](int64_t task) {
+  auto task_body = [=](int64_t task) {
     const int64_t bi = task / s.h, hi = task % s.h;
     const int64_t tp4 = s.tp4(), tp16 = s.tp16(), dp16 = s.dp16(), t = s.t, d = s.d;
     float* q = Scratch(0, tp4 * d);
@@ -203,7 +181,8 @@ ffi::Future Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::Result
     Gemm<false>(tp4, dp16, t, p, tp16, v, dp16, ov, dp16);
     for (int64_t i = 0; i < t; ++i)
       std::memcpy(o + s.out(bi, i, hi), ov + i * dp16, d * sizeof(float));
-  });
+  };
+  return ParallelFor(pool, s.b * s.h, task_body, [] {});
 }
 
 ffi::Future Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> d_out, ffi::Buffer<ffi::F32> qkv,
@@ -221,7 +200,7 @@ ffi::Future Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> d_out, ffi::Buf
   float* dx = d_qkv->typed_data();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
   const int64_t stride = 3 * s.h * s.d, out_stride = s.h * s.d;
-  return ParallelFor(pool, s.b * s.h, [=](int64_t task) {
+  auto task_body = [=](int64_t task) {
     const int64_t bi = task / s.h, hi = task % s.h;
     const int64_t tp4 = s.tp4(), tp16 = s.tp16(), dp16 = s.dp16(), t = s.t, d = s.d;
     // dP = dO V^T; dS = P (dP - rowsum(dP P)); dQ = dS K scale; dK = dS^T (Q scale); dV = P^T dO.
@@ -270,7 +249,8 @@ ffi::Future Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> d_out, ffi::Buf
     store(1, 1.f);
     Gemm<true>(tp4, dp16, t, p, tp16, go_p, dp16, res, dp16);
     store(2, 1.f);
-  });
+  };
+  return ParallelFor(pool, s.b * s.h, task_body, [] {});
 }
 
 }  // namespace

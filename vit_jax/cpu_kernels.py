@@ -33,6 +33,7 @@ import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = tuple(os.path.join(_HERE, f) for f in ("cpu_attention.cc", "cpu_layer_norm.cc"))
+_HEADERS = (os.path.join(_HERE, "cpu_parallel.h"),)
 # XLA target name -> the handler's symbol in the library.
 _TARGETS = {
   "vit_jax_attention_forward": "VitAttentionForward",
@@ -64,7 +65,7 @@ def _build(cxx: str) -> str:
   import jaxlib
 
   sources = []
-  for name in _SOURCES:
+  for name in _SOURCES + _HEADERS:
     with open(name, "rb") as f:
       sources.append(f.read())
   identity = [jaxlib.__version__, cxx, *_CXXFLAGS, platform.machine(), _cpu_flags()]

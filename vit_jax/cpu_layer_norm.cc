@@ -12,46 +12,15 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-// Runs body(chunk, lo, hi) over `chunks` slices of [0, rows) on the pool's threads, then finish()
-// on the worker that ends last, then completes the returned future; never blocks the caller.
-template <typename Body, typename Finish>
-ffi::Future ParallelRows(ffi::ThreadPool& pool, int64_t rows, int64_t chunks, Body body,
-                         Finish finish) {
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), chunks));
-  ffi::Promise promise;
-  ffi::Future future(promise);
-  struct State {
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> left;
-  };
-  auto state = std::make_shared<State>();
-  state->left = workers;
-  for (int64_t w = 0; w < workers; ++w) {
-    pool.Schedule([=]() mutable {
-      for (int64_t c; (c = state->next.fetch_add(1)) < chunks;) {
-        body(c, rows * c / chunks, rows * (c + 1) / chunks);
-      }
-      if (state->left.fetch_sub(1) == 1) {
-        finish();
-        promise.SetAvailable();
-      }
-    });
-  }
-  return future;
-}
-
-ffi::Future Failed(ffi::Error error) {
-  ffi::Promise promise;
-  ffi::Future future(promise);
-  promise.SetError(std::move(error));
-  return future;
-}
+using vit_jax::Failed;
+using vit_jax::ParallelFor;
 
 bool RowsOf(const ffi::Buffer<ffi::F32>& x, int64_t d, int64_t* rows) {
   if (d == 0 || x.element_count() % d) return false;
@@ -80,7 +49,9 @@ ffi::Future Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
   float* ys = y->typed_data();
   float* ms = mean->typed_data();
   float* rs = rstd->typed_data();
-  return ParallelRows(pool, rows, Chunks(pool, rows, d), [=](int64_t, int64_t lo, int64_t hi) {
+  const int64_t chunks = Chunks(pool, rows, d);
+  auto rows_of_chunk = [=](int64_t c) {
+    const int64_t lo = rows * c / chunks, hi = rows * (c + 1) / chunks;
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = xs + r * d;
       float* yr = ys + r * d;
@@ -97,7 +68,8 @@ ffi::Future Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
       ms[r] = m;
       rs[r] = rstd_r;
     }
-  }, [] {});
+  };
+  return ParallelFor(pool, chunks, rows_of_chunk, [] {});
 }
 
 ffi::Future Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> x,
@@ -120,7 +92,8 @@ ffi::Future Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> dy, ffi::Buffer
   float* parts = partial->data();
   float* dsc = dscale->typed_data();
   float* dbi = dbias->typed_data();
-  auto rows_of_chunk = [=](int64_t c, int64_t lo, int64_t hi) {
+  auto rows_of_chunk = [=](int64_t c) {
+    const int64_t lo = rows * c / chunks, hi = rows * (c + 1) / chunks;
     float* ds = parts + 2 * c * d;
     float* db = ds + d;
     for (int64_t r = lo; r < hi; ++r) {
@@ -158,7 +131,7 @@ ffi::Future Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> dy, ffi::Buffer
     }
     (void)partial;  // captured: the partial sums live until the last worker is done
   };
-  return ParallelRows(pool, rows, chunks, rows_of_chunk, sum_chunks);
+  return ParallelFor(pool, chunks, rows_of_chunk, sum_chunks);
 }
 
 }  // namespace
