@@ -7,15 +7,12 @@
 // task packs its operands into zero-padded scratch rows, runs its matmuls as register-tiled loops
 // and keeps the [tokens, tokens] softmax weights for the backward pass, as the XLA path does.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
-#include <memory>
-#include <utility>
 #include <vector>
 
 #include "cpu_parallel.h"
@@ -123,6 +120,8 @@ struct Shape {
   int64_t tp4() const { return RoundUp(t, 4); }
   int64_t tp16() const { return RoundUp(t, 16); }
   int64_t dp16() const { return RoundUp(d, 16); }
+  // 1/sqrt(head_dim) rounded once to float, as models_vit._scaled_queries multiplies.
+  float scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))); }
   // Row i of part s (0: q, 1: k, 2: v) of batch bi, head hi in [B, T, 3, H, D].
   int64_t qkv(int64_t bi, int64_t i, int64_t s, int64_t hi) const {
     return (((bi * t + i) * 3 + s) * h + hi) * d;
@@ -157,7 +156,7 @@ ffi::Future Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::Result
   const float* x = qkv.typed_data();
   float* o = out->typed_data();
   float* w = weights->typed_data();
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
+  const float scale = s.scale();
   const int64_t stride = 3 * s.h * s.d;
   auto task_body = [=](int64_t task) {
     const int64_t bi = task / s.h, hi = task % s.h;
@@ -198,22 +197,22 @@ ffi::Future Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> d_out, ffi::Buf
   const float* go = d_out.typed_data();
   const float* w = weights.typed_data();
   float* dx = d_qkv->typed_data();
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
+  const float scale = s.scale();
   const int64_t stride = 3 * s.h * s.d, out_stride = s.h * s.d;
   auto task_body = [=](int64_t task) {
     const int64_t bi = task / s.h, hi = task % s.h;
     const int64_t tp4 = s.tp4(), tp16 = s.tp16(), dp16 = s.dp16(), t = s.t, d = s.d;
     // dP = dO V^T; dS = P (dP - rowsum(dP P)); dQ = dS K scale; dK = dS^T (Q scale); dV = P^T dO.
-    // dS and P are kept [tp16 rows, tp16 columns] with zero padding, so the transposed products
+    // dS and P are kept [tp4 rows, tp16 columns] with zero padding, so the transposed products
     // read them column-wise (Gemm<true>) over the t query rows.
-    float* g = Scratch(0, tp16 * d);
+    float* g = Scratch(0, tp4 * d);
     float* vt = Scratch(1, d * tp16);
-    float* ds = Scratch(2, tp16 * tp16);
-    float* p = Scratch(3, tp16 * tp16);
+    float* ds = Scratch(2, tp4 * tp16);
+    float* p = Scratch(3, tp4 * tp16);
     float* kk = Scratch(4, t * dp16);
     float* qs = Scratch(5, t * dp16);
     float* go_p = Scratch(6, t * dp16);
-    float* res = Scratch(7, tp16 * dp16);
+    float* res = Scratch(7, tp4 * dp16);
     Pack(go + s.out(bi, 0, hi), out_stride, t, d, 1.f, g, tp4, d);
     PackTransposed(x + s.qkv(bi, 0, 2, hi), stride, t, d, 1.f, vt, d, tp16);
     Gemm<false>(tp4, tp16, d, g, d, vt, tp16, ds, tp16);  // dP, turned into dS below

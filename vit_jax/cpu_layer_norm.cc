@@ -5,11 +5,9 @@
 // The parameters' gradients are summed per chunk and then over chunks in a fixed order, so the
 // result does not depend on which thread ran what.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "cpu_parallel.h"
