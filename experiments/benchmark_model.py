@@ -10,15 +10,17 @@ at that git revision, so a model change is measured before/after in one run.
 
   # CPU defaults: the demo's model (32px, batch 128), ViT-Ti/16 (batch 32) and ViT-B/16 (batch
   # 8) at 224px, fp32:
-  python experiments/benchmark_model.py
+  python -m experiments.benchmark_model
   # The CPU comparison with timm taking turns step by step (drift on a shared machine cancels):
-  python experiments/benchmark_model.py --paired --repeats=16 --iters=1
+  python -m experiments.benchmark_model --paired --repeats=16 --iters=1
   # The working tree against the last commit, timm off, forward only:
-  python experiments/benchmark_model.py --baseline_rev=HEAD --timm=off --modes=forward
+  python -m experiments.benchmark_model --baseline_rev=HEAD --timm=off --modes=forward
+  # ... against another checkout of the repository:
+  python -m experiments.benchmark_model --baseline_dir=../vit_jax_main --timm=off
   # A GPU or TPU (larger default batches there), bf16, timm eager and under torch.compile:
-  python experiments/benchmark_model.py --models=B/16 --dtypes=bfloat16 --timm_compile
+  python -m experiments.benchmark_model --models=B/16 --dtypes=bfloat16 --timm_compile
   # The same with the JAX model's attention in XLA instead of cuDNN (GPU):
-  python experiments/benchmark_model.py --models=B/16 --dtypes=bfloat16 --attention_kernel=xla
+  python -m experiments.benchmark_model --models=B/16 --dtypes=bfloat16 --attention_kernel=xla
 
 `--models` takes presets or aliases (B/16, Ti/16, ...) and `demo`: experiments/demo.py's model
 (the `testing` preset widened, patch 4 on 32px images, 10 classes).
@@ -81,6 +83,7 @@ import gc
 import importlib.util
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -90,9 +93,9 @@ from collections.abc import Callable
 
 from absl import app, flags
 
+# The checkout: `git show` reads --baseline_rev's files from it, and the measured processes start
+# there (`python -m experiments.benchmark_model` resolves from the working directory).
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
 
 _MODELS = flags.DEFINE_list(
   "models", ["demo", "Ti/16", "B/16"], "Model presets or aliases, or 'demo' (experiments/demo.py)."
@@ -139,6 +142,12 @@ _TORCH_THREADS = flags.DEFINE_integer("torch_threads", 0, "0: the CPUs this proc
 _BASELINE_REV = flags.DEFINE_string(
   "baseline_rev", None, "Git revision whose models_vit.py/models_resnet.py run as 'before'."
 )
+_BASELINE_DIR = flags.DEFINE_string(
+  "baseline_dir",
+  None,
+  "Instead of --baseline_rev: a tree whose vit_jax/models_vit.py and models_resnet.py run as "
+  "'before'.",
+)
 _XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS before jax starts.")
 _PEAK_TFLOPS = flags.DEFINE_float("peak_tflops", None, "Override the device peak (TFLOP/s).")
 _PROCESS = flags.DEFINE_enum(
@@ -178,30 +187,77 @@ _PEAKS = [
 # ---------------------------------------------------------------------------------------------
 
 
-def _cpu_peak() -> tuple[float | None, str]:
-  """Estimates the fp32 peak of the CPUs this process may use from /proc/cpuinfo."""
+# The /proc/cpuinfo flags that decide how fast XLA:CPU's matmuls can be, as Linux names them.
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+@dataclasses.dataclass
+class CpuInfo:
+  """What /proc/cpuinfo says of this machine's CPUs (of the first one listed, for the model)."""
+
+  model: str | None
+  flags: frozenset[str]
+  mhz: list[float]  # every core's current clock
+
+  def describe(self) -> str:
+    """'AMD EPYC 7B13; avx2 fma, no avx512f avx512_bf16 amx_bf16 amx_tile'."""
+    has = [f for f in CPU_FEATURES if f in self.flags]
+    lacks = [f for f in CPU_FEATURES if f not in self.flags]
+    features = " ".join(has) or "none of " + " ".join(CPU_FEATURES)
+    if has and lacks:
+      features += ", no " + " ".join(lacks)
+    return f"{self.model or 'unknown model'}; {features}"
+
+
+def parse_cpuinfo(text: str) -> CpuInfo:
+  """The model name, flags and clocks of a /proc/cpuinfo text (x86: 'model name', 'flags')."""
+  model, cpu_flags, mhz = None, set(), []
+  for line in text.splitlines():
+    key, sep, value = line.partition(":")
+    if not sep:
+      continue
+    key, value = key.strip(), value.strip()
+    if key == "model name" and model is None:
+      model = value
+    elif key == "flags":
+      cpu_flags.update(value.split())
+    elif key == "cpu MHz":
+      mhz.append(float(value))
+  return CpuInfo(model, frozenset(cpu_flags), mhz)
+
+
+def read_cpuinfo(path: str = "/proc/cpuinfo") -> CpuInfo | None:
+  """parse_cpuinfo of `path`; None where it cannot be read (not Linux, a sandbox)."""
   try:
-    with open("/proc/cpuinfo") as f:
-      info = f.read()
+    with open(path) as f:
+      return parse_cpuinfo(f.read())
   except OSError:
+    return None
+
+
+def cpu_description(info: CpuInfo | None) -> str:
+  """One line naming the CPU and its matmul features, for the header beside the figures."""
+  if info is None:
+    machine = platform.processor() or platform.machine() or "unknown"
+    return f"{machine} (/proc/cpuinfo unreadable: model and features unknown)"
+  return info.describe()
+
+
+def _cpu_peak(info: CpuInfo | None = None) -> tuple[float | None, str]:
+  """Estimates the fp32 peak of the CPUs this process may use from /proc/cpuinfo."""
+  info = read_cpuinfo() if info is None else info
+  if info is None:
     return None, "unknown (no /proc/cpuinfo)"
-  cpu_flags = set()
-  mhz = []
-  for line in info.splitlines():
-    if line.startswith("flags"):
-      cpu_flags.update(line.split(":", 1)[1].split())
-    elif line.startswith("cpu MHz"):
-      mhz.append(float(line.split(":", 1)[1]))
-  if not mhz:
+  if not info.mhz:
     return None, "unknown (no clock in /proc/cpuinfo)"
-  if "avx512f" in cpu_flags:
+  if "avx512f" in info.flags:
     lanes = 16
-  elif "avx2" in cpu_flags and "fma" in cpu_flags:
+  elif "avx2" in info.flags and "fma" in info.flags:
     lanes = 8
   else:
     return None, "unknown (no AVX2+FMA)"
   cores = len(os.sched_getaffinity(0))
-  ghz = max(mhz) / 1e3
+  ghz = max(info.mhz) / 1e3
   # Two FMA pipes per core on every AVX2/AVX-512 server core of the last decade (Haswell+, Zen).
   peak = cores * 2 * lanes * 2 * ghz * 1e9
   isa = "AVX-512" if lanes == 16 else "AVX2"
@@ -254,16 +310,30 @@ class Runner:
   times: list[float] = dataclasses.field(default_factory=list)
 
 
-def _load_baseline_module(rev: str) -> types.ModuleType:
-  """Imports models_vit.py as of git revision `rev`, using models_resnet.py of the same rev."""
+def _baseline_label() -> str | None:
+  """The baseline's name in the rows: 'jax@<rev>' or 'jax@<folder name>' (None: no baseline)."""
+  if _BASELINE_DIR.value:
+    return "jax@" + os.path.basename(os.path.normpath(_BASELINE_DIR.value))
+  return "jax@" + _BASELINE_REV.value if _BASELINE_REV.value else None
+
+
+def _load_baseline_module(rev: str | None = None, tree: str | None = None) -> types.ModuleType:
+  """Imports models_vit.py as of git revision `rev` of this checkout, or from the tree `tree`,
+  using models_resnet.py of the same revision or tree."""
 
   def load(path, name):
-    src = subprocess.run(
-      ["git", "-C", _REPO, "show", f"{rev}:{path}"], check=True, capture_output=True, text=True
-    ).stdout
+    if tree is not None:
+      origin = os.path.join(tree, path)
+      with open(origin) as f:
+        src = f.read()
+    else:
+      origin = f"{rev}:{path}"
+      src = subprocess.run(
+        ["git", "-C", _REPO, "show", origin], check=True, capture_output=True, text=True
+      ).stdout
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
-    exec(compile(src, f"{rev}:{path}", "exec"), module.__dict__)  # noqa: S102
+    exec(compile(src, origin, "exec"), module.__dict__)  # noqa: S102
     return module
 
   resnet = load("vit_jax/models_resnet.py", "_baseline_models_resnet")
@@ -432,9 +502,7 @@ def _want_timm() -> bool:
 
 def demo_model_config():
   """experiments/demo.py's model: the `testing` preset widened (32px images, 10 classes)."""
-  sys.path.insert(0, os.path.join(_REPO, "experiments"))
-  import demo
-
+  from experiments import demo
   from vit_jax import models
 
   config = models.get_model_config("testing")
@@ -464,7 +532,9 @@ def _variants(impl: str) -> list[tuple[dict, Callable[[], Runner]]]:
   `build()` constructs, compiles and warms up that variant's Runner."""
   from vit_jax import models
 
-  baseline = _load_baseline_module(_BASELINE_REV.value) if impl == "baseline" else None
+  baseline = (
+    _load_baseline_module(_BASELINE_REV.value, _BASELINE_DIR.value) if impl == "baseline" else None
+  )
   device = None
   if impl.startswith("timm"):
     import timm
@@ -525,12 +595,17 @@ def _variants(impl: str) -> list[tuple[dict, Callable[[], Runner]]]:
           mode=mode,
           image_size=image_size,
           num_classes=num_classes,
-          impl=impl if impl != "baseline" else "jax@" + _BASELINE_REV.value,
+          impl=impl if impl != "baseline" else _baseline_label(),
           device=None if device is None else [device.platform, device.device_kind],
         )
         args = (config, batch, dtype, mode, image_size, num_classes)
         variants.append((fields, functools.partial(build, *args)))
   return variants
+
+
+def _rounds(times: list[float]) -> str:
+  """Every timed round, in order (a drifting machine shows as a trend; paired rounds line up)."""
+  return "rounds (ms): " + " ".join(f"{t * 1e3:.6g}" for t in times)
 
 
 def _measure(impl: str) -> list[dict]:
@@ -542,7 +617,7 @@ def _measure(impl: str) -> list[dict]:
     results.append(dict(fields, times=runner.times, xla_flops=runner.xla_flops))
     print(
       f"  {fields['model']} {fields['dtype']} {fields['mode']}: "
-      f"{fields['batch'] / statistics.median(runner.times):.2f} img/s"
+      f"{fields['batch'] / statistics.median(runner.times):.2f} img/s; {_rounds(runner.times)}"
     )
   return results
 
@@ -578,9 +653,9 @@ def _process_args(impl: str) -> list[str]:
   """The command line that re-invokes this script as the process of one implementation."""
   flag_names = (
     "models batch_sizes dtypes modes image_size num_classes warmup iters repeats optimizer "
-    "torch_threads baseline_rev attention_kernel"
+    "torch_threads baseline_rev baseline_dir attention_kernel"
   ).split()
-  args = [sys.executable, os.path.abspath(__file__), f"--process={impl}"]
+  args = [sys.executable, "-m", "experiments.benchmark_model", f"--process={impl}"]
   for flag in flag_names:
     value = flags.FLAGS[flag].value
     if value is not None:
@@ -591,7 +666,7 @@ def _process_args(impl: str) -> list[str]:
 def _run_process(impl: str) -> list[dict]:
   """Re-invokes this script with --process=impl; returns its rows."""
   print(f"\n== {impl} (own process)", flush=True)
-  proc = subprocess.run(_process_args(impl), stdout=subprocess.PIPE, text=True)
+  proc = subprocess.run(_process_args(impl), stdout=subprocess.PIPE, text=True, cwd=_REPO)
   if proc.returncode:
     # One side failing (a missing kernel, out of memory) leaves the others' figures standing.
     print(f"  {impl} failed (exit status {proc.returncode}); its stderr is above", flush=True)
@@ -617,6 +692,7 @@ class _Side:
       stdout=subprocess.PIPE,
       text=True,
       env=env,
+      cwd=_REPO,
     )
     self.variants = self._answer()
 
@@ -674,7 +750,7 @@ def _paired(impls: list[str]) -> dict[str, list[dict]]:
       measured[impl].append(row)
       print(
         f"  {impl} {row['model']} {row['dtype']} {row['mode']}: "
-        f"{row['batch'] / statistics.median(row['times']):.2f} img/s",
+        f"{row['batch'] / statistics.median(row['times']):.2f} img/s; {_rounds(row['times'])}",
         flush=True,
       )
   for side in sides.values():
@@ -702,6 +778,11 @@ def _merge_rounds(rows: list[dict], new_rows: list[dict]) -> None:
 
 def main(argv):
   del argv
+  if _BASELINE_REV.value and _BASELINE_DIR.value:
+    raise app.UsageError("--baseline_rev and --baseline_dir: one baseline at a time")
+  if _BASELINE_DIR.value:
+    # The measured processes start in the repository root: a relative path is from here.
+    flags.FLAGS.baseline_dir = os.path.abspath(_BASELINE_DIR.value)
   if _XLA_FLAGS.value:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _XLA_FLAGS.value).strip()
   import vit_jax  # noqa: F401, PLC0415 (adds its XLA:CPU defaults to XLA_FLAGS: xla_cpu_flags)
@@ -716,7 +797,7 @@ def main(argv):
   # This process starts no JAX backend (on a GPU it would hold memory the measured processes
   # need); the JAX processes report their device in their rows.
   cpus = len(os.sched_getaffinity(0))
-  print(f"{cpus} CPUs")
+  print(f"{cpus} CPUs: {cpu_description(read_cpuinfo())}")
   print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
   if _PAIRED.value:
     how = (
@@ -733,7 +814,7 @@ def main(argv):
     f"warmup {_WARMUP.value}, {how}"
   )
   timm = ["timm"] + (["timm_compile"] if _TIMM_COMPILE.value else []) if _want_timm() else []
-  impls = ["jax"] + (["baseline"] if _BASELINE_REV.value else []) + timm
+  impls = ["jax"] + (["baseline"] if _baseline_label() else []) + timm
   if _PAIRED.value:
     measured = _paired(impls)
   else:

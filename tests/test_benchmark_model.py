@@ -1,14 +1,17 @@
-"""experiments/benchmark_model.py: the paired (turn-taking) comparison and its ratios."""
+"""experiments/benchmark_model.py: the paired (turn-taking) comparison, its ratios, the CPU header."""
 
+import os
 import re
+import shutil
+import statistics
 import subprocess
 import sys
 
 import pytest
 
-sys.path.insert(0, "experiments")
+from experiments import benchmark_model
 
-import benchmark_model  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_paired_ratio_follows_the_rounds_not_the_drift():
@@ -24,19 +27,71 @@ def test_paired_ratio_follows_the_rounds_not_the_drift():
   assert benchmark_model.ratio_quartiles([1.0], [1.0]) is None
 
 
+# Two logical CPUs of an AVX-512 server as Linux lists them (flags shortened).
+CPUINFO = """\
+processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+cpu MHz\t\t: 2699.998
+flags\t\t: fpu sse2 avx fma avx2 avx512f avx512bw avx512_bf16 amx_tile
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+cpu MHz\t\t: 3100.5
+flags\t\t: fpu sse2 avx fma avx2 avx512f avx512bw avx512_bf16 amx_tile
+"""
+
+
+def test_cpu_header_names_the_model_and_its_matmul_features(monkeypatch):
+  info = benchmark_model.parse_cpuinfo(CPUINFO)
+  assert info.model == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
+  assert info.mhz == [2699.998, 3100.5]
+  # avx512bw is not one of the features reported; amx_bf16 is absent from these flags.
+  assert info.describe() == (
+    "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz; avx2 fma avx512f avx512_bf16 amx_tile, "
+    "no amx_bf16"
+  )
+  avx2_only = benchmark_model.parse_cpuinfo("model name : AMD EPYC 7B12\nflags : sse2 fma avx2\n")
+  assert avx2_only.describe() == "AMD EPYC 7B12; avx2 fma, no avx512f avx512_bf16 amx_bf16 amx_tile"
+  # An aarch64 machine lists neither a model name nor these flags.
+  arm = benchmark_model.parse_cpuinfo("processor : 0\nFeatures : fp asimd\nCPU part : 0xd0c\n")
+  assert arm.describe() == "unknown model; none of avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile"
+  # The peak estimate reads the same parse: AVX-512, the fastest core's clock, the usable CPUs.
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+  peak, how = benchmark_model._cpu_peak(info)
+  assert peak == pytest.approx(2 * 2 * 16 * 2 * 3.1005e9)
+  assert "AVX-512" in how
+  assert benchmark_model.read_cpuinfo("/nonexistent/cpuinfo") is None
+  assert "/proc/cpuinfo unreadable" in benchmark_model.cpu_description(None)
+
+
+def _rounds(out: str, impl: str) -> list[float]:
+  m = re.search(
+    rf"^  {impl} ViT-testing float32 forward: [\d.]+ img/s; rounds \(ms\): (.*)$", out, re.M
+  )
+  assert m, out
+  return [float(t) for t in m.group(1).split()]
+
+
 def test_paired_mode_takes_turns_between_processes(tmp_path):
-  # The working tree against itself at HEAD: two JAX processes alive at once, taking turns.
+  # The working tree against a copy of its own models (a tree, no git needed): two JAX processes
+  # alive at once, taking turns.
+  baseline = tmp_path / "before"
+  (baseline / "vit_jax").mkdir(parents=True)
+  for name in ("models_vit.py", "models_resnet.py"):
+    shutil.copy(os.path.join(REPO, "vit_jax", name), baseline / "vit_jax" / name)
   proc = subprocess.run(
     [
       sys.executable,
-      "experiments/benchmark_model.py",
+      "-m",
+      "experiments.benchmark_model",
       "--models=testing",
       "--image_size=16",
       "--num_classes=10",
       "--batch_sizes=2",
       "--modes=forward",
       "--timm=off",
-      "--baseline_rev=HEAD",
+      f"--baseline_dir={baseline}",
       "--paired",
       "--pause=0",
       "--repeats=3",
@@ -45,17 +100,25 @@ def test_paired_mode_takes_turns_between_processes(tmp_path):
     capture_output=True,
     text=True,
     timeout=600,
+    cwd=REPO,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = proc.stdout
+  assert re.search(r"^\d+ CPUs: .+; ", out, re.M), out  # the header names the CPU
   assert "== jax (own process, taking turns)" in out
   assert "== baseline (own process, taking turns)" in out
   assert out.count("jax 0.") == 2, out  # each process reports its backend once
   summary = re.search(
-    r"testing b2 float32  forward: jax [\d.]+ \([\d.]+\), jax@HEAD [\d.]+ \([\d.]+\) "
+    r"testing b2 float32  forward: jax [\d.]+ \([\d.]+\), jax@before [\d.]+ \([\d.]+\) "
     r"ratio x([\d.]+) \(rounds' ratios IQR ([\d.]+)-([\d.]+)\)",
     out,
   )
   assert summary, out
-  median, q1, q3 = map(float, summary.groups())
-  assert 0 < q1 <= median <= q3
+  # The ratio and its quartiles are those of the rounds each side printed, round i against
+  # round i (to the printed precision).
+  jax_rounds, base_rounds = _rounds(out, "jax"), _rounds(out, "baseline")
+  assert len(jax_rounds) == len(base_rounds) == 3
+  ratios = [b / j for b, j in zip(base_rounds, jax_rounds, strict=True)]
+  quartiles = statistics.quantiles(ratios, n=4)
+  expected = (statistics.median(ratios), quartiles[0], quartiles[2])
+  assert [float(x) for x in summary.groups()] == pytest.approx(expected, abs=1.5e-3)
