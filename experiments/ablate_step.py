@@ -9,9 +9,9 @@ compiled step, fusions with its neighbours included, which per-op profiles on XL
 show (its dot events time only the dispatch).
 
   # ViT-Ti/16 train step (forward + backward + AdamW) on the CPU, batch 32, fp32:
-  python experiments/ablate_step.py --model=Ti/16 --batch=32
+  python -m experiments.ablate_step --model=Ti/16 --batch=32
   # On a GPU: ViT-B/16, bf16, cuDNN attention against the XLA path:
-  python experiments/ablate_step.py --model=B/16 --batch=256 --dtype=bfloat16 \
+  python -m experiments.ablate_step --model=B/16 --batch=256 --dtype=bfloat16 \
       --variants=full,xla_attention,autodiff_attention,no_attention
 
 `--model=demo` is experiments/demo.py's model (32px, 10 classes).
@@ -27,15 +27,9 @@ not a model anyone would train.
 
 import argparse
 import dataclasses
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def _plain_attention(q, k, v):
@@ -85,8 +79,7 @@ VARIANTS = {
 
 def model_config(name: str):
   """The model ConfigDict of a preset or alias, or of 'demo' (experiments/demo.py's model)."""
-  import benchmark_model
-
+  from experiments import benchmark_model
   from vit_jax import models
 
   return benchmark_model.demo_model_config() if name == "demo" else models.get_model_config(name)
@@ -94,11 +87,11 @@ def model_config(name: str):
 
 def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classes):
   """Returns (run: () -> loss or logits, first output) for one variant, compiled and warm."""
-  import benchmark_model
   import jax
   import jax.numpy as jnp
   import optax
 
+  from experiments import benchmark_model
   from vit_jax import models, models_vit
 
   saved = {name: getattr(models_vit, name) for name in variant.patches}
@@ -167,10 +160,10 @@ def main(argv=None):
   if unknown:
     parser.error(f"unknown variant(s) {unknown}; known: {sorted(VARIANTS)}")
 
-  import benchmark_model
   import jax
 
   import vit_jax  # noqa: F401 (its XLA:CPU defaults, as the trainer runs)
+  from experiments import benchmark_model
 
   device = jax.devices()[0]
   config = model_config(args.model)
@@ -182,6 +175,8 @@ def main(argv=None):
     f"{device.device_kind}; {args.rounds} alternating rounds of {args.iters} step(s)",
     flush=True,
   )
+  if device.platform == "cpu":
+    print(f"  CPU: {benchmark_model.cpu_description(benchmark_model.read_cpuinfo())}", flush=True)
   runs = {}
   for name in names:
     t0 = time.perf_counter()

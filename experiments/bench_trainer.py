@@ -1,7 +1,7 @@
 r"""What the trainer loses around its step: trainer images/s against the bare compiled step.
 
-  python experiments/bench_trainer.py                       # the demo's pretraining (32px)
-  python experiments/bench_trainer.py --steps=300 --batch_size=128
+  python -m experiments.bench_trainer                       # the demo's pretraining (32px)
+  python -m experiments.bench_trainer --steps=300 --batch_size=128
 
 1. The bare step: the trainer's own jitted step (`vit_jax.train.build` → `jit_step`) of the
    demo's pretraining config (experiments/demo.py's model, Fashion-MNIST, batch 128, AdamW with
@@ -15,21 +15,14 @@ Prints both and their ratio. Run it on an otherwise idle machine.
 """
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 
 def demo_config(batch_size: int, steps: int, log_every: int):
-  import demo
-
   from configs import pretrain
+  from experiments import demo
 
   config = pretrain.get_config("dataset=fashion_mnist,loss=softmax")
   for key, value in demo.MODEL.items():

@@ -1,11 +1,8 @@
 """experiments/ablate_step.py: each variant really changes (or keeps) the traced step."""
 
 import re
-import sys
 
-sys.path.insert(0, "experiments")
-
-import ablate_step  # noqa: E402
+from experiments import ablate_step, demo
 
 
 def test_variants_patch_the_step_and_restore_the_model(capsys):
@@ -43,7 +40,5 @@ def test_variants_patch_the_step_and_restore_the_model(capsys):
 
 
 def test_demo_model_config_is_the_demos():
-  import demo
-
   config = ablate_step.model_config("demo")
   assert {k: config[k] for k in demo.MODEL} == demo.MODEL
