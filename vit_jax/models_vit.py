@@ -39,6 +39,13 @@ _xavier = nn.initializers.xavier_uniform()
 _tiny_normal = nn.initializers.normal(stddev=1e-6)
 
 
+def _wide(dtype: Dtype) -> Any:
+  """The dtype of the numerically sensitive steps (softmax, LayerNorm statistics, GELU's
+  gradient, the returned logits): at least float32, so bf16/fp16 computation widens to float32
+  while a float64 model (the tests' reference runs, under JAX_ENABLE_X64) stays float64."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 def _matmul_2d(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
   """x [..., n] @ kernel [n, m] + bias [m], run as one 2-D matmul over the flattened rows.
 
@@ -61,13 +68,14 @@ def _scaled_queries(q: jax.Array) -> jax.Array:
 
 
 def _softmax_weights(q_scaled: jax.Array, k: jax.Array) -> jax.Array:
-  """softmax(q_scaled k^T) over keys, in float32: [b, h, q, d], [b, h, k, d] → [b, h, q, k]."""
+  """softmax(q_scaled k^T) over keys, in at least float32: [b, h, q, d], [b, h, k, d] → [b, h, q, k]."""
   logits = jnp.einsum("bhqd,bhkd->bhqk", q_scaled, k)
-  return jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(q_scaled.dtype)
+  return jax.nn.softmax(logits.astype(_wide(logits.dtype)), axis=-1).astype(q_scaled.dtype)
 
 
 def _attention_weights(q: jax.Array, k: jax.Array) -> jax.Array:
-  """softmax(q k^T / sqrt(head_dim)) over keys, in float32: [b, h, q, d], [b, h, k, d] → [b, h, q, k]."""
+  """softmax(q k^T / sqrt(head_dim)) over keys (see `_softmax_weights`): [b, h, q, d], [b, h, k, d]
+  → [b, h, q, k]."""
   return _softmax_weights(_scaled_queries(q), k)
 
 
@@ -108,7 +116,7 @@ def _attention_bwd(residuals, d_out):
   """
   q, k, v, weights = residuals  # q is scaled: the logits are q k^T.
   d_weights = jnp.einsum("bhqd,bhkd->bhqk", d_out, v)
-  w32 = weights.astype(jnp.float32)
+  w32 = weights.astype(_wide(weights.dtype))
   d_logits = w32 * (d_weights - jnp.sum(d_weights * w32, axis=-1, keepdims=True))
   d_logits = d_logits.astype(q.dtype)
   d_q = _scaled_queries(jnp.einsum("bhqk,bhkd->bhqd", d_logits, k))
@@ -222,7 +230,8 @@ LAYER_NORM_KERNELS = ("auto", "xla", "cpu")
 
 @jax.custom_vjp
 def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
-  """(x - mean) / sqrt(var + 1e-6) * scale + bias over the last axis, statistics in float32.
+  """(x - mean) / sqrt(var + 1e-6) * scale + bias over the last axis, statistics in float32
+  (or wider, `_wide`).
 
   The function of flax's `nn.LayerNorm` (variance as the mean of squared deviations, where flax
   by default uses E[x^2] - E[x]^2; the two agree to float32 rounding), with a hand-written
@@ -236,12 +245,13 @@ def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
 
 
 def _layer_norm_forward(x, scale, bias):
-  """(y in x's dtype, mean, 1/std): the output and the row statistics, [..., 1] in float32."""
-  x32 = x.astype(jnp.float32)
+  """(y in x's dtype, mean, 1/std): the output and the row statistics, [..., 1] in `_wide`."""
+  wide = _wide(x.dtype)
+  x32 = x.astype(wide)
   mean = jnp.mean(x32, axis=-1, keepdims=True)
   centered = x32 - mean
   rstd = jax.lax.rsqrt(jnp.mean(centered * centered, axis=-1, keepdims=True) + _LAYER_NORM_EPSILON)
-  y = centered * rstd * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+  y = centered * rstd * scale.astype(wide) + bias.astype(wide)
   return y.astype(x.dtype), mean, rstd
 
 
@@ -258,9 +268,10 @@ def _layer_norm_fwd(x, scale, bias):
 
 def _layer_norm_bwd(residuals, d_y):
   x, mean, rstd, scale = residuals
-  x_hat = (x.astype(jnp.float32) - mean) * rstd
-  d_y = d_y.astype(jnp.float32)
-  g = d_y * scale.astype(jnp.float32)
+  wide = _wide(x.dtype)
+  x_hat = (x.astype(wide) - mean) * rstd
+  d_y = d_y.astype(wide)
+  g = d_y * scale.astype(wide)
   d_x = rstd * (
     g - jnp.mean(g, axis=-1, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=-1, keepdims=True)
   )
@@ -316,10 +327,11 @@ def _gelu_tanh_fwd(x):
 
 def _gelu_tanh_bwd(x, d_y):
   c = math.sqrt(2.0 / math.pi)
-  x32 = x.astype(jnp.float32)
+  wide = _wide(x.dtype)
+  x32 = x.astype(wide)
   t = jnp.tanh(c * (x32 + 0.044715 * x32 * x32 * x32))
   slope = 0.5 * (1.0 + t) + 0.5 * x32 * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x32 * x32)
-  return ((d_y.astype(jnp.float32) * slope).astype(x.dtype),)
+  return ((d_y.astype(wide) * slope).astype(x.dtype),)
 
 
 _gelu_tanh.defvjp(_gelu_tanh_fwd, _gelu_tanh_bwd)
@@ -661,10 +673,11 @@ class VisionTransformer(nn.Module):
         and position embeddings are added (masked patch prediction, vit_jax.mpp); it may create
         parameters of the calling module. None: no change.
       return_tokens: return the encoder's output for the patch tokens [batch, patches, D]
-        (float32, after the final LayerNorm, class token dropped) instead of the logits.
+        (at least float32, after the final LayerNorm, class token dropped) instead of the logits.
 
     Returns:
-      Logits [batch, num_classes] in float32 (or the representation, or the patch tokens).
+      Logits [batch, num_classes] in float32, float64 for a float64 model (or the
+      representation, or the patch tokens).
     """
     if self.classifier not in ("token", "gap"):
       raise ValueError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
@@ -707,7 +720,7 @@ class VisionTransformer(nn.Module):
       name="Transformer",
     )(x, not train)
     if return_tokens:
-      return (x[:, 1:] if self.classifier == "token" else x).astype(jnp.float32)
+      return (x[:, 1:] if self.classifier == "token" else x).astype(_wide(x.dtype))
     x = x[:, 0] if self.classifier == "token" else jnp.mean(x, axis=1)
     if self.representation_size is not None:
       x = nn.Dense(
@@ -715,7 +728,7 @@ class VisionTransformer(nn.Module):
       )(x)
       x = jnp.tanh(x)
     if return_representation or self.num_classes is None:
-      return x.astype(jnp.float32)
+      return x.astype(_wide(x.dtype))
     logits = nn.Dense(
       self.num_classes,
       dtype=self.dtype,
@@ -724,4 +737,4 @@ class VisionTransformer(nn.Module):
       bias_init=nn.initializers.constant(self.head_bias_init),
       name="head",
     )(x)
-    return logits.astype(jnp.float32)
+    return logits.astype(_wide(logits.dtype))

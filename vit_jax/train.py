@@ -136,7 +136,9 @@ def make_train_step(
       return jnp.sum(per_example * mask), jnp.sum(correct * mask)
 
     (total, correct), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
-    return grads, total, correct
+    # Metric sums in float32 whatever the model's dtype (a float64 model's loss would not fit
+    # the float32 carry of the accumulation below); gradients keep the parameters' dtype.
+    return grads, total.astype(jnp.float32), correct
 
   def split(x):
     # [B, ...] → [A, B/A, ...]: micro-batch i takes every A-th example, so each device keeps
@@ -177,7 +179,8 @@ def make_train_step(
       loss_sum=window["loss_sum"] + loss_sum,
       correct=window["correct"] + correct,
       examples=window["examples"] + count,
-      grad_norm_sum=window["grad_norm_sum"] + grad_norm,
+      # float32 like the window's other sums, also for a float64 model (see micro_step).
+      grad_norm_sum=window["grad_norm_sum"] + grad_norm.astype(jnp.float32),
       steps=window["steps"] + 1.0,
       first_bad=jnp.where((first_bad < 0) & ~finite, step + 1, first_bad),
     )

@@ -1,0 +1,118 @@
+"""Float64 reference runs of the trainer, for tests that compare float32 runs between meshes.
+
+Two float32 runs of the same config on different meshes (or process counts) sum in different
+orders, and Adam's normalisation magnifies that rounding noise wherever a gradient is near zero,
+by an amount that depends on the CPU's vector width (AVX2 and AVX-512 round differently). So
+instead of comparing float32 runs with each other, the tests measure each run's deviation from
+the same config trained in float64 (`run`), and require every run to be as close to it as the
+one-device float32 run is (`assert_as_close_as`).
+
+The float64 run is the trainer itself in a child process under JAX_ENABLE_X64, with the model's
+dtype and param_dtype float64, and three things made equal to the float32 run's:
+- initial parameters: the float32 initialisation, cast (float64 initialisers draw other bits);
+- dropout masks: drawn from float32 uniforms, as in the float32 run (with x64 on, the keep
+  probability would be a float64 and the uniforms 64-bit, so the masks would differ);
+- data: the same pipeline, images float32 until the model casts them.
+
+Usable as `python tests/float64_reference.py <module:factory> <workdir>`: the factory (a module
+under tests/) returns the float32 config.
+"""
+
+import importlib
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+_CHILD = textwrap.dedent(
+  """
+  import importlib, sys
+  sys.path[:0] = [{repo!r}, {tests!r}]
+  import float64_reference
+  float64_reference.main(sys.argv[1], sys.argv[2])
+  """
+)
+
+
+def main(config_fn: str, workdir: str) -> None:
+  """In a JAX_ENABLE_X64 process: trains `config_fn`'s config in float64 into `workdir`."""
+  import jax.numpy as jnp
+
+  from vit_jax import models, train
+
+  assert jax.config.jax_enable_x64, "run under JAX_ENABLE_X64=1"
+  # The trainer's configs name dtypes by string; float64 is no training dtype, only this one.
+  models._DTYPES.setdefault("float64", jnp.float64)
+
+  bernoulli = jax.random.bernoulli
+
+  def float32_bernoulli(key, p=0.5, shape=None, *args, **kwargs):
+    if isinstance(p, float):  # flax's Dropout passes the keep probability as a Python float
+      p = np.float32(p)
+    return bernoulli(key, p, shape, *args, **kwargs)
+
+  jax.random.bernoulli = float32_bernoulli
+
+  build = train.build
+
+  def float64_build(config, mesh, num_classes):
+    config32 = config.copy_and_resolve_references()
+    config32.model.dtype = config32.model.param_dtype = "float32"
+    built32 = build(config32, mesh, num_classes)
+    built = build(config, mesh, num_classes)
+
+    def init_params(key):
+      return jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), built32.init_params(key))
+
+    def init_state(key):
+      params = init_params(key)
+      return dict(built.init_state(key), params=params, opt_state=built.tx.init(params))
+
+    return built._replace(init_params=init_params, init_state=init_state)
+
+  train.build = float64_build
+  module, factory = config_fn.split(":")
+  config = getattr(importlib.import_module(module), factory)()
+  config.model.dtype = config.model.param_dtype = "float64"
+  train.run(config, workdir)
+
+
+def run(config_fn: str, workdir: str | os.PathLike, devices: int = 1) -> None:
+  """Trains `config_fn` ('module:factory' under tests/) in float64 in a child process."""
+  env = dict(
+    os.environ,
+    JAX_ENABLE_X64="1",
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+  )
+  code = _CHILD.format(repo=str(REPO), tests=str(REPO / "tests"))
+  proc = subprocess.run(
+    [sys.executable, "-c", code, config_fn, str(workdir)],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def max_deviation(params, reference) -> float:
+  """max |params - reference| over all leaves (float64 arithmetic)."""
+  leaves = jax.tree_util.tree_leaves(params)
+  ref = jax.tree_util.tree_leaves(reference)
+  assert len(leaves) == len(ref)
+  return max(
+    float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+    for a, b in zip(leaves, ref, strict=True)
+  )
+
+
+if __name__ == "__main__":
+  sys.path.insert(0, str(REPO))
+  importlib.invalidate_caches()
+  main(sys.argv[1], sys.argv[2])
