@@ -8,9 +8,15 @@ import pytest
 
 from vit_jax import checkpoint, models
 
-# Parameters with 1000 classes at 224px, token classifier, no representation layer. B/16, L/16 and
-# H/14 are the figures of the paper's released models, the BiT ResNets timm's counts of its BiT
-# ports; a preset added without a count here fails test_every_preset_has_a_pinned_count.
+# Parameters with 1000 classes at 224px, token classifier, no representation layer; a preset added
+# without a count here fails test_every_preset_has_a_pinned_count. Where each figure comes from:
+# - the ViTs and R50 hybrids: the MODEL_SIZES of google-research/vision_transformer's
+#   vit_jax/models_test.py (the released models' code), the same figures;
+# - BiT-R50x1/R101x1/R50x3/R152x2: timm's resnetv2_{50x1,101x1,50x3,152x2}_bit;
+# - ViT-testing and BiT-R26x1 have no outside counterpart (the official 'testing' preset is another
+#   architecture, 21,390 parameters): test_vit_counts_follow_the_architecture and
+#   test_bit_counts_follow_the_architecture derive them (and re-derive the others) from Table 1
+#   and the ResNetV2 layout, so none of these numbers is only the code's own output.
 PINNED_COUNTS = {
   "ViT-Ti_16": 5_717_416,
   "ViT-S_16": 22_050_664,
@@ -24,7 +30,6 @@ PINNED_COUNTS = {
   "R50+ViT-B_16": 98_659_112,
   "R50+ViT-L_32": 328_994_856,
   "ViT-testing": 152_136,
-  # BiT: equal to timm's resnetv2_{50x1,101x1,50x3,152x2}_bit with 1000 classes.
   "BiT-R50x1": 25_549_352,
   "BiT-R101x1": 44_541_480,
   "BiT-R50x3": 217_319_080,
@@ -71,6 +76,60 @@ def test_every_preset_has_a_pinned_count():
 @pytest.mark.parametrize("name", sorted(PINNED_COUNTS))
 def test_parameter_count(name):
   assert _count(_param_shapes(models.get_model(name, num_classes=1000))) == PINNED_COUNTS[name]
+
+
+def _vit_count(patch_size, hidden, mlp_dim, num_layers, num_classes=1000, image_size=224):
+  """Parameters of a ViT (token classifier) from its architecture (paper Eq. 1-4)."""
+  tokens = (image_size // patch_size) ** 2 + 1
+  embedding = patch_size * patch_size * 3 * hidden + hidden
+  attention = 4 * (hidden * hidden + hidden)  # query, key, value, out: kernels and biases
+  mlp = hidden * mlp_dim + mlp_dim + mlp_dim * hidden + hidden
+  block = 2 * hidden + attention + 2 * hidden + mlp  # two LayerNorms (scale, bias)
+  head = hidden * num_classes + num_classes
+  return embedding + hidden + tokens * hidden + num_layers * block + 2 * hidden + head
+
+
+def _bit_count(block_units, width_factor=1, base_width=64, num_classes=1000):
+  """Parameters of a BiT ResNetV2 from its architecture: a bias-free 7x7 root conv; pre-activation
+  bottleneck units (GroupNorm + 1x1, GroupNorm + 3x3, GroupNorm + 1x1 to 4x the width) whose
+  first unit per block has a 1x1 projection; a final GroupNorm; a 1x1 conv head with bias."""
+  width = base_width * width_factor
+  total, channels = 7 * 7 * 3 * width, width
+  for b, units in enumerate(block_units):
+    mid = width * 2**b
+    out = 4 * mid
+    for u in range(units):
+      total += 2 * channels + channels * mid  # a: GroupNorm of the unit's input, 1x1 conv
+      total += 2 * mid + 9 * mid * mid  # b
+      total += 2 * mid + mid * out  # c
+      total += channels * out if u == 0 else 0  # the projection
+      channels = out
+  return total + 2 * channels + channels * num_classes + num_classes
+
+
+def test_vit_counts_follow_the_architecture():
+  vits = [n for n in PINNED_COUNTS if n.startswith("ViT-")]
+  assert len(vits) == 10
+  for name in vits:
+    c = models.get_model_config(name)
+    formula = _vit_count(c.patch_size, c.hidden_size, c.mlp_dim, c.num_layers)
+    assert formula == PINNED_COUNTS[name], name
+
+
+def test_bit_counts_follow_the_architecture():
+  for name, (depth, factor, base) in {
+    "BiT-R50x1": (50, 1, 64),
+    "BiT-R101x1": (101, 1, 64),
+    "BiT-R50x3": (50, 3, 64),
+    "BiT-R152x2": (152, 2, 64),
+    "BiT-R26x1": (26, 1, 32),
+  }.items():
+    # ResNet-N has N = 3 * units + 2 layers: the root conv and the head besides the bottlenecks.
+    units = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}[depth]
+    assert 3 * sum(units) + 2 == depth
+    c = models.get_model_config(name)
+    assert (tuple(c.block_units), c.width_factor, c.base_width) == (units, factor, base), name
+    assert _bit_count(units, factor, base) == PINNED_COUNTS[name], name
 
 
 def test_table1_shapes():
@@ -155,13 +214,37 @@ def test_sigmoid_head_bias_init():
   np.testing.assert_array_equal(_apply(model, params, images), -10.0)
 
 
-def test_gap_classifier_has_no_class_token():
+_EPS32 = float(np.finfo(np.float32).eps)
+
+
+def test_gap_classifier_is_the_head_of_the_mean_token():
+  """classifier='gap': no class token; the logits are the head applied to the mean over the
+  encoder's output tokens, taken from the same forward pass (captured) and averaged here."""
   model = models.get_model("testing", num_classes=3, classifier="gap")
   params, images = _init(model)
   assert "cls" not in params
   assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 64, 32)
-  rep = _apply(model, _randomize(params), images, return_representation=True)
-  assert rep.shape == (2, 32)
+  params = _randomize(params, scale=0.3)
+  capture = jax.jit(
+    lambda p, x: model.apply(
+      {"params": p}, x, train=False, capture_intermediates=lambda m, _: m.name == "Transformer"
+    )
+  )
+  logits, state = capture(params, images)
+  tokens = np.float64(state["intermediates"]["Transformer"]["__call__"][0])
+  assert tokens.shape == (2, 64, 32)  # [batch, patches, width]: 8x8 patches, no class token
+  kernel, bias = np.float64(params["head"]["kernel"]), np.float64(params["head"]["bias"])
+  pooled = tokens.mean(axis=1)
+  expected = pooled @ kernel + bias
+  # float32 rounding of a 64-term mean, then of a 32-term dot product plus bias (n * eps bounds).
+  pool_bound = 64 * _EPS32 * np.abs(tokens).mean(axis=1)
+  bound = pool_bound @ np.abs(kernel) + 33 * _EPS32 * (np.abs(pooled) @ np.abs(kernel) + abs(bias))
+  assert np.all(np.abs(logits - expected) <= bound)
+  assert np.abs(expected).max() > 100 * bound.max()  # the head is not zero: a real comparison
+  # ... and not what the class-token readout (token 0) would give.
+  assert np.abs(expected - (tokens[:, 0] @ kernel + bias)).min() > 100 * bound.max()
+  rep = _apply(model, params, images, return_representation=True)
+  assert rep.shape == (2, 32) and np.all(np.abs(rep - pooled) <= pool_bound)
 
 
 def test_representation_layer():
