@@ -5,7 +5,7 @@ Writes ImageNet-like JPEG shards (photos from scikit-image, random crops with th
 `decode|inception_crop|flip_lr|value_range(-1, 1)` at 224 px) with 1, 2, ... tf.data threads, then
 times a jitted ViT-B/16 train step (forward, backward, SGD update) at 224 px and prints the ratio.
 
-  python experiments/bench_input_pipeline.py [--threads=1,2] [--batches=20] [--vit_batch=8]
+  python -m experiments.bench_input_pipeline [--threads=1,2] [--batches=20] [--vit_batch=8]
 """
 
 import argparse

@@ -1,7 +1,7 @@
 r"""The README's demo: what pretraining buys, on real offline data, on a laptop's CPU.
 
-  python experiments/demo.py                 # ~30 minutes on 2 CPU cores
-  python experiments/demo.py --quick         # ~2 minutes: the same stages, tiny budgets (CI)
+  python -m experiments.demo                 # ~30 minutes on 2 CPU cores
+  python -m experiments.demo --quick         # ~2 minutes: the same stages, tiny budgets (CI)
 
 Stages, each a `python -m vit_jax.main` run in its own process with the commands printed, on the
 bundled datasets (the `builtin` source: uint8 arrays in memory, so nothing is decoded per step):
@@ -23,13 +23,9 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 
-# Experiments share small helpers (pixel_baselines.py) from their own folder.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import pixel_baselines  # noqa: E402
-import stages  # noqa: E402
+from experiments import pixel_baselines, stages
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASETS = ("fashion_mnist", "animal_mnist", "mnist_5k")
@@ -280,5 +276,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-  sys.path.insert(0, REPO)
   main()

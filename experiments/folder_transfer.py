@@ -1,9 +1,9 @@
 r"""Your own image folder as a downstream set: the demo's fine-tuning recipe against raw pixels.
 
-  python experiments/folder_transfer.py      # the bundled handwritten digits, written as a folder
-  python experiments/folder_transfer.py --builtin=mnist_5k --no_scratch   # another bundled set
-  python experiments/folder_transfer.py --folder=/data/mine --pretrained=/tmp/vit_demo/pretrain
-  python experiments/folder_transfer.py --quick --pretrained=...   # tiny budgets (tests)
+  python -m experiments.folder_transfer      # the bundled handwritten digits, written as a folder
+  python -m experiments.folder_transfer --builtin=mnist_5k --no_scratch   # another bundled set
+  python -m experiments.folder_transfer --folder=/data/mine --pretrained=/tmp/vit_demo/pretrain
+  python -m experiments.folder_transfer --quick --pretrained=...   # tiny budgets (tests)
 
 A folder `<folder>/{train,test}/<class>/*.{png,jpg,jpeg}` (the `folder` source of
 vit_jax.input_pipeline) is fine-tuned on exactly as the demo fine-tunes on Animal-MNIST
@@ -26,16 +26,11 @@ Results go to `<workdir>/results.json` (default workdir /tmp/vit_folder_transfer
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
-# Experiments share small helpers from their own folder.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import demo  # noqa: E402
-import pixel_baselines  # noqa: E402
-import stages  # noqa: E402
+from experiments import demo, pixel_baselines, stages
 
 NO_FLIP = "decode|resize|value_range(-1, 1)"
 
@@ -187,5 +182,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-  sys.path.insert(0, demo.REPO)
   main()

@@ -1,7 +1,7 @@
 r"""Inside the demo's ViT: the figures of the README's "Inside the ViT" (paper §4.5, Fig. 6–7).
 
-  python experiments/inside_vit.py                           # the demo's /tmp/vit_demo/pretrain
-  python experiments/inside_vit.py --workdir=/tmp/analysis_pt --num_images=500
+  python -m experiments.inside_vit                           # the demo's /tmp/vit_demo/pretrain
+  python -m experiments.inside_vit --workdir=/tmp/analysis_pt --num_images=500
 
 Runs `vit_jax.analysis` (the same code as `python -m vit_jax.analysis`) on a pretraining
 workdir with Fashion-MNIST test images exported as PNG files (the first `--num_images` of the
@@ -24,7 +24,6 @@ import numpy as np
 from PIL import Image
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 FIGURES = ("filters_pca", "posemb_similarity", "attention_distance", "attention_rollout")
 
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
       shutil.copy(os.path.join(tmp, "out", f"{name}.png"), args.out)
   result["figures"] = {name: f"{name}.png" for name in FIGURES}
   result["checkpoint"] = args.workdir
-  result["command"] = "python experiments/inside_vit.py " + " ".join(argv or sys.argv[1:])
+  result["command"] = "python -m experiments.inside_vit " + " ".join(argv or sys.argv[1:])
   with open(os.path.join(args.out, "analysis.json"), "w") as f:
     json.dump(result, f, indent=2)
 

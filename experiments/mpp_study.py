@@ -1,7 +1,7 @@
 r"""Scratch vs masked-patch-prediction vs supervised pretraining, at CPU scale (paper §4.6).
 
-  python experiments/mpp_study.py                # the full profile (long on 2 CPU cores)
-  python experiments/mpp_study.py --quick        # the same stages, tiny budgets (CI)
+  python -m experiments.mpp_study                # the full profile (long on 2 CPU cores)
+  python -m experiments.mpp_study --quick        # the same stages, tiny budgets (CI)
 
 The paper: ViT-B/16 pretrained on JFT with masked patch prediction (MPP) reaches 79.9% on
 ImageNet after fine-tuning, 2% more than from scratch and 4% less than supervised pretraining on
@@ -26,15 +26,11 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 import time
 
-# Experiments share small helpers (pixel_baselines.py) from their own folder.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import pixel_baselines  # noqa: E402
+from experiments import pixel_baselines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 DOWNSTREAM = ("animal_mnist", "mnist_5k")
 INITS = ("scratch", "mpp", "supervised")

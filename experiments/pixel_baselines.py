@@ -4,7 +4,7 @@ Logistic regression and kNN-3 (scikit-learn) on pixels / 255 of a builtin datase
 or of any uint8 images (`scores`: an image folder's, read by experiments/folder_transfer.py),
 trained on exactly the examples a model was trained on and scored on the same test split:
 
-  python experiments/pixel_baselines.py animal_mnist mnist_5k     # prints top-1 per dataset
+  python -m experiments.pixel_baselines animal_mnist mnist_5k     # prints top-1 per dataset
 """
 
 import sys

@@ -1,6 +1,6 @@
 r"""The paper's pretraining configs compiled for TPU slices: memory, FLOPs, implied TPUv3-core-days.
 
-  python experiments/pod_plan.py --out_dir=experiments/results/pod_plan
+  python -m experiments.pod_plan --out_dir=experiments/results/pod_plan
 
 needs libtpu (`pip install -e ".[tpu]"`) and no TPU. For each (model, topology) it compiles the
 trainer's step of `configs/pretrain.py:dataset=jft,model=<model>` (batch 4096, with

@@ -1,7 +1,7 @@
 r"""The paper's central result in miniature: ViT vs BiT ResNet as the pretraining data grows.
 
-  python experiments/scale_study.py                # the full profile (81 minutes on 2 cores)
-  python experiments/scale_study.py --quick        # the same code paths, tiny budgets (tests)
+  python -m experiments.scale_study                # the full profile (81 minutes on 2 cores)
+  python -m experiments.scale_study --quick        # the same code paths, tiny budgets (tests)
 
 The ViT paper (§4.3, Fig. 3-5) finds that on small pretraining sets ViT transfers worse than
 BiT ResNets and catches up or overtakes them as the set grows, for less compute. Here:
@@ -32,14 +32,10 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 from typing import Any
 
-# Experiments share small helpers (pixel_baselines.py) from their own folder.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import pixel_baselines  # noqa: E402
-import stages  # noqa: E402
+from experiments import pixel_baselines, stages
 
 UPSTREAM = "fashion_mnist"
 UPSTREAM_TRAIN = 60_000

@@ -352,8 +352,7 @@ def test_hybrid_distance_on_its_token_grid_and_no_filter_figure(tmp_path):
 
 
 def test_inside_vit_experiment_writes_the_readme_figures(tmp_path):
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
-  import inside_vit
+  from experiments import inside_vit
 
   config = models.get_model_config("testing")
   model = models.get_model(config, 10)

@@ -21,7 +21,8 @@ def test_quick_demo_then_predict(tmp_path):
   out = subprocess.run(
     [
       sys.executable,
-      os.path.join(REPO, "experiments", "demo.py"),
+      "-m",
+      "experiments.demo",
       "--quick",
       f"--workdir={tmp_path}",
     ],

@@ -1,7 +1,6 @@
 """experiments/folder_transfer.py: the bundled digits as an image folder, its pixel baselines
 read back from the files, and (slow) the fine-tuning stages end to end."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,14 +9,10 @@ import sys
 import numpy as np
 import pytest
 
+from experiments import folder_transfer
 from vit_jax.input_pipeline import builtin, sources
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-  "folder_transfer", os.path.join(REPO, "experiments", "folder_transfer.py")
-)
-folder_transfer = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(folder_transfer)
 
 
 def test_digits_folder_reads_back_as_the_builtin_split(tmp_path):
@@ -69,7 +64,7 @@ def test_quick_folder_transfer_end_to_end(tmp_path):
   )
   assert pretrain.returncode == 0, pretrain.stderr[-3000:]
   out = subprocess.run(
-    [sys.executable, os.path.join(REPO, "experiments", "folder_transfer.py"), "--quick"]
+    [sys.executable, "-m", "experiments.folder_transfer", "--quick"]
     + [f"--pretrained={tmp_path / 'pre'}", f"--workdir={tmp_path / 'ft'}"],
     capture_output=True,
     text=True,

@@ -17,7 +17,8 @@ def test_quick_study_writes_results_table_and_plot(tmp_path):
   out = subprocess.run(
     [
       sys.executable,
-      os.path.join(REPO, "experiments", "mpp_study.py"),
+      "-m",
+      "experiments.mpp_study",
       "--quick",
       f"--workdir={tmp_path}",
     ],

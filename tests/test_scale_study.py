@@ -10,12 +10,9 @@ import sys
 
 import pytest
 
+from experiments import scale_study
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-  "scale_study", os.path.join(REPO, "experiments", "scale_study.py")
-)
-scale_study = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(scale_study)
 
 
 def test_learning_rate_is_picked_on_the_held_out_split():
@@ -78,7 +75,7 @@ def test_stage_flags_name_fields_the_configs_have(family, profile):
 def test_quick_study_end_to_end_and_resume(tmp_path):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)  # as a user runs it: one CPU device
-  cmd = [sys.executable, os.path.join(REPO, "experiments", "scale_study.py"), "--quick"]
+  cmd = [sys.executable, "-m", "experiments.scale_study", "--quick"]
   cmd.append(f"--workdir={tmp_path}")
   out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
