@@ -2,11 +2,10 @@
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import textwrap
 
+import local_cluster  # tests/
 import pytest
 
 from vit_jax.input_pipeline import testing
@@ -40,28 +39,46 @@ _WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_global_batches(tmp_path):
   testing.write_shards(str(tmp_path), "toy-train", testing.id_records(30), 4)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
   env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-  port = _free_port()
   outs = [tmp_path / f"out{i}.json" for i in range(2)]
-  procs = [
-    subprocess.Popen(
-      [sys.executable, "-c", _WORKER, str(port), str(i), str(tmp_path), str(outs[i])], env=env
-    )
-    for i in range(2)
-  ]
-  for p in procs:
-    assert p.wait(timeout=300) == 0
+  results = local_cluster.launch(
+    lambda port, i: [sys.executable, "-c", _WORKER, str(port), str(i), str(tmp_path), str(outs[i])],
+    env=env,
+    timeout=300,
+  )
+  for i, (code, out) in enumerate(results):
+    assert code == 0, f"process {i}:\n{out[-4000:]}"
   results = [json.loads(o.read_text()) for o in outs]
   assert results[0]["train"] == results[1]["train"] and len(results[0]["train"]) == 8
   assert sorted(results[0]["eval"]) == list(range(30))  # Each example once over both hosts.
   assert results[0]["state"]["num_records"] == 4  # Per host: 8 global / 2 processes.
+
+
+def test_launch_retries_on_another_port_when_the_coordinator_cannot_bind(tmp_path):
+  """Process 0 of the first attempt reports jax's bind failure: the launch starts over on a new
+  port (and stops process 1, which would wait for the coordinator)."""
+  worker = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    port, pid, marker = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
+    if pid == 1:
+      if not marker.exists():
+        time.sleep(600)  # waits for a coordinator that never comes
+      sys.exit(0)
+    if not marker.exists():
+      marker.write_text(port)
+      sys.exit('jax.errors.JaxRuntimeError: UNKNOWN: Failed to start RPC server')
+    print('coordinator on', port)
+    """
+  )
+  marker = tmp_path / "first_port"
+  results = local_cluster.launch(
+    lambda port, i: [sys.executable, "-c", worker, str(port), str(i), str(marker)], grace=1
+  )
+  assert [code for code, _ in results] == [0, 0]
+  first, second = int(marker.read_text()), int(results[0][1].split()[-1])
+  assert first != second
