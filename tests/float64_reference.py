@@ -32,7 +32,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 _CHILD = textwrap.dedent(
   """
-  import importlib, sys
+  import sys
   sys.path[:0] = [{repo!r}, {tests!r}]
   import float64_reference
   float64_reference.main(sys.argv[1], sys.argv[2])
@@ -113,6 +113,5 @@ def max_deviation(params, reference) -> float:
 
 
 if __name__ == "__main__":
-  sys.path.insert(0, str(REPO))
-  importlib.invalidate_caches()
+  sys.path[:0] = [str(REPO), str(REPO / "tests")]
   main(sys.argv[1], sys.argv[2])
