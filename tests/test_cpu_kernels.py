@@ -1,7 +1,15 @@
-"""vit_jax/cpu_kernels.py: the C++ attention and LayerNorm kernels against the XLA path, and the
-fallbacks without them."""
+"""vit_jax/cpu_kernels.py: the C++ attention and LayerNorm kernels, and the fallbacks without them.
+
+Correctness is measured against float64 computations of the same functions, never against
+another float32 implementation at a tolerance tighter than float32's own error: a kernel must be
+within `_SLACK` times the error of the XLA path (plus `_FLOOR`, a few float32 roundings). The
+kernels are checked as built for this machine (`-march=native`) and, on x86-64, for two baseline
+targets, so that an AVX-512 machine also tests the AVX2 code that an AVX2 machine runs, and the
+scalar code of a machine without AVX2.
+"""
 
 import logging
+import platform
 
 import jax
 import jax.numpy as jnp
@@ -10,18 +18,59 @@ import pytest
 
 from vit_jax import cpu_kernels, models, models_vit
 
+# x86-64-v3: AVX2 + FMA (the kernels' vector exp); x86-64-v2: SSE4.2 only (their scalar paths).
+_BASELINES = ("x86-64-v3", "x86-64-v2") if platform.machine() == "x86_64" else ()
+_SLACK = 2.0  # a kernel's error may be up to twice the XLA path's...
+_FLOOR = 1e-6  # ...plus ~8 float32 roundings (relative to the largest element)
 
-@pytest.fixture(scope="module")
-def kernel():
-  reason = cpu_kernels.unavailable_reason()
-  assert reason is None, reason  # install.sh installs g++: the kernels must build here
-  return cpu_kernels.attention
+
+def _kernels_for(march):
+  reason = cpu_kernels.unavailable_reason(march)
+  if reason:  # install.sh installs g++: the kernels must build wherever the suite runs
+    pytest.fail(f"the C++ kernels do not build for -march={march}: {reason} (install g++)")
+  return cpu_kernels.for_target(march)
+
+
+@pytest.fixture(scope="module", params=(cpu_kernels.NATIVE, *_BASELINES))
+def kernels(request):
+  return _kernels_for(request.param)
+
+
+def _error(x, reference):
+  """max |x - reference| relative to max |reference| (float64)."""
+  x, reference = np.asarray(x, np.float64), np.asarray(reference, np.float64)
+  return np.abs(x - reference).max() / np.abs(reference).max()
+
+
+def _assert_as_accurate(name, got, xla, reference):
+  got_error, xla_error = _error(got, reference), _error(xla, reference)
+  assert np.isfinite(np.asarray(got)).all(), name
+  assert got_error <= _SLACK * xla_error + _FLOOR, (
+    f"{name}: error vs float64 {got_error:.3g}, the XLA path's {xla_error:.3g}"
+  )
 
 
 def _xla_attention(qkv):
   """The same function by the XLA path: heads-major q, k, v, `_attention`, back to tokens-major."""
   q, k, v = qkv.transpose(2, 0, 3, 1, 4)
   return models_vit._attention(q, k, v).transpose(0, 2, 1, 3)
+
+
+def _attention64(qkv, d_out):
+  """softmax(q k^T / sqrt(d)) v and its gradient for `d_out`, in float64 numpy."""
+  qkv, d_out = np.float64(qkv), np.float64(d_out)
+  q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [b, t, h, d]
+  scale = 1.0 / np.sqrt(q.shape[-1])
+  logits = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  out = np.einsum("bhqk,bkhd->bqhd", w, v)
+  d_w = np.einsum("bqhd,bkhd->bhqk", d_out, v)
+  d_v = np.einsum("bhqk,bqhd->bkhd", w, d_out)
+  d_logits = w * (d_w - np.sum(d_w * w, -1, keepdims=True))
+  d_q = np.einsum("bhqk,bkhd->bqhd", d_logits, k) * scale
+  d_k = np.einsum("bhqk,bqhd->bkhd", d_logits, q) * scale
+  return out, np.stack([d_q, d_k, d_v], axis=2)
 
 
 @pytest.mark.parametrize(
@@ -34,44 +83,62 @@ def _xla_attention(qkv):
     (2, 33, 2, 16, 30.0),  # logits in the hundreds: the softmax must subtract its maximum
   ],
 )
-def test_kernel_matches_xla_forward_and_backward(kernel, batch, tokens, heads, head_dim, scale):
+def test_attention_is_as_accurate_as_xla(kernels, batch, tokens, heads, head_dim, scale):
   k1, k2 = jax.random.split(jax.random.key(0))
   qkv = scale * jax.random.normal(k1, (batch, tokens, 3, heads, head_dim))
   d_out = jax.random.normal(k2, (batch, tokens, heads, head_dim))
-  out, vjp = jax.jit(lambda x: jax.vjp(kernel, x))(qkv)
-  want, want_vjp = jax.jit(lambda x: jax.vjp(_xla_attention, x))(qkv)
-  assert out.shape == want.shape and out.dtype == jnp.float32
-  np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6 * scale)
-  (got_grad,), (want_grad,) = vjp(d_out), want_vjp(d_out)
-  assert np.isfinite(got_grad).all()
-  np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=2e-5 * scale)
+  out, vjp = jax.jit(lambda x: jax.vjp(kernels.attention, x))(qkv)
+  xla_out, xla_vjp = jax.jit(lambda x: jax.vjp(_xla_attention, x))(qkv)
+  want_out, want_grad = _attention64(qkv, d_out)
+  assert out.shape == want_out.shape and out.dtype == jnp.float32
+  _assert_as_accurate("forward", out, xla_out, want_out)
+  _assert_as_accurate("gradient", vjp(d_out)[0], xla_vjp(d_out)[0], want_grad)
 
 
-def test_kernel_under_sharding_and_vmap(kernel):
-  """A sharded program (XLA gathers the custom call's operands) and vmap give the same numbers."""
+def test_attention_under_sharding_and_vmap_is_the_same_computation(kernels):
+  """A sharded program (XLA gathers the custom call's operands) and vmap (one example at a
+  time) run the same per-(batch, head) tasks: bit for bit the plain call's numbers."""
   qkv = jax.random.normal(jax.random.key(1), (8, 9, 3, 2, 8))
-  want = jax.jit(_xla_attention)(qkv)
+  want = jax.jit(kernels.attention)(qkv)
+  _assert_as_accurate(
+    "forward", want, jax.jit(_xla_attention)(qkv), _attention64(qkv, np.zeros((8, 9, 2, 8)))[0]
+  )
   mesh = jax.make_mesh((jax.device_count(),), ("data",))
   sharded = jax.device_put(
     qkv, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
   )
-  np.testing.assert_allclose(jax.jit(kernel)(sharded), want, rtol=1e-5, atol=2e-6)
-  per_example = jax.jit(jax.vmap(lambda x: kernel(x[None])[0]))(qkv)
-  np.testing.assert_allclose(per_example, want, rtol=1e-5, atol=2e-6)
+  np.testing.assert_array_equal(jax.jit(kernels.attention)(sharded), want)
+  per_example = jax.jit(jax.vmap(lambda x: kernels.attention(x[None])[0]))(qkv)
+  np.testing.assert_array_equal(per_example, want)
+
+
+def _layer_norm64(x, scale, bias, d_y):
+  """LayerNorm (epsilon 1e-6) and its gradients for `d_y`, in float64 numpy."""
+  x, scale, bias, d_y = (np.float64(a) for a in (x, scale, bias, d_y))
+  mean = x.mean(-1, keepdims=True)
+  rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + cpu_kernels.LAYER_NORM_EPSILON)
+  x_hat = (x - mean) * rstd
+  g = d_y * scale
+  d_x = rstd * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
+  rows = tuple(range(x.ndim - 1))
+  return x_hat * scale + bias, (d_x, (d_y * x_hat).sum(rows), d_y.sum(rows))
 
 
 @pytest.mark.parametrize("shape", [(2, 65, 64), (3, 7, 40), (5, 8), (1, 197, 192)])
-def test_layer_norm_kernel_matches_xla_forward_and_backward(kernel, shape):
+def test_layer_norm_is_as_accurate_as_xla(kernels, shape):
   k1, k2, k3, k4 = jax.random.split(jax.random.key(5), 4)
   x = 3.0 * jax.random.normal(k1, shape) + 1.0
   scale = jax.random.normal(k2, shape[-1:])
   bias = jax.random.normal(k3, shape[-1:])
   d_y = jax.random.normal(k4, shape)
-  out, vjp = jax.jit(lambda *a: jax.vjp(cpu_kernels.layer_norm, *a))(x, scale, bias)
-  want, want_vjp = jax.jit(lambda *a: jax.vjp(models_vit._layer_norm, *a))(x, scale, bias)
-  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
-  for got, expected in zip(vjp(d_y), want_vjp(d_y), strict=True):
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+  out, vjp = jax.jit(lambda *a: jax.vjp(kernels.layer_norm, *a))(x, scale, bias)
+  xla_out, xla_vjp = jax.jit(lambda *a: jax.vjp(models_vit._layer_norm, *a))(x, scale, bias)
+  want_out, want_grads = _layer_norm64(x, scale, bias, d_y)
+  _assert_as_accurate("forward", out, xla_out, want_out)
+  for name, got, xla, want in zip(
+    ("d_x", "d_scale", "d_bias"), vjp(d_y), xla_vjp(d_y), want_grads, strict=True
+  ):
+    _assert_as_accurate(name, got, xla, want)
 
 
 def _loss_and_grads(model, params, images):
@@ -81,7 +148,8 @@ def _loss_and_grads(model, params, images):
   return jax.jit(jax.value_and_grad(loss))(params)
 
 
-def test_model_auto_takes_the_kernels_on_one_cpu_device(kernel, monkeypatch):
+def test_model_auto_takes_the_kernels_on_one_cpu_device(monkeypatch):
+  _kernels_for(cpu_kernels.NATIVE)
   model = models.get_model("testing", num_classes=4)  # attention_kernel 'auto'
   images = jax.random.uniform(jax.random.key(2), (2, 16, 16, 3), minval=-1, maxval=1)
   params = model.init(jax.random.key(3), images, train=False)["params"]
@@ -89,13 +157,13 @@ def test_model_auto_takes_the_kernels_on_one_cpu_device(kernel, monkeypatch):
     lambda p: p + 0.3 * jax.random.normal(jax.random.key(4), p.shape), params
   )  # the head starts at zero
   calls = []
+  real_attention, real_layer_norm = cpu_kernels.attention, cpu_kernels.layer_norm
 
   def spy(qkv):
     calls.append(qkv.shape)
-    return kernel(qkv)
+    return real_attention(qkv)
 
   layer_norms = []
-  real_layer_norm = cpu_kernels.layer_norm
 
   def spy_layer_norm(x, scale, bias):
     layer_norms.append(x.shape)
@@ -109,14 +177,24 @@ def test_model_auto_takes_the_kernels_on_one_cpu_device(kernel, monkeypatch):
   want = _loss_and_grads(xla, params, images)
   _loss_and_grads(model, params, images)
   assert calls == [] and layer_norms == []
-  # ...and takes the kernels on a one-device CPU backend, with the same loss and gradients.
+  # ...and takes the kernels on a one-device CPU backend, as accurate as XLA against float64.
   monkeypatch.setattr(models_vit.jax, "device_count", lambda: 1)
   got = _loss_and_grads(model, params, images)
   assert len(calls) == model.num_layers
   assert all(len(shape) == 5 and shape[2] == 3 for shape in calls)  # [b, t, 3, heads, head_dim]
   assert len(layer_norms) == 2 * model.num_layers + 1  # two per block and the encoder's
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+  with jax.enable_x64(True):
+    f64 = xla.clone(dtype=jnp.float64, param_dtype=jnp.float64)
+    reference = _loss_and_grads(
+      f64, jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params), jnp.float64(images)
+    )
+  assert jax.tree.leaves(reference)[0].dtype == jnp.float64
+
+  def flat(tree):  # all gradients as one vector: the key biases' true gradient is exactly zero
+    return np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+
+  _assert_as_accurate("loss", got[0], want[0], reference[0])
+  _assert_as_accurate("gradients", flat(got[1]), flat(want[1]), flat(reference[1]))
   # 'cpu' insists on it whatever the device count; bf16 is refused with the reason.
   monkeypatch.undo()
   monkeypatch.setattr(models_vit.cpu_kernels, "attention", spy)
@@ -148,6 +226,8 @@ def test_without_a_compiler_auto_falls_back_and_cpu_says_why(monkeypatch, tmp_pa
     assert not models_vit._use_cpu_kernel("layer_norm_kernel", "auto", jnp.float32)
     with pytest.raises(ValueError, match=r"layer_norm_kernel='cpu': no C\+\+ compiler"):
       models_vit._use_cpu_kernel("layer_norm_kernel", "cpu", jnp.float32)
+    with pytest.raises(RuntimeError, match=r"-march=x86-64-v2: no C\+\+ compiler"):
+      cpu_kernels.for_target("x86-64-v2")
     assert not any((tmp_path / "cache").glob("*.so"))  # nothing half-built left behind
   finally:
     for cached in (cpu_kernels.unavailable_reason, cpu_kernels.warn_unavailable):

@@ -9,13 +9,17 @@ chunks. Both run on XLA's intra-op thread pool and hand XLA a future instead of 
 threads. models_vit uses them for `attention_kernel` / `layer_norm_kernel` = 'auto' on a
 single-device CPU backend in float32, and for 'cpu'.
 
-The library is built with the system's C++ compiler (`$CXX`, default `g++`, with `_CXXFLAGS`:
-`-O3 -march=native`) against the XLA FFI headers that jaxlib ships, into
+The library is built with the system's C++ compiler (`$CXX`, default `g++`, with `_CXXFLAGS`
+and `-march=native`) against the XLA FFI headers that jaxlib ships, into
 `$VIT_JAX_KERNEL_CACHE` (default `~/.cache/vit_jax/kernels`) under a name that hashes the sources,
 jaxlib's version, the compiler, its flags and the CPU's feature flags, so a change of any of
 them builds anew. Concurrent first uses (pytest workers, hosts sharing a home directory) each
 build to a temporary file and rename it into place. Without a compiler, or when the build fails,
 `unavailable_reason()` says why and 'auto' keeps XLA.
+
+`for_target(march)` builds the same sources for another `-march` (e.g. 'x86-64-v2', which takes
+the kernels' scalar paths, or 'x86-64-v3', AVX2 + FMA) and registers them under target names of
+their own, so one process can check the code paths that machines of other CPU classes run.
 """
 
 import ctypes
@@ -26,6 +30,7 @@ import os
 import platform
 import subprocess
 import tempfile
+import types
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +39,8 @@ import numpy as np
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = tuple(os.path.join(_HERE, f) for f in ("cpu_attention.cc", "cpu_layer_norm.cc"))
 _HEADERS = (os.path.join(_HERE, "cpu_parallel.h"),)
-# XLA target name -> the handler's symbol in the library.
-_TARGETS = {
+# XLA target name (before the target's suffix) -> the handler's symbol in the library.
+_HANDLERS = {
   "vit_jax_attention_forward": "VitAttentionForward",
   "vit_jax_attention_backward": "VitAttentionBackward",
   "vit_jax_layer_norm_forward": "VitLayerNormForward",
@@ -43,8 +48,9 @@ _TARGETS = {
 }
 # -fopenmp-simd: the `#pragma omp simd` loops (the matmul tiles' inner loops) vectorize as written;
 # without it the kernel ran several times slower.
-_CXXFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC")
-_registered: list[ctypes.CDLL] = []  # the library whose handlers XLA has (kept loaded)
+_CXXFLAGS = ("-O3", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC")
+NATIVE = "native"  # the -march of the kernels the models use: this machine's instruction set
+_libraries: dict[str, ctypes.CDLL] = {}  # march -> the library whose handlers XLA has (kept loaded)
 
 
 def _cpu_flags() -> str:
@@ -60,15 +66,16 @@ def _cache_dir() -> str:
   return os.environ.get("VIT_JAX_KERNEL_CACHE", default)
 
 
-def _build(cxx: str) -> str:
-  """Path of the compiled library, building it if this cache has none for this key."""
+def _build(cxx: str, march: str) -> str:
+  """Path of the library compiled with `-march={march}`, building it if the cache has none."""
   import jaxlib
 
+  flags = (*_CXXFLAGS, f"-march={march}")
   sources = []
   for name in _SOURCES + _HEADERS:
     with open(name, "rb") as f:
       sources.append(f.read())
-  identity = [jaxlib.__version__, cxx, *_CXXFLAGS, platform.machine(), _cpu_flags()]
+  identity = [jaxlib.__version__, cxx, *flags, platform.machine(), _cpu_flags()]
   key = hashlib.sha256(b"\0".join([*sources, *(x.encode() for x in identity)])).hexdigest()[:16]
   path = os.path.join(_cache_dir(), f"vit_jax_cpu_kernels-{key}.so")
   if os.path.exists(path):
@@ -77,7 +84,7 @@ def _build(cxx: str) -> str:
   fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
   os.close(fd)
   try:
-    command = [cxx, *_CXXFLAGS, "-I", jax.ffi.include_dir(), *_SOURCES, "-o", tmp]
+    command = [cxx, *flags, "-I", jax.ffi.include_dir(), *_SOURCES, "-o", tmp]
     subprocess.run(command, check=True, capture_output=True, text=True)
     os.replace(tmp, path)
   finally:
@@ -86,12 +93,17 @@ def _build(cxx: str) -> str:
   return path
 
 
+def _suffix(march: str) -> str:
+  """The XLA target names' suffix of a -march: '' for native, e.g. '_x86_64_v2' otherwise."""
+  return "" if march == NATIVE else "_" + "".join(c if c.isalnum() else "_" for c in march)
+
+
 @functools.cache
-def unavailable_reason() -> str | None:
-  """None once the kernel is built and registered with XLA:CPU; otherwise why it is not."""
+def unavailable_reason(march: str = NATIVE) -> str | None:
+  """None once the kernels built for `march` are registered with XLA:CPU; otherwise why not."""
   cxx = os.environ.get("CXX", "g++")
   try:
-    library = ctypes.cdll.LoadLibrary(_build(cxx))
+    library = ctypes.cdll.LoadLibrary(_build(cxx, march))
   except FileNotFoundError as e:
     return f"no C++ compiler {cxx!r} ({e.strerror})"
   except subprocess.CalledProcessError as e:
@@ -99,11 +111,11 @@ def unavailable_reason() -> str | None:
     return f"{cxx} failed to build the kernels: {lines[0] if lines else e}"
   except OSError as e:
     return f"cannot build or load the kernel: {e}"
-  if not _registered:  # once per process
-    for name, symbol in _TARGETS.items():
+  if march not in _libraries:  # once per process and target
+    for name, symbol in _HANDLERS.items():
       capsule = jax.ffi.pycapsule(getattr(library, symbol))
-      jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-    _registered.append(library)
+      jax.ffi.register_ffi_target(name + _suffix(march), capsule, platform="cpu")
+    _libraries[march] = library
   return None
 
 
@@ -116,76 +128,90 @@ def warn_unavailable() -> None:
   )
 
 
-def _forward(qkv: jax.Array) -> tuple[jax.Array, jax.Array]:
-  batch, tokens, _, heads, head_dim = qkv.shape
-  return jax.ffi.ffi_call(
-    "vit_jax_attention_forward",
-    (
-      jax.ShapeDtypeStruct((batch, tokens, heads, head_dim), jnp.float32),
-      jax.ShapeDtypeStruct((batch, heads, tokens, tokens), jnp.float32),
-    ),
-    vmap_method="sequential",
-  )(qkv)
-
-
-@jax.custom_vjp
-def attention(qkv: jax.Array) -> jax.Array:
-  """softmax(q k^T / sqrt(d)) v: float32 qkv [batch, tokens, 3, heads, head_dim] (q, k, v along
-  axis 2) → [batch, tokens, heads, head_dim]. Call `unavailable_reason()` first."""
-  return _forward(qkv)[0]
-
-
-def _attention_fwd(qkv):
-  out, weights = _forward(qkv)
-  return out, (qkv, weights)
-
-
-def _attention_bwd(residuals, d_out):
-  qkv, weights = residuals
-  d_qkv = jax.ffi.ffi_call(
-    "vit_jax_attention_backward",
-    jax.ShapeDtypeStruct(qkv.shape, jnp.float32),
-    vmap_method="sequential",
-  )(d_out.astype(jnp.float32), qkv, weights)
-  return (d_qkv,)
-
-
-attention.defvjp(_attention_fwd, _attention_bwd)
-
-
 LAYER_NORM_EPSILON = 1e-6  # models_vit's (flax's nn.LayerNorm default)
 
 
-def _layer_norm_forward(x, scale, bias):
-  rows = jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32)
-  return jax.ffi.ffi_call(
-    "vit_jax_layer_norm_forward",
-    (jax.ShapeDtypeStruct(x.shape, jnp.float32), rows, rows),
-    vmap_method="sequential",
-  )(x, scale, bias, epsilon=np.float32(LAYER_NORM_EPSILON))
+def _make_kernels(march: str) -> types.SimpleNamespace:
+  """`attention` and `layer_norm` calling the handlers registered for `march`."""
+  suffix = _suffix(march)
+
+  def forward(qkv: jax.Array) -> tuple[jax.Array, jax.Array]:
+    batch, tokens, _, heads, head_dim = qkv.shape
+    return jax.ffi.ffi_call(
+      "vit_jax_attention_forward" + suffix,
+      (
+        jax.ShapeDtypeStruct((batch, tokens, heads, head_dim), jnp.float32),
+        jax.ShapeDtypeStruct((batch, heads, tokens, tokens), jnp.float32),
+      ),
+      vmap_method="sequential",
+    )(qkv)
+
+  @jax.custom_vjp
+  def attention(qkv: jax.Array) -> jax.Array:
+    """softmax(q k^T / sqrt(d)) v: float32 qkv [batch, tokens, 3, heads, head_dim] (q, k, v
+    along axis 2) → [batch, tokens, heads, head_dim]. Call `unavailable_reason()` first."""
+    return forward(qkv)[0]
+
+  def attention_fwd(qkv):
+    out, weights = forward(qkv)
+    return out, (qkv, weights)
+
+  def attention_bwd(residuals, d_out):
+    qkv, weights = residuals
+    d_qkv = jax.ffi.ffi_call(
+      "vit_jax_attention_backward" + suffix,
+      jax.ShapeDtypeStruct(qkv.shape, jnp.float32),
+      vmap_method="sequential",
+    )(d_out.astype(jnp.float32), qkv, weights)
+    return (d_qkv,)
+
+  attention.defvjp(attention_fwd, attention_bwd)
+
+  def layer_norm_forward(x, scale, bias):
+    rows = jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32)
+    return jax.ffi.ffi_call(
+      "vit_jax_layer_norm_forward" + suffix,
+      (jax.ShapeDtypeStruct(x.shape, jnp.float32), rows, rows),
+      vmap_method="sequential",
+    )(x, scale, bias, epsilon=np.float32(LAYER_NORM_EPSILON))
+
+  @jax.custom_vjp
+  def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+    """(x - mean) / sqrt(var + 1e-6) * scale + bias over the last axis; float32 x [..., d],
+    scale and bias [d]. Call `unavailable_reason()` first."""
+    return layer_norm_forward(x, scale, bias)[0]
+
+  def layer_norm_fwd(x, scale, bias):
+    y, mean, rstd = layer_norm_forward(x, scale, bias)
+    return y, (x, mean, rstd, scale)
+
+  def layer_norm_bwd(residuals, d_y):
+    x, mean, rstd, scale = residuals
+    params = jax.ShapeDtypeStruct(scale.shape, jnp.float32)
+    d_x, d_scale, d_bias = jax.ffi.ffi_call(
+      "vit_jax_layer_norm_backward" + suffix,
+      (jax.ShapeDtypeStruct(x.shape, jnp.float32), params, params),
+      vmap_method="sequential",
+    )(d_y.astype(jnp.float32), x, mean, rstd, scale)
+    return d_x, d_scale, d_bias
+
+  layer_norm.defvjp(layer_norm_fwd, layer_norm_bwd)
+  return types.SimpleNamespace(march=march, attention=attention, layer_norm=layer_norm)
 
 
-@jax.custom_vjp
-def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
-  """(x - mean) / sqrt(var + 1e-6) * scale + bias over the last axis; float32 x [..., d], scale
-  and bias [d]. Call `unavailable_reason()` first."""
-  return _layer_norm_forward(x, scale, bias)[0]
+def for_target(march: str) -> types.SimpleNamespace:
+  """The kernels built with `-march={march}`: `.attention` and `.layer_norm`, like this module's.
+
+  Raises:
+    RuntimeError: they cannot be built or loaded for that target (the reason is the message).
+  """
+  reason = unavailable_reason(march)
+  if reason:
+    raise RuntimeError(f"the C++ CPU kernels for -march={march}: {reason}")
+  return _native if march == NATIVE else _make_kernels(march)
 
 
-def _layer_norm_fwd(x, scale, bias):
-  y, mean, rstd = _layer_norm_forward(x, scale, bias)
-  return y, (x, mean, rstd, scale)
-
-
-def _layer_norm_bwd(residuals, d_y):
-  x, mean, rstd, scale = residuals
-  params = jax.ShapeDtypeStruct(scale.shape, jnp.float32)
-  d_x, d_scale, d_bias = jax.ffi.ffi_call(
-    "vit_jax_layer_norm_backward",
-    (jax.ShapeDtypeStruct(x.shape, jnp.float32), params, params),
-    vmap_method="sequential",
-  )(d_y.astype(jnp.float32), x, mean, rstd, scale)
-  return d_x, d_scale, d_bias
-
-
-layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+# The kernels of this machine's instruction set, which models_vit calls.
+_native = _make_kernels(NATIVE)
+attention = _native.attention
+layer_norm = _native.layer_norm
