@@ -1,4 +1,4 @@
-"""Which parameters are weight-decayed: chosen by name, the same with scan on and off."""
+"""Which parameters are weight-decayed (by name, the same with scan on and off); gradient clipping."""
 
 import re
 
@@ -71,3 +71,37 @@ def test_decay_patterns_config_field_is_applied():
   np.testing.assert_allclose(custom["cls"], -0.1)
   none = updates(decay_patterns=())
   assert all(np.all(u == 0) for u in jax.tree_util.tree_leaves(none))
+
+
+def _sgd_updates(grads, clip):
+  config = ml_collections.ConfigDict(dict(name="sgd", momentum=0.0, weight_decay=0.0))
+  tx = optim.make_optimizer(config, optax.constant_schedule(1.0), grad_clip_norm=clip)
+  params = jax.tree_util.tree_map(np.zeros_like, grads)
+  return tx.update(grads, tx.init(params), params)[0]
+
+
+def _global_norm(tree) -> float:
+  return float(np.sqrt(sum(np.sum(np.float64(x) ** 2) for x in jax.tree_util.tree_leaves(tree))))
+
+
+def test_gradient_clipping_scales_to_the_clip_norm_and_spares_small_gradients():
+  rng = np.random.default_rng(0)
+  grads = {
+    "Dense_0": {"kernel": rng.normal(size=(4, 3)), "bias": rng.normal(size=3)},
+    "cls": rng.normal(size=(1, 1, 4)),
+  }
+  grads = jax.tree_util.tree_map(lambda x: x.astype(np.float32), grads)
+  norm = _global_norm(grads)
+  assert norm > 2.0
+  eps = float(np.finfo(np.float32).eps)
+  # Above the threshold: the SGD update (lr 1) is -g scaled to the clip norm, one factor for all
+  # leaves (the direction is kept).
+  clipped = _sgd_updates(grads, clip=1.0)
+  assert abs(_global_norm(clipped) - 1.0) <= 16 * eps
+  leaves = jax.tree_util.tree_leaves(grads)
+  for got, g in zip(jax.tree_util.tree_leaves(clipped), leaves, strict=True):
+    np.testing.assert_allclose(got, -np.float64(g) / norm, rtol=16 * eps, atol=16 * eps / norm)
+  # Below it (and with clipping off), the update is -g exactly.
+  for clip in (2 * norm, None):
+    for got, g in zip(jax.tree_util.tree_leaves(_sgd_updates(grads, clip)), leaves, strict=True):
+      np.testing.assert_array_equal(got, -g)
