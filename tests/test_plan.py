@@ -3,10 +3,22 @@
 The parser and the fit logic run everywhere; the compile path runs on the eight simulated CPU
 devices of conftest (the same code as for a TPU topology), and on a real TPU topology when
 libtpu is installed (`pip install -e ".[tpu]"`); the paper configs on a v3 slice are slow tests.
+
+libtpu allows one process per machine: it locks /tmp/libtpu_lockfile for the life of any process
+that starts JAX with libtpu installed (a pytest worker running CPU tests included), and a second
+one aborts ("Internal error when accessing libtpu multi-process lockfile"). So the tests that
+compile for a topology (`libtpu_test`) each run in a pytest process of their own, one at a time
+across processes (an flock on LIBTPU_TEST_LOCK), with ALLOW_MULTIPLE_LIBTPU_LOAD set in it so that
+the lock of the processes that merely started JAX (there is no TPU here to share) does not stop it.
 """
 
+import fcntl
+import functools
+import os
+import re
 import subprocess
 import sys
+import tempfile
 
 import jax
 import pytest
@@ -20,6 +32,44 @@ needs_libtpu = pytest.mark.skipif(
   not planner.libtpu_available(),
   reason='libtpu is not installed (optional extra: pip install -e ".[tpu]")',
 )
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBTPU_TEST_LOCK = os.path.join(tempfile.gettempdir(), "vit_jax_libtpu_tests.lock")
+_IN_OWN_PROCESS = "VIT_JAX_LIBTPU_TEST_PROCESS"  # set in the process that runs the test's body
+
+
+def _run_with_libtpu(cmd: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
+  """Runs `cmd` in the repository root once no other test process is using libtpu.
+
+  Its environment: no local accelerator probed, libtpu's one-process check off (see the module
+  docstring), no pytest-xdist state or PYTEST_ADDOPTS inherited, and `env`.
+  """
+  env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | env
+  env.update(JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+  with open(LIBTPU_TEST_LOCK, "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+
+
+def libtpu_test(fn):
+  """A test that compiles with libtpu: its body runs in a pytest process of its own."""
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    if os.environ.get(_IN_OWN_PROCESS):
+      return fn(*args, **kwargs)
+    node = os.environ["PYTEST_CURRENT_TEST"].rsplit(" ", 1)[0]  # 'tests/test_plan.py::name[id]'
+    out = _run_with_libtpu(
+      [sys.executable, "-m", "pytest", node, "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+       "-p", "no:xdist"],
+      timeout=3600,
+      **{_IN_OWN_PROCESS: "1"},
+    )  # fmt: skip
+    report = out.stdout[-6000:] + out.stderr[-3000:]
+    # Exactly this test ran and passed (not skipped, not deselected).
+    assert out.returncode == 0 and re.search(r"\b1 passed\b", out.stdout), report
+
+  return needs_libtpu(wrapper)
+
 
 # A loop of 4 iterations holding an all-gather, a dot, a reduce-scatter and an all-reduce, then an
 # async all-reduce over pairs and an all-to-all over every device, on an 8-device program.
@@ -211,6 +261,34 @@ def _small_config(**fields):
   return planner.apply_overrides(config, fields)
 
 
+def _forward_matmul_flops(config, num_classes: int) -> tuple[int, int]:
+  """The analytic matmul FLOPs of one image's forward pass, and those of its patch embedding.
+
+  2 FLOPs per multiply-add. Per image of N = (size / P)^2 patches and T = N + 1 tokens (the
+  class token), width D, MLP width M, L layers, pre-logits width R and K classes:
+    patch embedding 2·N·(3·P²)·D
+    + L · (2·T·(3·D² + D² + 2·D·M)   QKV, output projection, MLP: 2 × weights per token
+           + 4·T²·D)                 QKᵀ and AV, all heads together
+    + 2·D·R + 2·R·K                  pre-logits and head, on the class token.
+  """
+  m = config.model
+  p, d, mlp, layers = m.patch_size, m.hidden_size, m.mlp_dim, m.num_layers
+  n = (config.dataset.image_size // p) ** 2
+  t = n + (m.classifier == "token")
+  rep = m.representation_size or d
+  embed = 2 * n * 3 * p * p * d
+  forward = embed + layers * (2 * t * (4 * d * d + 2 * d * mlp) + 4 * t * t * d)
+  return forward + 2 * d * rep + 2 * rep * num_classes, embed
+
+
+def _train_matmul_flops(config, num_classes: int, examples: int) -> int:
+  """The analytic matmul FLOPs of a train step on `examples` images: 3 × forward (forward, and
+  the backward's input and weight gradients) less the patch embedding's input gradient, which
+  nothing needs (the images are not trained)."""
+  forward, embed = _forward_matmul_flops(config, num_classes)
+  return examples * (3 * forward - embed)
+
+
 def _compile_independently(config, devices, num_classes):
   """The trainer's step compiled without the planner (the reference for its numbers)."""
   mesh = sharding.make_mesh(config.mesh, devices)
@@ -246,7 +324,15 @@ def test_plan_on_cpu_devices_reports_the_compilers_memory_and_loop_corrected_flo
   p = planner.plan(config, "cpu", num_classes=10, devices=devices)
   assert p.mesh == {"data": 4, "fsdp": 2, "model": 1}
   assert p.settings["per_device_batch"] == 2
-  _assert_compiler_memory(p, _compile_independently(config, devices, 10))
+  compiled = _compile_independently(config, devices, 10)
+  _assert_compiler_memory(p, compiled)
+  # The compiled step's dots and convolutions are the model's matmuls, 2 images per device:
+  # 20,071,680 FLOPs, exactly the analytic count (XLA may rewrite a one-row product as a multiply
+  # and a sum, hence the tolerance).
+  matmuls = _train_matmul_flops(config, 10, examples=2)
+  assert compiled_stats.parse_hlo(compiled.as_text(), 8).matmul_flops == pytest.approx(
+    matmuls, rel=1e-3
+  )
   # On the CPU arguments are not padded: parameters, optimizer state, batch, the step counter
   # and rng (4 + 8 bytes) and the metrics window (5 float32 sums and an int32: 24 bytes).
   assert p.stats.argument == p.stats.params + p.stats.opt_state + p.stats.batch + 4 + 8 + 24
@@ -262,10 +348,18 @@ def test_plan_on_cpu_devices_reports_the_compilers_memory_and_loop_corrected_flo
   )
   assert looped.stats.flops_xla < 0.7 * unsharded.stats.flops
   # (Within 15%: elementwise work inside loops stays counted once, a large share of the FLOPs
-  # of this 32-wide model, a few percent of B/16.)
+  # of this 32-wide model, a few percent of B/16.) Every layer's and micro-batch's matmuls are
+  # counted: uncorrected, XLA's count is a third of them.
   assert looped.stats.flops == pytest.approx(unsharded.stats.flops, rel=0.15)
+  assert looped.stats.flops > matmuls > 2 * looped.stats.flops_xla
   assert sorted(t for _, t in looped.stats.loops) == [2, 2, 2]
-  assert looped.model_flops == pytest.approx(unsharded.model_flops)
+  # The model FLOPs of MFU are XLA's count of the unrolled forward x 3 for the 2 images of a
+  # device, scanned or not: the analytic matmuls (3 x forward, the embedding's input gradient
+  # included) plus the elementwise work, 9.7% more on this 32-wide model (LayerNorm, GELU,
+  # softmax, biases: ~10 FLOPs an element against 2·D a multiply-add row).
+  model = 3 * 2 * _forward_matmul_flops(config, 10)[0]
+  for plan_ in (p, unsharded, looped):
+    assert model < plan_.model_flops < 1.15 * model
 
 
 def test_planner_command_needs_libtpu_or_prints_a_report(tmp_path):
@@ -278,28 +372,45 @@ def test_planner_command_needs_libtpu_or_prints_a_report(tmp_path):
     "--config.batch_size=16",
     "--topology=v3:2x2",
   ]
-  bad = subprocess.run([*cmd[:-1], "--topology=v3-8"], capture_output=True, text=True, timeout=120)
+  bad = subprocess.run(
+    [*cmd[:-1], "--topology=v3-8"], capture_output=True, text=True, timeout=120, cwd=REPO
+  )
   assert bad.returncode != 0 and "--topology='v3-8'" in bad.stderr
-  if planner.libtpu_available():
-    pytest.skip("libtpu installed: covered by test_small_model_on_a_v3_8")
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-  assert out.returncode != 0
-  assert 'pip install -e ".[tpu]"' in out.stderr.strip().splitlines()[-1]
+  if not planner.libtpu_available():
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode != 0
+    assert 'pip install -e ".[tpu]"' in out.stderr.strip().splitlines()[-1]
+    return
+  out = _run_with_libtpu(cmd, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.startswith("v3:2x2: 8 × TPU v3, mesh {'data': 8, 'fsdp': 1, 'model': 1}")
+  assert re.search(r"^  total .* of 16 GiB HBM: fits", out.stdout, re.M), out.stdout
+  assert "It does not fit" not in out.stdout
 
 
-@needs_libtpu
+@libtpu_test
 def test_small_model_on_a_v3_8():
   config = _small_config()
   p = planner.plan(config, "v3:2x2", num_classes=10)
   assert (p.num_devices, p.device_kind, p.hbm) == (8, "TPU v3", 16 * GiB)
   assert p.fits and planner.suggestions_for(p, config) == []
   assert p.stats.flops > 0 and p.step_seconds > 0 and 0 < p.mfu < 1
-  _assert_compiler_memory(p, _compile_independently(config, planner.topology_devices("v3:2x2"), 10))
-  # The TPU compiler writes some matmuls as convolutions over padded windows: the loop-corrected
-  # count of the scanned step still agrees with the unrolled one.
-  looped = planner.plan(_small_config(**{"model.scan": True}), "v3:2x2", num_classes=10)
+  devices = planner.topology_devices("v3:2x2")
+  compiled = _compile_independently(config, devices, 10)
+  _assert_compiler_memory(p, compiled)
+  # The TPU compiler writes some matmuls as convolutions over padded windows: counted as the
+  # matmuls they are, the unrolled and the scanned step each have exactly the model's matmul
+  # FLOPs (2 images per core: 20,071,680), the scanned one with its loop's trips multiplied in.
+  matmuls = _train_matmul_flops(config, 10, examples=2)
+  assert compiled_stats.parse_hlo(compiled.as_text(), 8).matmul_flops == matmuls
+  scanned = _small_config(**{"model.scan": True})
+  hlo = compiled_stats.parse_hlo(_compile_independently(scanned, devices, 10).as_text(), 8)
+  assert hlo.matmul_flops == matmuls and hlo.matmul_flops_once < 0.6 * matmuls
+  # The planner's loop-corrected count of the scanned step agrees with the unrolled one.
+  looped = planner.plan(scanned, "v3:2x2", num_classes=10)
   assert looped.stats.flops_xla < 0.7 * p.stats.flops
   assert looped.stats.flops == pytest.approx(p.stats.flops, rel=0.15)
+  assert looped.stats.flops > matmuls and p.stats.flops > matmuls
 
 
 def _fake_plan(total_gib, flops, **settings):
@@ -350,7 +461,7 @@ def test_a_refused_compile_reads_as_a_plan_that_does_not_fit():
   assert compiled_stats.temporaries_refused("INTERNAL: something else") is None
 
 
-@needs_libtpu
+@libtpu_test
 def test_a_step_the_tpu_compiler_refuses_is_planned_as_not_fitting():
   """4,096 images of 224px per v3 core: the compiler refuses; the plan says by how much."""
   config = _small_config(
@@ -366,9 +477,9 @@ def test_a_step_the_tpu_compiler_refuses_is_planned_as_not_fitting():
   assert any("accum_steps" in o for o in proposed)
 
 
-@needs_libtpu
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["B/16", "L/16", "H/14"])
+@libtpu_test
 def test_paper_pretraining_fits_a_v3_slice(model):
   """batch 4096 on a v3-512 (8 images per core), with the planner's recommended settings.
 
