@@ -161,8 +161,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.evals.minival = dict(
       type="classification", every_steps=every, split=minival_split, loss=config.loss
     )
-  # split None: the dataset's eval_split, also when it is overridden on the command line.
-  config.evals.val = dict(type="classification", every_steps=every, split=None, loss=config.loss)
+  # split '': the dataset's eval_split, also when it is overridden on the command line.
+  config.evals.val = dict(type="classification", every_steps=every, split="", loss=config.loss)
   if arg.runlocal:
     common.runlocal(config)
   return config

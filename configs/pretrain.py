@@ -276,7 +276,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       val=dict(
         type="classification",
         every_steps=every,
-        split=None,  # the dataset's eval_split, also when it is overridden on the command line
+        split="",  # the dataset's eval_split, also when it is overridden on the command line
         loss=config.loss,
       )
     )

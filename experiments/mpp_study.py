@@ -47,7 +47,7 @@ class Profile:
   finetune_steps: int
   finetune_batch: int
   max_train_examples: int | None  # downstream training examples (None: the whole split)
-  max_test_examples: int | None
+  max_test_examples: int | None  # evaluate on `test[:N]`, a builtin slice (None: all of test)
 
 
 # The demo's ViT (experiments/demo.py): patch 4 on 32px, 64 wide, 4 layers.
@@ -98,6 +98,12 @@ def pretrain_config(kind: str, profile: Profile):
   return config
 
 
+def scored_split(profile: Profile) -> str:
+  """The split the fine-tuned models and the pixel baselines are scored on."""
+  n = profile.max_test_examples
+  return f"test[:{n}]" if n else "test"
+
+
 def finetune_config(dataset: str, init: str, profile: Profile, workdir: str):
   """Fine-tuning on `dataset`'s whole training split, top-1 on its test split."""
   from configs import finetune
@@ -108,8 +114,7 @@ def finetune_config(dataset: str, init: str, profile: Profile, workdir: str):
     config.dataset.train_split = f"train[:{profile.max_train_examples}]"
   _common(config, profile, profile.finetune_steps, profile.finetune_batch)
   config.evals.val.every_steps = 0
-  if profile.max_test_examples:
-    config.evals.val.max_examples = profile.max_test_examples
+  config.dataset.eval_split = scored_split(profile)
   if init == "scratch":
     config.init_from_scratch = True
   else:
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
       print(f"finetune {dataset} from {init}: {metrics['val/accuracy']:.4f}", flush=True)
     n = profile.max_train_examples
     results["baselines"][dataset] = pixel_baselines.baselines(
-      dataset, f"train[:{n}]" if n else "train", max_test_examples=profile.max_test_examples
+      dataset, f"train[:{n}]" if n else "train", test_split=scored_split(profile)
     )
 
   os.makedirs(out, exist_ok=True)

@@ -30,9 +30,10 @@ The trainer builds them from the stage config with `build`:
         writer.write_scalars(step, ev.run(params))
 
 Fields of each entry: `type`; `every_steps`; `dataset` (overrides of
-`input_pipeline.dataset_config`, default the stage's dataset); `split` (classification),
-`train_split` / `test_split` (fewshot, linear; default the dataset's `train_split` and
-`eval_split`); `batch_size`; every other field is passed to
+`input_pipeline.dataset_config`, default the stage's dataset); `split` (classification; ''
+or None: the dataset's `eval_split`, read when the evaluators are built, so that a command-line
+override of it counts), `train_split` / `test_split` (fewshot, linear; default the dataset's
+`train_split` and `eval_split`); `batch_size`; every other field is passed to
 the evaluator's constructor (`loss`, `shots`, `l2_reg`, `seed`, `ridge_l2_regs`, ...).
 
 Representations come from `model.apply(..., train=False, return_representation=True)` (the
@@ -167,7 +168,7 @@ def build(
     kwargs.setdefault("name", name)
     # Default splits: the dataset's own (`train_split`, and `eval_split` for None).
     if kind == "classification":
-      data = make_data(ds, kwargs.pop("split", None), bs)
+      data = make_data(ds, kwargs.pop("split", None) or None, bs)
       out.append(ClassificationEvaluator(predict, data, **kwargs))
       continue
     train = make_data(ds, kwargs.pop("train_split", None) or ds.get("train_split", "train"), bs)
