@@ -45,8 +45,8 @@ setup(
   long_description_content_type="text/markdown",
   python_requires=">=3.11",
   packages=find_packages(include=["vit_jax", "vit_jax.*", "configs"]),
-  # The C++ kernels' sources, compiled on first use by vit_jax/cpu_kernels.py.
-  package_data={"vit_jax": ["cpu_attention.cc", "cpu_layer_norm.cc", "cpu_parallel.h"]},
+  # The C++ kernels' sources, compiled on first use by vit_jax/kernels/cpu.py.
+  package_data={"vit_jax.kernels": ["attention.cc", "layer_norm.cc", "parallel.h"]},
   install_requires=INSTALL_REQUIRES,
   extras_require=EXTRAS_REQUIRE,
   license="Apache-2.0",

@@ -46,7 +46,7 @@ experiments/mpp_study.py compares scratch, MPP and supervised pretraining at tha
 import ml_collections
 
 from configs import common, pretrain
-from vit_jax import mpp
+from vit_jax.models import mpp
 
 # dataset -> (total steps, base lr, warmup steps, batch size, weight decay).
 RECIPES = {

@@ -1,6 +1,6 @@
 r"""Where a ViT step's time goes: the step with one part removed or swapped, all in one process.
 
-Each variant replaces one function of `vit_jax/models_vit.py` while the step is traced (the
+Each variant replaces one function of `vit_jax/models/vit.py` while the step is traced (the
 attention core, LayerNorm or GELU by the identity; or our hand-written backward passes by plain
 autodiff of the same forward), and is compiled next to the unchanged step. Timed rounds then
 alternate between the variants, so a machine whose speed drifts (2 CPU cores: ±10% from round
@@ -18,7 +18,7 @@ show (its dot events time only the dispatch).
 
 Variants: full, no_attention (the attention core returns V), no_layernorm, no_gelu,
 xla_attention (attention_kernel='xla': on a one-device CPU, XLA instead of the C++ kernel of
-vit_jax/cpu_kernels.py), xla_layer_norm (likewise layer_norm_kernel='xla'), xla_kernels (both),
+vit_jax/kernels/cpu.py), xla_layer_norm (likewise layer_norm_kernel='xla'), xla_kernels (both),
 autodiff_attention (the XLA path without `_attention`'s hand-written backward), autodiff_norms
 (LayerNorm and GELU without theirs). The variants that replace `_attention` or `_layer_norm`
 run that part on the XLA path. A removed part also changes the loss, so the numbers are costs,
@@ -35,15 +35,15 @@ from collections.abc import Callable
 def _plain_attention(q, k, v):
   import jax.numpy as jnp
 
-  from vit_jax import models_vit
+  from vit_jax.models import ops
 
-  return jnp.einsum("bhqk,bhkd->bhqd", models_vit._attention_weights(q, k), v)
+  return jnp.einsum("bhqk,bhkd->bhqd", ops.attention_weights(q, k), v)
 
 
 def _plain_layer_norm(x, scale, bias):
-  from vit_jax import models_vit
+  from vit_jax.models import ops
 
-  return models_vit._layer_norm_forward(x, scale, bias)[0]
+  return ops.layer_norm_forward(x, scale, bias)[0]
 
 
 def _plain_gelu(x):
@@ -54,7 +54,7 @@ def _plain_gelu(x):
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-  """models_vit functions to replace while tracing, and model field overrides."""
+  """vit_jax.models.ops functions to replace while tracing, and model field overrides."""
 
   patches: dict[str, Callable]
   overrides: dict[str, str]
@@ -64,15 +64,15 @@ _XLA_ATTENTION = {"attention_kernel": "xla"}
 _XLA_LAYER_NORM = {"layer_norm_kernel": "xla"}
 VARIANTS = {
   "full": Variant({}, {}),
-  "no_attention": Variant({"_attention": lambda q, k, v: v}, _XLA_ATTENTION),
-  "no_layernorm": Variant({"_layer_norm": lambda x, scale, bias: x}, _XLA_LAYER_NORM),
-  "no_gelu": Variant({"_gelu_tanh": lambda x: x}, {}),
+  "no_attention": Variant({"attention": lambda q, k, v: v}, _XLA_ATTENTION),
+  "no_layernorm": Variant({"layer_norm": lambda x, scale, bias: x}, _XLA_LAYER_NORM),
+  "no_gelu": Variant({"gelu_tanh": lambda x: x}, {}),
   "xla_attention": Variant({}, _XLA_ATTENTION),
   "xla_layer_norm": Variant({}, _XLA_LAYER_NORM),
   "xla_kernels": Variant({}, {**_XLA_ATTENTION, **_XLA_LAYER_NORM}),
-  "autodiff_attention": Variant({"_attention": _plain_attention}, _XLA_ATTENTION),
+  "autodiff_attention": Variant({"attention": _plain_attention}, _XLA_ATTENTION),
   "autodiff_norms": Variant(
-    {"_layer_norm": _plain_layer_norm, "_gelu_tanh": _plain_gelu}, _XLA_LAYER_NORM
+    {"layer_norm": _plain_layer_norm, "gelu_tanh": _plain_gelu}, _XLA_LAYER_NORM
   ),
 }
 
@@ -92,12 +92,13 @@ def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classe
   import optax
 
   from experiments import benchmark_model
-  from vit_jax import models, models_vit
+  from vit_jax import models
+  from vit_jax.models import ops
 
-  saved = {name: getattr(models_vit, name) for name in variant.patches}
+  saved = {name: getattr(ops, name) for name in variant.patches}
   try:
     for name, fn in variant.patches.items():
-      setattr(models_vit, name, fn)
+      setattr(ops, name, fn)
     config = model_config(model_name)
     model = models.get_model(config, num_classes, dtype=dtype, **variant.overrides)
     rng = jax.random.key(0)
@@ -125,7 +126,7 @@ def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classe
     compiled = step.lower(state[0], state[1], images, labels).compile()
   finally:
     for name, fn in saved.items():
-      setattr(models_vit, name, fn)
+      setattr(ops, name, fn)
 
   def run():
     # The same parameters every time (not donated), so each round does the same work.

@@ -5,7 +5,7 @@ prints images/s, the achieved FLOP/s, its fraction of the device's peak and, whe
 timm are importable, timm's images/s for the same architecture and the JAX/timm ratio. Every
 implementation runs in a process of its own (this script re-invoked with `--process=jax|timm|
 baseline`, one after the other), so neither competes with the other's threads or memory. With
-`--baseline_rev` it also benchmarks `vit_jax/models_vit.py` (and `models_resnet.py`) as they are
+`--baseline_rev` it also benchmarks `vit_jax/models/vit.py` (and `models_resnet.py`) as they are
 at that git revision, so a model change is measured before/after in one run.
 
   # CPU defaults: the demo's model (32px, batch 128), ViT-Ti/16 (batch 32) and ViT-B/16 (batch
@@ -61,10 +61,10 @@ ran outside XLA's fast matmul path and took ~30% of the demo model's step, and t
 weight gradients on [batch, tokens, width] activations were ~2.5x slower than the same matmul
 on flattened rows. Then YNNPACK, which jax 0.10 uses for every CPU matmul, ran Ti/16's attention
 backward matmuls at half the speed of XLA's own dots: vit_jax now keeps matmuls out of it
-(vit_jax/xla_cpu_flags.py). LayerNorm and the tanh GELU got hand-written backward passes (fewer
+(vit_jax/kernels/xla_cpu_flags.py). LayerNorm and the tanh GELU got hand-written backward passes (fewer
 fusions, no materialised broadcasts). Ablations of both sides then put the rest of the gap in the
 attention core (about 74 ms per block of Ti/16's step against torch's fused CPU attention's ~41)
-and in LayerNorm: on a one-device CPU both now run as C++ kernels (vit_jax/cpu_kernels.py;
+and in LayerNorm: on a one-device CPU both now run as C++ kernels (vit_jax/kernels/cpu.py;
 `ablate_step.py --variants=full,xla_kernels` compares them with XLA's path).
 On an H200 (ViT-B/16, bf16, batch 256) cuDNN's fused attention (`--attention_kernel=auto`) took
 the train step from 93.5 to 74.4 ms; without any attention core it is 57.3 ms (README).
@@ -136,7 +136,7 @@ _ATTENTION_KERNEL = flags.DEFINE_enum(
   "attention_kernel",
   "auto",
   ["auto", "xla", "cudnn"],
-  "The JAX model's attention core (models_vit.ATTENTION_KERNELS; 'auto': cuDNN on GPU for bf16).",
+  "The JAX model's attention core (ops.ATTENTION_KERNELS; 'auto': cuDNN on GPU for bf16).",
 )
 _TORCH_THREADS = flags.DEFINE_integer("torch_threads", 0, "0: the CPUs this process may use.")
 _BASELINE_REV = flags.DEFINE_string(
@@ -145,7 +145,7 @@ _BASELINE_REV = flags.DEFINE_string(
 _BASELINE_DIR = flags.DEFINE_string(
   "baseline_dir",
   None,
-  "Instead of --baseline_rev: a tree whose vit_jax/models_vit.py and models_resnet.py run as "
+  "Instead of --baseline_rev: a tree whose vit_jax/models/vit.py and models_resnet.py run as "
   "'before'.",
 )
 _XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS before jax starts.")
@@ -338,8 +338,8 @@ def _load_baseline_module(rev: str | None = None, tree: str | None = None) -> ty
     exec(compile(src, origin, "exec"), module.__dict__)  # noqa: S102
     return module
 
-  resnet = load("vit_jax/models_resnet.py", "_baseline_models_resnet")
-  vit = load("vit_jax/models_vit.py", "_baseline_models_vit")
+  resnet = load("vit_jax/models/resnet.py", "_baseline_models_resnet")
+  vit = load("vit_jax/models/vit.py", "_baseline_models_vit")
   vit.models_resnet = resnet  # Resolved at call time, so the baseline uses its own ResNet.
   return vit
 

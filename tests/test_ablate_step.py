@@ -6,9 +6,9 @@ from experiments import ablate_step, demo
 
 
 def test_variants_patch_the_step_and_restore_the_model(capsys):
-  from vit_jax import models_vit
+  from vit_jax.models import ops
 
-  originals = {n: getattr(models_vit, n) for n in ("_attention", "_layer_norm", "_gelu_tanh")}
+  originals = {n: getattr(ops, n) for n in ("attention", "layer_norm", "gelu_tanh")}
   ablate_step.main(
     [
       "--model=testing",
@@ -36,7 +36,7 @@ def test_variants_patch_the_step_and_restore_the_model(capsys):
   for removed in ("no_attention", "no_layernorm", "no_gelu"):
     assert abs(first[removed] - first["full"]) > 1e-3, (removed, first)
   assert all(re.search(rf"^{name} +\d", out, re.M) for name in ablate_step.VARIANTS)
-  assert {n: getattr(models_vit, n) for n in originals} == originals
+  assert {n: getattr(ops, n) for n in originals} == originals
 
 
 def test_demo_model_config_is_the_demos():

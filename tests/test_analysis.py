@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import checkpoint, models, train_checkpoint
+from vit_jax import checkpoint, models
 from vit_jax.analysis import capture, metrics, report
+from vit_jax.checkpoint import train_state
 
 # ---------------------------------------------------------------------------------------------
 # Mean attention distance on attention maps with known answers.
@@ -307,7 +308,7 @@ def test_list_images_searches_folders_and_names_what_is_missing(tmp_path):
 
 def _orbax_workdir(path, params, model_config, image_size):
   """What a trainer run leaves: checkpoints/<step>/state (+ data) and config.json."""
-  checkpointer = train_checkpoint.Checkpointer(str(path), every_steps=1, keep=1, asynchronous=False)
+  checkpointer = train_state.Checkpointer(str(path), every_steps=1, keep=1, asynchronous=False)
   state = dict(step=jnp.int32(5), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
   checkpointer.save(5, state, {"num_records": 0}, force=True)
   checkpointer.wait()

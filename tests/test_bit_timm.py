@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint, models, models_bit
+from vit_jax import checkpoint, models
+from vit_jax.models import bit
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +81,7 @@ def test_bit_r50x1_matches_timm(tmp_path):
   images = np.random.default_rng(1).uniform(-1, 1, (2, image_size, image_size, 3))
   images = images.astype(np.float32)
   np.save(tmp_path / "images.npy", images)
-  args = [path, tmp_path / "images.npy", tmp_path / "timm.npy", NUM_CLASSES, models_bit.WS_EPS]
+  args = [path, tmp_path / "images.npy", tmp_path / "timm.npy", NUM_CLASSES, bit.WS_EPS]
   subprocess.run([sys.executable, "-c", _TIMM_LOGITS, *map(str, args)], check=True, timeout=900)
   theirs = np.load(tmp_path / "timm.npy")
   with jax.enable_x64(True):

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from vit_jax import checkpoint, checkpoint_torch, linear_probe, models, train_checkpoint
-from vit_jax.models_vit import MultiHeadDotProductAttention
+from vit_jax import checkpoint, models
+from vit_jax.checkpoint import timm_hf, train_state
+from vit_jax.models.vit import MultiHeadDotProductAttention
 from vit_jax.tools import convert
 
 IMAGE = 32  # the testing preset: 4x4 patches -> an 8x8 grid
@@ -47,7 +48,7 @@ def _assert_bit_exact(got, want):
 
 def test_timm_layout_round_trip_is_bit_exact():
   flat = _random_flat()
-  sd = checkpoint_torch.to_timm(flat)
+  sd = timm_hf.to_timm(flat)
   # timm VisionTransformer names and torch shapes ([out, in], [out, in, kh, kw]).
   assert {k: v.shape for k, v in sd.items() if not k.startswith("blocks.")} == {
     "cls_token": (1, 1, 32),
@@ -88,17 +89,17 @@ def test_timm_layout_round_trip_is_bit_exact():
   np.testing.assert_array_equal(
     sd["patch_embed.proj.weight"][9, 2, 1, 3], flat["embedding/kernel"][1, 3, 2, 9]
   )
-  _assert_bit_exact(checkpoint_torch.from_torch(sd, num_heads=2), flat)
+  _assert_bit_exact(timm_hf.from_torch(sd, num_heads=2), flat)
 
 
 def test_timm_gap_and_hybrid_round_trip():
   gap = _random_flat(classifier="gap")
-  sd = checkpoint_torch.to_timm(gap)
+  sd = timm_hf.to_timm(gap)
   assert "cls_token" not in sd and sd["pos_embed"].shape == (1, 64, 32)
-  _assert_bit_exact(checkpoint_torch.from_torch(sd, num_heads=2), gap)
+  _assert_bit_exact(timm_hf.from_torch(sd, num_heads=2), gap)
 
   hybrid = _random_flat(patch_size=1, resnet=dict(num_layers=(2, 1), width_factor=0.5))
-  sd = checkpoint_torch.to_timm(hybrid)
+  sd = timm_hf.to_timm(hybrid)
   stem = "patch_embed.backbone."
   assert sd[stem + "stem.conv.weight"].shape == (32, 3, 7, 7)
   assert sd[stem + "stem.norm.weight"].shape == (32,)
@@ -107,16 +108,16 @@ def test_timm_gap_and_hybrid_round_trip():
   assert sd[stem + "stages.1.blocks.0.norm3.bias"].shape == (256,)
   assert stem + "stages.0.blocks.1.downsample.conv.weight" not in sd
   assert sd["patch_embed.proj.weight"].shape == (32, 256, 1, 1)
-  _assert_bit_exact(checkpoint_torch.from_torch(sd, num_heads=2), hybrid)
+  _assert_bit_exact(timm_hf.from_torch(sd, num_heads=2), hybrid)
   # The architecture of a hybrid is read back from its shapes (units per stage, width).
-  config = linear_probe.model_config_from_params(checkpoint.unflatten_params(hybrid))
+  config = checkpoint.model_config_from_params(checkpoint.unflatten_params(hybrid))
   assert (tuple(config.resnet.num_layers), config.resnet.width_factor) == ((2, 1), 0.5)
   assert (config.patch_size, config.num_heads, config.num_layers) == (1, 2, 2)
 
 
 def test_hf_layout_round_trip_is_bit_exact():
   flat = _random_flat()
-  sd, architecture = checkpoint_torch.to_hf(flat)
+  sd, architecture = timm_hf.to_hf(flat)
   assert architecture == "ViTForImageClassification"
   layer = "vit.encoder.layer.0."
   assert {k: v.shape for k, v in sd.items() if k.startswith(layer)} == {
@@ -147,19 +148,19 @@ def test_hf_layout_round_trip_is_bit_exact():
     "classifier.weight": (5, 32),
     "classifier.bias": (5,),
   }
-  _assert_bit_exact(checkpoint_torch.from_torch(sd, num_heads=2), flat)
+  _assert_bit_exact(timm_hf.from_torch(sd, num_heads=2), flat)
 
   # Headless with a representation layer: ViTModel, whose pooler is Dense + tanh.
   backbone = {k: v for k, v in _random_flat(representation_size=16).items() if "head" not in k}
-  sd, architecture = checkpoint_torch.to_hf(backbone)
+  sd, architecture = timm_hf.to_hf(backbone)
   assert architecture == "ViTModel"
   assert sd["pooler.dense.weight"].shape == (16, 32) and "embeddings.cls_token" in sd
-  _assert_bit_exact(checkpoint_torch.from_torch(sd, num_heads=2), backbone)
+  _assert_bit_exact(timm_hf.from_torch(sd, num_heads=2), backbone)
 
 
 def test_transformers5_in_memory_names_read_too():
   flat = _random_flat()
-  sd, _ = checkpoint_torch.to_hf(flat)
+  sd, _ = timm_hf.to_hf(flat)
   renames = {
     "encoder.layer.": "layers.",
     "attention.attention.query": "attention.q_proj",
@@ -175,7 +176,7 @@ def test_transformers5_in_memory_names_read_too():
       name = name.replace(old, new)
     renamed[name] = value
   assert "vit.layers.1.mlp.fc2.weight" in renamed
-  _assert_bit_exact(checkpoint_torch.from_torch(renamed, num_heads=2), flat)
+  _assert_bit_exact(timm_hf.from_torch(renamed, num_heads=2), flat)
 
 
 @pytest.mark.parametrize("layout", ["timm", "hf"])
@@ -189,12 +190,12 @@ def test_torch_attention_layout_computes_our_attention(layout):
   x = np.random.default_rng(1).standard_normal((2, 7, 32)).astype(np.float32)
   ours = MultiHeadDotProductAttention(num_heads=2).apply({"params": params}, jnp.asarray(x), True)
   if layout == "timm":
-    sd = checkpoint_torch.to_timm(flat)
+    sd = timm_hf.to_timm(flat)
     qkv = x @ sd["blocks.0.attn.qkv.weight"].T + sd["blocks.0.attn.qkv.bias"]
     q, k, v = np.moveaxis(qkv.reshape(2, 7, 3, 2, 16), 2, 0)  # timm: (B, N, 3, heads, hd)
     proj_w, proj_b = sd["blocks.0.attn.proj.weight"], sd["blocks.0.attn.proj.bias"]
   else:
-    sd, _ = checkpoint_torch.to_hf(flat)
+    sd, _ = timm_hf.to_hf(flat)
     base = "vit.encoder.layer.0.attention."
     q, k, v = (
       (x @ sd[f"{base}attention.{n}.weight"].T + sd[f"{base}attention.{n}.bias"]).reshape(
@@ -215,9 +216,9 @@ def test_torch_attention_layout_computes_our_attention(layout):
 
 def test_no_embed_class_posemb_gets_a_zero_class_slot():
   flat = _random_flat()
-  sd = checkpoint_torch.to_timm(flat)
+  sd = timm_hf.to_timm(flat)
   sd["pos_embed"] = sd["pos_embed"][:, 1:]  # timm no_embed_class: the class token has none
-  loaded = checkpoint_torch.from_torch(sd, num_heads=2)
+  loaded = timm_hf.from_torch(sd, num_heads=2)
   posemb = loaded["Transformer/posembed_input/pos_embedding"]
   np.testing.assert_array_equal(posemb[:, 0], 0.0)
   np.testing.assert_array_equal(
@@ -257,25 +258,23 @@ def test_no_embed_class_posemb_gets_a_zero_class_slot():
   ],
 )
 def test_unrepresentable_timm_architectures_are_refused(edit, message):
-  sd = checkpoint_torch.to_timm(_random_flat())
+  sd = timm_hf.to_timm(_random_flat())
   edit(sd)
   with pytest.raises(ValueError, match=message):
-    checkpoint_torch.from_torch(sd, num_heads=2, source="x.safetensors")
+    timm_hf.from_torch(sd, num_heads=2, source="x.safetensors")
 
 
 def test_export_refusals():
   with pytest.raises(ValueError, match="no representation layer"):
-    checkpoint_torch.to_timm(_random_flat(representation_size=16))
+    timm_hf.to_timm(_random_flat(representation_size=16))
   with pytest.raises(ValueError, match="class token"):
-    checkpoint_torch.to_hf(_random_flat(classifier="gap"))
+    timm_hf.to_hf(_random_flat(classifier="gap"))
   with pytest.raises(ValueError, match="ResNet stem"):
-    checkpoint_torch.to_hf(
-      _random_flat(patch_size=1, resnet=dict(num_layers=(1,), width_factor=0.5))
-    )
+    timm_hf.to_hf(_random_flat(patch_size=1, resnet=dict(num_layers=(1,), width_factor=0.5)))
   with pytest.raises(ValueError, match="both pre_logits and a head"):
-    checkpoint_torch.to_hf(_random_flat(representation_size=16))
+    timm_hf.to_hf(_random_flat(representation_size=16))
   with pytest.raises(ValueError, match="not a timm or Hugging Face"):
-    checkpoint_torch.from_torch({"conv1.weight": np.zeros((1, 1, 1, 1))})
+    timm_hf.from_torch({"conv1.weight": np.zeros((1, 1, 1, 1))})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,8 +287,8 @@ def test_load_reads_timm_and_hf_safetensors(tmp_path):
     tmp_path / "timm" / "model.safetensors",
     tmp_path / "hf" / "model.safetensors",
   )
-  checkpoint.save_safetensors(checkpoint_torch.to_timm(flat), timm_path)
-  checkpoint.save_safetensors(checkpoint_torch.to_hf(flat)[0], hf_path)
+  checkpoint.save_safetensors(timm_hf.to_timm(flat), timm_path)
+  checkpoint.save_safetensors(timm_hf.to_hf(flat)[0], hf_path)
   with safetensors.safe_open(str(hf_path), framework="np") as f:
     assert f.metadata() == {"format": "pt"}  # what transformers expects
   # Width 32 is no preset's: without a config.json the head count is unknown.
@@ -302,7 +301,7 @@ def test_load_reads_timm_and_hf_safetensors(tmp_path):
   )
   assert checkpoint.file_layout(hf_path) == "hf" and checkpoint.file_layout(timm_path) == "timm"
   _assert_bit_exact(checkpoint.flatten_params(checkpoint.load(hf_path)), flat)
-  assert train_checkpoint.restore_params(hf_path)["cls"].shape == (1, 1, 32)
+  assert train_state.restore_params(hf_path)["cls"].shape == (1, 1, 32)
 
   # A wrong head count is a clear error, not a silent misreading... when shapes disagree.
   with pytest.raises(ValueError, match="not divisible by 5 heads"):
@@ -318,7 +317,7 @@ def test_load_reads_timm_and_hf_safetensors(tmp_path):
 def test_load_pretrained_fine_tunes_from_a_timm_file(tmp_path):
   flat = _random_flat()
   path = tmp_path / "model.safetensors"
-  checkpoint.save_safetensors(checkpoint_torch.to_timm(flat), path)
+  checkpoint.save_safetensors(timm_hf.to_timm(flat), path)
   (tmp_path / "config.json").write_text(
     json.dumps({"architecture": "x", "model_args": {"num_heads": 2}})
   )
@@ -335,13 +334,13 @@ def test_load_pretrained_fine_tunes_from_a_timm_file(tmp_path):
 
 
 def test_config_fields_read_the_gelu_and_heads():
-  assert checkpoint_torch.config_fields(None) == {}
-  hf = checkpoint_torch.config_fields({"model_type": "vit", "num_attention_heads": 12})
+  assert timm_hf.config_fields(None) == {}
+  hf = timm_hf.config_fields({"model_type": "vit", "num_attention_heads": 12})
   assert hf == {"num_heads": 12, "gelu_approximate": False, "layer_norm_eps": 1e-12}
   timm_cfg = {"architecture": "vit_base_patch16_224", "model_args": {"act_layer": "gelu_tanh"}}
-  assert checkpoint_torch.config_fields(timm_cfg) == {"gelu_approximate": True}
+  assert timm_hf.config_fields(timm_cfg) == {"gelu_approximate": True}
   with pytest.raises(ValueError, match="'quick_gelu' is not a GELU"):
-    checkpoint_torch.config_fields({"model_type": "vit", "hidden_act": "quick_gelu"})
+    timm_hf.config_fields({"model_type": "vit", "hidden_act": "quick_gelu"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,7 +369,7 @@ def test_convert_npz_to_timm_hf_and_back(tmp_path):
   assert len(hf["id2label"]) == 5
   written = convert.convert(str(hf_dir), str(tmp_path / "back"))  # --to=npz by default
   _assert_bit_exact(checkpoint.flatten_params(checkpoint.load(written["weights"])), flat)
-  model_config, params, _ = linear_probe.load_backbone(written["weights"])
+  model_config, params, _ = checkpoint.load_backbone(written["weights"])
   assert model_config.gelu_approximate and model_config.num_heads == 2
 
   # A safetensors without a config says timm / HF defaults: exact GELU.
@@ -385,9 +384,7 @@ def test_convert_cli_from_a_trainer_workdir(tmp_path):
   flat = _random_flat()
   params = checkpoint.stack_encoder_blocks(checkpoint.unflatten_params(flat))
   workdir = tmp_path / "workdir"
-  checkpointer = train_checkpoint.Checkpointer(
-    str(workdir), every_steps=1, keep=1, asynchronous=False
-  )
+  checkpointer = train_state.Checkpointer(str(workdir), every_steps=1, keep=1, asynchronous=False)
   checkpointer.save(3, {"params": params, "step": np.int32(3)}, {"position": 0}, force=True)
   checkpointer.close()
   (workdir / "config.json").write_text(json.dumps({"model": model_config.to_dict()}))
@@ -398,7 +395,7 @@ def test_convert_cli_from_a_trainer_workdir(tmp_path):
   )  # fmt: skip
   assert result.returncode == 0, result.stderr[-2000:]
   sd = safetensors.numpy.load_file(out / "model.safetensors")
-  _assert_bit_exact(checkpoint_torch.from_torch(sd, num_heads=2), flat)
+  _assert_bit_exact(timm_hf.from_torch(sd, num_heads=2), flat)
   assert json.loads((out / "config.json").read_text())["model_args"]["depth"] == 2
   # Refusals are one line naming the culprit.
   result = subprocess.run(

@@ -44,7 +44,7 @@ ARGS = {
 CASES = [(name, arg) for name, args in ARGS.items() for arg in args]
 
 # Top-level fields of a trained stage's config and where each is read (no field nothing reads).
-TRAIN_SOURCES = ("vit_jax/train.py", "vit_jax/main.py")
+TRAIN_SOURCES = ("vit_jax/train.py", "vit_jax/main.py", "vit_jax/objectives/__init__.py")
 
 
 def _config_files():

@@ -1,4 +1,4 @@
-"""vit_jax/cpu_kernels.py: the C++ attention and LayerNorm kernels, and the fallbacks without them.
+"""vit_jax/kernels/cpu.py: the C++ attention and LayerNorm kernels, and the fallbacks without them.
 
 Correctness is measured against float64 computations of the same functions, never against
 another float32 implementation at a tolerance tighter than float32's own error: a kernel must be
@@ -16,7 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import cpu_kernels, models, models_vit
+from vit_jax import models
+from vit_jax.kernels import cpu as cpu_kernels
+from vit_jax.models import ops
 
 # x86-64-v3: AVX2 + FMA (the kernels' vector exp); x86-64-v2: SSE4.2 only (their scalar paths).
 _BASELINES = ("x86-64-v3", "x86-64-v2") if platform.machine() == "x86_64" else ()
@@ -53,7 +55,7 @@ def _assert_as_accurate(name, got, xla, reference):
 def _xla_attention(qkv):
   """The same function by the XLA path: heads-major q, k, v, `_attention`, back to tokens-major."""
   q, k, v = qkv.transpose(2, 0, 3, 1, 4)
-  return models_vit._attention(q, k, v).transpose(0, 2, 1, 3)
+  return ops.attention(q, k, v).transpose(0, 2, 1, 3)
 
 
 def _attention64(qkv, d_out):
@@ -132,7 +134,7 @@ def test_layer_norm_is_as_accurate_as_xla(kernels, shape):
   bias = jax.random.normal(k3, shape[-1:])
   d_y = jax.random.normal(k4, shape)
   out, vjp = jax.jit(lambda *a: jax.vjp(kernels.layer_norm, *a))(x, scale, bias)
-  xla_out, xla_vjp = jax.jit(lambda *a: jax.vjp(models_vit._layer_norm, *a))(x, scale, bias)
+  xla_out, xla_vjp = jax.jit(lambda *a: jax.vjp(ops.layer_norm, *a))(x, scale, bias)
   want_out, want_grads = _layer_norm64(x, scale, bias, d_y)
   _assert_as_accurate("forward", out, xla_out, want_out)
   for name, got, xla, want in zip(
@@ -169,8 +171,8 @@ def test_model_auto_takes_the_kernels_on_one_cpu_device(monkeypatch):
     layer_norms.append(x.shape)
     return real_layer_norm(x, scale, bias)
 
-  monkeypatch.setattr(models_vit.cpu_kernels, "attention", spy)
-  monkeypatch.setattr(models_vit.cpu_kernels, "layer_norm", spy_layer_norm)
+  monkeypatch.setattr(ops.cpu_kernels, "attention", spy)
+  monkeypatch.setattr(ops.cpu_kernels, "layer_norm", spy_layer_norm)
   # The test process simulates 8 devices: 'auto' keeps XLA there (no sharding rule)...
   assert jax.device_count() > 1
   xla = model.clone(attention_kernel="xla", layer_norm_kernel="xla")
@@ -178,7 +180,7 @@ def test_model_auto_takes_the_kernels_on_one_cpu_device(monkeypatch):
   _loss_and_grads(model, params, images)
   assert calls == [] and layer_norms == []
   # ...and takes the kernels on a one-device CPU backend, as accurate as XLA against float64.
-  monkeypatch.setattr(models_vit.jax, "device_count", lambda: 1)
+  monkeypatch.setattr(ops.jax, "device_count", lambda: 1)
   got = _loss_and_grads(model, params, images)
   assert len(calls) == model.num_layers
   assert all(len(shape) == 5 and shape[2] == 3 for shape in calls)  # [b, t, 3, heads, head_dim]
@@ -197,8 +199,8 @@ def test_model_auto_takes_the_kernels_on_one_cpu_device(monkeypatch):
   _assert_as_accurate("gradients", flat(got[1]), flat(want[1]), flat(reference[1]))
   # 'cpu' insists on it whatever the device count; bf16 is refused with the reason.
   monkeypatch.undo()
-  monkeypatch.setattr(models_vit.cpu_kernels, "attention", spy)
-  monkeypatch.setattr(models_vit.cpu_kernels, "layer_norm", spy_layer_norm)
+  monkeypatch.setattr(ops.cpu_kernels, "attention", spy)
+  monkeypatch.setattr(ops.cpu_kernels, "layer_norm", spy_layer_norm)
   calls.clear()
   layer_norms.clear()
   _loss_and_grads(model.clone(attention_kernel="cpu"), params, images)
@@ -214,18 +216,18 @@ def test_without_a_compiler_auto_falls_back_and_cpu_says_why(monkeypatch, tmp_pa
   monkeypatch.setenv("VIT_JAX_KERNEL_CACHE", str(tmp_path / "cache"))
   for cached in (cpu_kernels.unavailable_reason, cpu_kernels.warn_unavailable):
     cached.cache_clear()
-  monkeypatch.setattr(models_vit.jax, "device_count", lambda: 1)
+  monkeypatch.setattr(ops.jax, "device_count", lambda: 1)
   try:
     reason = cpu_kernels.unavailable_reason()
     assert reason.startswith("no C++ compiler") and "no-such-compiler" in reason
     with caplog.at_level(logging.WARNING):
-      assert models_vit._attention_path("auto", jnp.float32, 16) == "xla"
+      assert ops.attention_path("auto", jnp.float32, 16) == "xla"
     assert "C++ CPU kernels are unavailable (no C++ compiler" in caplog.text
     with pytest.raises(ValueError, match=r"attention_kernel='cpu': no C\+\+ compiler"):
-      models_vit._attention_path("cpu", jnp.float32, 16)
-    assert not models_vit._use_cpu_kernel("layer_norm_kernel", "auto", jnp.float32)
+      ops.attention_path("cpu", jnp.float32, 16)
+    assert not ops.use_cpu_kernel("layer_norm_kernel", "auto", jnp.float32)
     with pytest.raises(ValueError, match=r"layer_norm_kernel='cpu': no C\+\+ compiler"):
-      models_vit._use_cpu_kernel("layer_norm_kernel", "cpu", jnp.float32)
+      ops.use_cpu_kernel("layer_norm_kernel", "cpu", jnp.float32)
     with pytest.raises(RuntimeError, match=r"-march=x86-64-v2: no C\+\+ compiler"):
       cpu_kernels.for_target("x86-64-v2")
     assert not any((tmp_path / "cache").glob("*.so"))  # nothing half-built left behind

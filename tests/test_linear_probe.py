@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from configs import linear_probe as linear_probe_config
-from vit_jax import linear_probe, models, train_checkpoint
+from vit_jax import checkpoint, linear_probe, models
+from vit_jax.checkpoint import train_state
 
 
 def _backbone(image_size=16, num_classes=10, **overrides):
@@ -19,7 +20,7 @@ def _backbone(image_size=16, num_classes=10, **overrides):
 
 def _orbax_workdir(path, params, image_size):
   """What a trainer run leaves: checkpoints/<step>/state (+ data) and config.json."""
-  checkpointer = train_checkpoint.Checkpointer(str(path), every_steps=1, keep=1, asynchronous=False)
+  checkpointer = train_state.Checkpointer(str(path), every_steps=1, keep=1, asynchronous=False)
   state = dict(step=jnp.int32(7), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
   checkpointer.save(7, state, {"num_records": 0}, force=True)
   checkpointer.wait()
@@ -54,7 +55,7 @@ def test_run_on_an_orbax_workdir_writes_results(tmp_path):
 @pytest.mark.parametrize("scan", [False, True])
 def test_model_config_from_params(scan):
   _, params = _backbone(scan=scan, classifier="gap")
-  config = linear_probe.model_config_from_params(jax.tree.map(np.asarray, params))
+  config = checkpoint.model_config_from_params(jax.tree.map(np.asarray, params))
   expected = models.get_model_config("testing")
   for key in ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers"):
     assert config[key] == expected[key], key
@@ -68,13 +69,13 @@ def test_representation_model_resizes_posemb_and_picks_the_layer():
   config = models.get_model_config("testing")
   images = np.random.default_rng(0).uniform(-1, 1, (2, 24, 24, 3)).astype(np.float32)
 
-  rep_model, rep_params = linear_probe.representation_model(config, params, "pre_logits", 24)
+  rep_model, rep_params = checkpoint.representation_model(config, params, "pre_logits", 24)
   assert "head" not in rep_params
   assert rep_params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 37, 32)
   assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 17, 32)  # intact
   assert rep_model.apply({"params": rep_params}, images, train=False).shape == (2, 24)
 
-  pooled_model, pooled_params = linear_probe.representation_model(config, params, "pooled", 16)
+  pooled_model, pooled_params = checkpoint.representation_model(config, params, "pooled", 16)
   assert "pre_logits" not in pooled_params
   out = pooled_model.apply({"params": pooled_params}, images[:, :16, :16], train=False)
   full = model.apply(
@@ -87,4 +88,4 @@ def test_representation_model_resizes_posemb_and_picks_the_layer():
     np.tanh(np.asarray(out) @ dense["kernel"] + dense["bias"]), full, rtol=1e-4, atol=1e-5
   )
   with pytest.raises(ValueError, match="representation"):
-    linear_probe.representation_model(config, params, "logits", 16)
+    checkpoint.representation_model(config, params, "logits", 16)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint, models
+from vit_jax.models import bit
 
 # Parameters with 1000 classes at 224px, token classifier, no representation layer; a preset added
 # without a count here fails test_every_preset_has_a_pinned_count. Where each figure comes from:
@@ -303,12 +304,12 @@ def test_representation_layer():
 @pytest.mark.parametrize("head_dim", [8, 40])  # the transposed and the direct key/value gradients
 def test_attention_backward_equals_autodiff(dtype, head_dim):
   """The hand-written backward pass of the attention core is the gradient of its forward."""
-  from vit_jax.models_vit import _TRANSPOSED_BWD_MAX_HEAD_DIM, _attention, _attention_weights
+  from vit_jax.models.ops import TRANSPOSED_BWD_MAX_HEAD_DIM, attention, attention_weights
 
-  assert 8 <= _TRANSPOSED_BWD_MAX_HEAD_DIM < 40  # one case on each side
+  assert 8 <= TRANSPOSED_BWD_MAX_HEAD_DIM < 40  # one case on each side
 
   def plain(q, k, v):
-    return jnp.einsum("bhqk,bhkd->bhqd", _attention_weights(q, k), v)
+    return jnp.einsum("bhqk,bhkd->bhqd", attention_weights(q, k), v)
 
   shape = (2, 3, 9, head_dim)
   q, k, v = (
@@ -318,8 +319,8 @@ def test_attention_backward_equals_autodiff(dtype, head_dim):
   exact_out, exact_grads = _np_attention_vjp(
     *(np.float64(np.float32(t)) for t in (q, k, v)), np.float64(np.float32(cotangent))
   )
-  _assert_as_accurate(_attention(q, k, v), plain(q, k, v), exact_out, dtype)
-  ours = jax.vjp(_attention, q, k, v)[1](cotangent)
+  _assert_as_accurate(attention(q, k, v), plain(q, k, v), exact_out, dtype)
+  ours = jax.vjp(attention, q, k, v)[1](cotangent)
   reference = jax.vjp(plain, q, k, v)[1](cotangent)
   for a, b, exact in zip(ours, reference, exact_grads, strict=True):
     assert a.dtype == dtype
@@ -343,7 +344,7 @@ def _np_attention_vjp(q, k, v, d_out):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_layer_norm_equals_flax_and_its_backward_equals_autodiff(dtype):
   """The LayerNorm with a hand-written backward pass: flax's function, parameters and gradients."""
-  from vit_jax.models_vit import LayerNorm
+  from vit_jax.models.vit import LayerNorm
 
   x = (3.0 + 2.0 * jax.random.normal(jax.random.key(0), (2, 5, 48))).astype(dtype)
   ours = LayerNorm(dtype=dtype)
@@ -383,11 +384,11 @@ def test_layer_norm_equals_flax_and_its_backward_equals_autodiff(dtype):
 def test_tanh_gelu_is_flax_gelu_and_its_backward_a_gradient(dtype):
   """The tanh GELU, forward and backward, as accurate as flax's GELU and its autodiff, measured
   against the formula in float64 (central differences for the derivative)."""
-  from vit_jax.models_vit import _gelu_tanh
+  from vit_jax.models.ops import gelu_tanh
 
   x = (4.0 * jax.random.normal(jax.random.key(0), (64, 33))).astype(dtype)
   cotangent = jax.random.normal(jax.random.key(1), x.shape).astype(dtype)
-  out, pullback = jax.vjp(_gelu_tanh, x)
+  out, pullback = jax.vjp(gelu_tanh, x)
   ref_out, ref_pullback = jax.vjp(lambda x: nn.gelu(x, approximate=True), x)
   (d_x,), (ref_d_x,) = pullback(cotangent), ref_pullback(cotangent)
   assert out.dtype == d_x.dtype == dtype
@@ -407,7 +408,7 @@ def test_tanh_gelu_is_flax_gelu_and_its_backward_a_gradient(dtype):
 
 def test_attention_matches_flax_reference():
   """Our fused attention equals Flax's own MultiHeadDotProductAttention on the same params."""
-  from vit_jax.models_vit import MultiHeadDotProductAttention
+  from vit_jax.models.vit import MultiHeadDotProductAttention
 
   x = jax.random.normal(jax.random.key(0), (2, 9, 32))
   ours = MultiHeadDotProductAttention(num_heads=4)
@@ -449,7 +450,7 @@ def test_fused_attention_branch_layout(monkeypatch):
   """The cuDNN branch's plumbing ([batch, tokens, heads, head_dim]; 65 tokens, so padded to 66
   with the pad key masked), run through jax's XLA attention (cuDNN needs a GPU): same logits and
   gradients as the heads-major XLA path."""
-  from vit_jax import models_vit
+  from vit_jax.models import ops
 
   model = models.get_model("testing", num_classes=4)
   params, images = _init(model)
@@ -471,15 +472,15 @@ def test_fused_attention_branch_layout(monkeypatch):
     exact = jax.tree.map(np.asarray, exact)
   calls = []
 
-  fused = models_vit._cudnn_attention
+  fused = ops.cudnn_attention
 
   def spy(q, k, v):
     calls.append(q.shape)
     return fused(q, k, v)
 
-  monkeypatch.setattr(models_vit, "_attention_path", lambda *a: "cudnn")
-  monkeypatch.setattr(models_vit, "_cudnn_attention", spy)
-  monkeypatch.setattr(models_vit, "_FUSED_IMPLEMENTATION", "xla")
+  monkeypatch.setattr(ops, "attention_path", lambda *a: "cudnn")
+  monkeypatch.setattr(ops, "cudnn_attention", spy)
+  monkeypatch.setattr(ops, "FUSED_IMPLEMENTATION", "xla")
   fused_result = loss_and_grads()
   assert calls == [(2, 65, 2, 16)] * 2  # both layers; [batch, tokens, heads, head_dim]
   _assert_trees_as_accurate(fused_result, reference, exact)
@@ -607,7 +608,7 @@ def test_aliases_and_config_input():
 
 
 def test_exact_gelu_option_keeps_the_parameters_and_changes_only_the_activation():
-  from vit_jax.models_vit import MlpBlock
+  from vit_jax.models.vit import MlpBlock
 
   assert models.get_model_config("testing").gelu_approximate  # the published weights' tanh GELU
   tanh = models.get_model("testing", num_classes=4)
@@ -636,7 +637,7 @@ def test_exact_gelu_option_keeps_the_parameters_and_changes_only_the_activation(
 
 
 # ---------------------------------------------------------------------------------------------
-# BiT ResNets (vit_jax.models_bit).
+# BiT ResNets (vit_jax.models.bit).
 
 
 def _tiny_bit(num_classes=4, **overrides):
@@ -708,11 +709,10 @@ def test_bit_fresh_head_is_zero_and_representation(tiny_bit):
   # The float32 rounding bound of a 256-term dot product plus a bias.
   bound = 257 * _EPS32 * (np.abs(rep64) @ np.abs(kernel) + np.abs(bias))
   assert np.all(np.abs(_apply(model, params, images) - (rep64 @ kernel + bias)) <= bound)
-  from vit_jax import models_bit
 
-  head = models_bit._Head(3).init(jax.random.key(0), jnp.zeros((1, 8)))["params"]["conv2d"]
+  head = bit._Head(3).init(jax.random.key(0), jnp.zeros((1, 8)))["params"]["conv2d"]
   assert not np.any(head["kernel"]) and not np.any(head["bias"])  # the fresh head is zero
-  biased = models_bit._Head(3, bias_init=-10.0).init(jax.random.key(0), jnp.zeros((1, 8)))
+  biased = bit._Head(3, bias_init=-10.0).init(jax.random.key(0), jnp.zeros((1, 8)))
   np.testing.assert_array_equal(biased["params"]["conv2d"]["bias"], -10.0)
 
 

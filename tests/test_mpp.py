@@ -11,7 +11,9 @@ import pytest
 from test_train import _assert_trees, _params, compilation_cache, run_child  # noqa: F401
 
 from configs import finetune, pretrain_mpp
-from vit_jax import checkpoint, models, mpp, train
+from vit_jax import checkpoint, models, train
+from vit_jax.models import mpp
+from vit_jax.objectives import mpp as mpp_objective
 
 
 def test_corruption_statistics():
@@ -86,10 +88,10 @@ def test_model_keeps_the_vit_layout_and_learns_only_from_corrupted_patches():
   rep = model.apply({"params": params}, images, train=False, return_representation=True)
   assert rep.shape == (2, 32)
   # The loss does not depend on the predictions of uncorrupted patches.
-  loss, acc = mpp.per_example_loss(out, images, 4, "mean_color")
+  loss, acc = mpp_objective.per_example_loss(out, images, 4, "mean_color")
   clean = (out["kind"] == mpp.KEPT_CLEAN)[..., None]
   noisy = dict(out, outputs=jnp.where(clean, 1e3 * out["outputs"] + 5.0, out["outputs"]))
-  loss2, acc2 = mpp.per_example_loss(noisy, images, 4, "mean_color")
+  loss2, acc2 = mpp_objective.per_example_loss(noisy, images, 4, "mean_color")
   np.testing.assert_allclose(loss, loss2)
   np.testing.assert_allclose(acc, acc2)
 
@@ -153,7 +155,7 @@ def test_other_targets_train(target):
   params = model.init({"params": jax.random.PRNGKey(0)}, images, train=False)["params"]
 
   def loss(p):
-    return jnp.mean(mpp.objective(model, p, images, jax.random.PRNGKey(3))[0])
+    return jnp.mean(mpp_objective.objective(model, p, images, jax.random.PRNGKey(3))[0])
 
   grads = jax.grad(loss)(params)
   assert float(jnp.abs(grads["mask_embedding"]).sum()) > 0

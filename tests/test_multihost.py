@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from configs import pretrain
-from vit_jax import sharding, train, train_checkpoint
+from vit_jax import sharding, train
+from vit_jax.checkpoint import train_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PP_TRAIN = "decode|resize|value_range(-1, 1)"
@@ -119,10 +120,10 @@ def test_two_processes_match_one(two_process_run, tmp_path):
   their summation-order noise, which depends on the CPU (AVX2 or AVX-512)."""
   train.run(one_process_config(), str(tmp_path / "one"))
   float64_reference.run("test_multihost:one_process_config", tmp_path / "float64", devices=8)
-  reference = train_checkpoint.restore_params(tmp_path / "float64")
+  reference = train_state.restore_params(tmp_path / "float64")
   assert jax.tree_util.tree_leaves(reference)[0].dtype == np.float64
   deviation = {
-    name: float64_reference.max_deviation(train_checkpoint.restore_params(path), reference)
+    name: float64_reference.max_deviation(train_state.restore_params(path), reference)
     for name, path in (("one", tmp_path / "one"), ("two", two_process_run))
   }
   config = one_process_config()
@@ -147,10 +148,10 @@ def test_two_processes_killed_and_resumed_match_uninterrupted(two_process_run, t
   sync = ["--config.checkpoint.asynchronous=false"]
   results = _two_processes(workdir, sync, kill_at=5)
   assert all(code != 0 for code, _ in results), [out[-2000:] for _, out in results]
-  assert train_checkpoint.committed_steps(workdir) == [3]
+  assert train_state.committed_steps(workdir) == [3]
   _assert_ok(_two_processes(workdir, sync))
-  resumed = train_checkpoint.restore_params(workdir)
-  reference = train_checkpoint.restore_params(two_process_run)
+  resumed = train_state.restore_params(workdir)
+  reference = train_state.restore_params(two_process_run)
   for (path, x), (_, y) in zip(
     jax.tree_util.tree_leaves_with_path(resumed),
     jax.tree_util.tree_leaves_with_path(reference),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import checkpoint, linear_probe, models, predict
+from vit_jax import checkpoint, models, predict
 
 NAMES = ["ant", "bee", "cat"]
 
@@ -42,7 +42,7 @@ def test_npz_without_config_infers_architecture_and_size(tmp_path):
   model, params = _trained_params(image_size=16, representation_size=24)
   path = str(tmp_path / "model.npz")
   checkpoint.save(params, path)
-  inferred = linear_probe.model_config_from_params(checkpoint.load(path))
+  inferred = checkpoint.model_config_from_params(checkpoint.load(path))
   assert (inferred.patch_size, inferred.hidden_size, inferred.num_layers) == (4, 32, 2)
   assert (inferred.num_heads, inferred.mlp_dim, inferred.representation_size) == (2, 64, 24)
 

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from configs import finetune, pretrain
-from vit_jax import main, sharding, train, train_checkpoint
+from vit_jax import main, sharding, train
+from vit_jax.checkpoint import train_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,7 @@ def small_config(total_steps=6, every_steps=3, **mesh):
 
 
 def _params(workdir):
-  return train_checkpoint.restore_params(workdir)
+  return train_state.restore_params(workdir)
 
 
 def _assert_trees(a, b, exact=False, atol=1e-5):
@@ -75,7 +76,7 @@ def test_stages_run_a_few_steps(tmp_path):
   # Few-shot on the downstream set, not on the pretraining data.
   assert "val/accuracy" in metrics and "fewshot_animal_mnist/1shot" in metrics
   assert (tmp_path / "pretrain" / "config.json").exists()
-  assert train_checkpoint.Checkpointer(str(tmp_path / "pretrain"), 3, 2).latest_step() == 6
+  assert train_state.Checkpointer(str(tmp_path / "pretrain"), 3, 2).latest_step() == 6
 
   config = finetune.get_config("dataset=animal_mnist,runlocal")
   config.model_init = str(tmp_path / "pretrain")
@@ -234,11 +235,11 @@ def test_checkpoints_keep_the_last_k_steps(tmp_path):
   config = small_config(total_steps=5, every_steps=1)
   config.checkpoint.keep = 2
   train.run(config, str(tmp_path), devices=jax.devices()[:1])
-  checkpointer = train_checkpoint.Checkpointer(str(tmp_path), 1, 2)
+  checkpointer = train_state.Checkpointer(str(tmp_path), 1, 2)
   assert checkpointer.all_steps() == [4, 5]
   checkpointer.close()
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["4", "5"]
-  assert train_checkpoint.committed_steps(tmp_path) == [4, 5]
+  assert train_state.committed_steps(tmp_path) == [4, 5]
 
 
 def test_bfloat16_model_trains_and_resumes(tmp_path):
@@ -256,7 +257,7 @@ def test_bfloat16_model_trains_and_resumes(tmp_path):
   config.total_steps = 16
   metrics = train.run(config, str(tmp_path), devices=one)  # resumes at step 8
   print(f"bfloat16: loss over steps 13-16 {metrics['loss']:.4f}")
-  assert train_checkpoint.committed_steps(tmp_path) == [8, 16]
+  assert train_state.committed_steps(tmp_path) == [8, 16]
   # Measured 2.073 (2 CPU cores, AVX2); the zero-initialised head starts at ln(10) = 2.303.
   assert np.isfinite(metrics["loss"]) and metrics["loss"] < np.log(10) - 0.1
 
@@ -288,7 +289,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   config.schedule.base_lr = 1e38  # step 1 gives finite params near float32's max, step 2 inf
   with pytest.raises(FloatingPointError, match=r"at step 2\b"):
     train.run(config, str(tmp_path))
-  checkpointer = train_checkpoint.Checkpointer(str(tmp_path), 1, 10)
+  checkpointer = train_state.Checkpointer(str(tmp_path), 1, 10)
   assert checkpointer.all_steps() == [1]
   params = _params(tmp_path)
   assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(params))
@@ -298,19 +299,20 @@ _CHILD = textwrap.dedent(
   """
   import importlib, os, signal, sys
   sys.path[:0] = [{repo!r}, {tests!r}]
-  from vit_jax import input_pipeline, train, train_checkpoint
+  from vit_jax import input_pipeline, train
+  from vit_jax.checkpoint import train_state
   module, factory = {config_fn!r}.split(":")
   config = getattr(importlib.import_module(module), factory)()
 
   mode, at = sys.argv[1], int(sys.argv[2])
   if mode == "save":  # killed right after an asynchronous save of step `at` started
-    save = train_checkpoint.Checkpointer.save
+    save = train_state.Checkpointer.save
     def killing_save(self, step, *args, **kwargs):
       out = save(self, step, *args, **kwargs)
       if step == at:
         os.kill(os.getpid(), signal.SIGKILL)
       return out
-    train_checkpoint.Checkpointer.save = killing_save
+    train_state.Checkpointer.save = killing_save
   else:  # killed when fetching the `at`-th batch of this process, between two steps
     fetch = input_pipeline.TrainIterator.__next__
     count = [0]

@@ -15,6 +15,8 @@ import pytest
 
 from configs import finetune, pretrain
 from vit_jax import logging_util, models, optim, sharding, train, workdir
+from vit_jax.checkpoint import train_state
+from vit_jax.objectives import supervised
 
 
 def _step_fn(accum_steps, loss="softmax_xent", multi_label=False, num_classes=4):
@@ -25,7 +27,8 @@ def _step_fn(accum_steps, loss="softmax_xent", multi_label=False, num_classes=4)
   schedule = optax.constant_schedule(0.1)
   tx = optim.make_optimizer(config.optimizer, schedule, grad_clip_norm=1.0)
   mesh = sharding.make_mesh(pretrain.common.mesh_config(), jax.devices()[:1])
-  fn = train.make_train_step(model, tx, schedule, loss, num_classes, accum_steps, mesh, multi_label)
+  objective = supervised.Supervised(loss, num_classes, multi_label)
+  fn = train.make_train_step(objective, model, tx, schedule, accum_steps, mesh)
   params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)["params"]
   state = dict(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=jax.random.key(1))
   return jax.jit(fn), state
@@ -160,18 +163,17 @@ def test_write_json_is_atomic(tmp_path):
 
 
 def test_committed_steps_ignore_half_written_ones(tmp_path):
-  from vit_jax import train_checkpoint
 
   train.run(_tiny(total_steps=4), str(tmp_path), devices=jax.devices()[:1])
   # A save cut short: Orbax's temporary directory of step 6, with a state inside.
   partial = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1234"
   (partial / "state").mkdir(parents=True)
-  assert train_checkpoint.committed_steps(tmp_path) == [2, 4]
-  checkpointer = train_checkpoint.Checkpointer(str(tmp_path), every_steps=2, keep=3)
+  assert train_state.committed_steps(tmp_path) == [2, 4]
+  checkpointer = train_state.Checkpointer(str(tmp_path), every_steps=2, keep=3)
   assert checkpointer.latest_step() == 4
   checkpointer.close()
-  params = train_checkpoint.restore_params(tmp_path)  # the latest committed step: 4
-  step4 = train_checkpoint.restore_params(tmp_path / "checkpoints" / "4")
+  params = train_state.restore_params(tmp_path)  # the latest committed step: 4
+  step4 = train_state.restore_params(tmp_path / "checkpoints" / "4")
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(step4), strict=True):
     np.testing.assert_array_equal(a, b)
 

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from vit_jax import xla_cpu_flags
+from vit_jax.kernels import xla_cpu_flags
 
 FLAG = "--xla_cpu_experimental_ynn_fusion_type"
 # A matmul compiled after `import vit_jax`: its HLO says whether YNNPACK runs it.

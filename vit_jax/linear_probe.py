@@ -15,167 +15,19 @@ BiT ResNets).
 
 import json
 import os
-import re
 import time
 from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 from etils import epath
 
-from vit_jax import checkpoint, checkpoint_torch, evaluators, models, sharding, train_checkpoint
+from vit_jax import checkpoint, evaluators, sharding
 from vit_jax import workdir as workdir_lib
 
 RESULTS_FILE = "linear_probe.json"
 CONFIG_FILE = workdir_lib.CONFIG_FILE
-
-
-# ---------------------------------------------------------------------------------------------
-# The backbone of a previous stage.
-
-
-def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDict:
-  """Reconstructs a ViT's model config from its parameter shapes.
-
-  Reads patch size and width from `embedding/kernel` [p, p, C, D], depth from the encoder
-  blocks (stacked or not), heads from `query/kernel` [D, heads, D/heads], the MLP width, the
-  classifier ('token' iff there is a `cls` parameter), `representation_size` from
-  `pre_logits`, and for hybrids the ResNet's units per stage (`block{s}/unit{u}`) and width
-  factor (`conv_root/kernel` [7, 7, 3, 64 * width]). The GELU (`gelu_approximate`) is not in
-  the shapes: it keeps its default.
-  """
-  if "root_block" in params:  # a BiT ResNet (models_bit)
-    return _bit_config(params)
-  p, _, _, hidden = np.shape(params["embedding"]["kernel"])
-  encoder = params["Transformer"]
-  if "encoderblock" in encoder:  # scanned: leaves have a leading [num_layers] axis
-    block, scan = encoder["encoderblock"], True
-    num_layers = np.shape(block["LayerNorm_0"]["scale"])[0]
-  else:
-    num_layers = sum(k.startswith("encoderblock_") for k in encoder)
-    block, scan = encoder["encoderblock_0"], False
-  attention = block["MultiHeadDotProductAttention_1"]
-  num_heads = np.shape(attention["query"]["kernel"])[-2]
-  mlp_dim = np.shape(block["MlpBlock_3"]["Dense_0"]["kernel"])[-1]
-  config = models.vit_config(
-    "inferred", int(p), int(hidden), int(mlp_dim), int(num_heads), int(num_layers)
-  )
-  config.classifier = "token" if "cls" in params else "gap"
-  config.scan = scan
-  if "conv_root" in params:
-    stages = sorted(int(k[len("block") :]) for k in params if re.fullmatch(r"block\d+", k))
-    units = [
-      sum(re.fullmatch(r"unit\d+", u) is not None for u in params[f"block{s}"]) for s in stages
-    ]
-    width = np.shape(params["conv_root"]["kernel"])[-1] / 64
-    config.resnet = ml_collections.ConfigDict(
-      dict(num_layers=tuple(units), width_factor=int(width) if width == int(width) else width)
-    )
-  if "pre_logits" in params:
-    config.representation_size = int(np.shape(params["pre_logits"]["kernel"])[-1])
-  return config
-
-
-def _bit_config(params: dict[str, Any]) -> ml_collections.ConfigDict:
-  """A BiT ResNet's config: units per block, and the root width [7, 7, 3, W] as `base_width`."""
-  blocks = sorted((k for k in params if k.startswith("block")), key=lambda k: int(k[5:]))
-  units = tuple(sum(u.startswith("unit") for u in params[b]) for b in blocks)
-  width = int(np.shape(params["root_block"]["standardized_conv2d"]["kernel"])[-1])
-  return models.bit_config("inferred", units, 1, base_width=width)
-
-
-def _checkpoint_dir(path: str) -> epath.Path | None:
-  """The workdir that holds a checkpoint path (None for a file such as an `.npz`)."""
-  path = epath.Path(path)
-  for candidate in (path, path.parent, path.parent.parent):
-    if (candidate / CONFIG_FILE).exists():
-      return candidate
-  return None
-
-
-def saved_config(path: str) -> ml_collections.ConfigDict | None:
-  """The stage config saved (as `config.json`) in the workdir of checkpoint `path`, if any.
-
-  A timm or transformers `config.json` beside a `.safetensors` file is not a stage config (see
-  `load_backbone`).
-  """
-  if str(path).endswith(".safetensors"):
-    return None
-  if str(path).endswith(".npz"):
-    directory = epath.Path(path).parent
-    if not (directory / CONFIG_FILE).exists():
-      return None
-  else:
-    directory = _checkpoint_dir(path)
-    if directory is None:
-      return None
-  return ml_collections.ConfigDict(json.loads((directory / CONFIG_FILE).read_text()))
-
-
-def load_backbone(
-  path: str, model_config: ml_collections.ConfigDict | None = None
-) -> tuple[ml_collections.ConfigDict, dict[str, Any], ml_collections.ConfigDict | None]:
-  """Reads a checkpoint of any stage and the architecture that goes with it.
-
-  Args:
-    path: `.npz`, timm / Hugging Face `.safetensors`, an Orbax workdir, its `checkpoints/` or
-      one step directory.
-    model_config: the architecture; None takes it from the saved `config.json`, else from the
-      parameter shapes (and, for `.safetensors`, the GELU of the timm / transformers
-      `config.json` beside it: exact unless it says otherwise, as both libraries default).
-
-  Returns:
-    (model config, params as a nested dict of numpy arrays, the saved stage config or None).
-  """
-  params = train_checkpoint.restore_params(path)
-  stage_config = saved_config(path)
-  if model_config is None:
-    if stage_config is not None and "model" in stage_config:
-      model_config = stage_config.model
-    else:
-      model_config = model_config_from_params(params)
-      if str(path).endswith(".safetensors"):
-        fields = checkpoint_torch.config_fields(checkpoint.read_foreign_config(path))
-        model_config.gelu_approximate = fields.get("gelu_approximate", False)
-  return ml_collections.ConfigDict(model_config.to_dict()), params, stage_config
-
-
-def representation_model(
-  model_config: ml_collections.ConfigDict,
-  params: dict[str, Any],
-  representation: str,
-  image_size: int | tuple[int, int],
-) -> tuple[Any, dict[str, Any]]:
-  """A headless model returning the chosen representation, and the parameters it uses.
-
-  Args:
-    model_config: the backbone's architecture.
-    params: the checkpoint's parameters (a head, if any, is dropped).
-    representation: 'pre_logits' (the Dense+tanh layer when the checkpoint has one, else the
-      pooled token) or 'pooled' (the class token / average pool before any pre-logits); a BiT
-      ResNet has only its pooled features.
-    image_size: the input resolution; position embeddings are resized to its patch grid.
-
-  Returns:
-    (the Flax module, its parameters as a nested dict of numpy arrays).
-  """
-  if representation not in ("pre_logits", "pooled"):
-    raise ValueError(f"representation={representation!r}; expected 'pre_logits' or 'pooled'")
-  params = {k: v for k, v in params.items() if k not in ("head", "mpp_head", "mask_embedding")}
-  rep_size = None
-  if representation == "pre_logits" and "pre_logits" in params:
-    rep_size = int(np.shape(params["pre_logits"]["kernel"])[-1])
-  else:
-    params.pop("pre_logits", None)
-  model = models.get_model(
-    model_config,
-    None,
-    **models.known_overrides(model_config, representation_size=rep_size, dropout_rate=0.0),
-  )
-  params = checkpoint.fit_posemb(params, model, model_config, image_size)
-  return model, params
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,11 +51,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
   # Backbone.
   explicit = config.model if "model" in config and config.model else None
-  model_config, params, saved = load_backbone(config.model_init, explicit)
+  model_config, params, saved = checkpoint.load_backbone(config.model_init, explicit)
   dataset = config.dataset.to_dict()
   if config.get("image_size_from_checkpoint") and saved is not None and "dataset" in saved:
     dataset["image_size"] = saved.dataset.image_size  # the resolution the backbone was trained at
-  model, params = representation_model(
+  model, params = checkpoint.representation_model(
     model_config, params, config.representation, dataset["image_size"]
   )
   params = jax.device_put(params, sharding.tree_shardings(params, mesh))

@@ -14,51 +14,7 @@ import numpy as np
 from absl import logging
 from clu import metric_writers, parameter_overview, periodic_actions
 
-# Peak dense bf16 FLOP/s per device, by `jax.Device.device_kind` prefix. TPUs: Cloud TPU system
-# architecture pages (cloud.google.com/tpu/docs/v2, /v3, /v4, /v5e, /v5p, /v6e): per chip v2 45,
-# v3 123, v4 275, v5e 197, v5p 459, v6e 918 TFLOP/s. v2 and v3 chips are two devices (one per
-# TensorCore); v4 and v5p run as one "megacore" device per chip; v5e and v6e have one core.
-PEAK_FLOPS = {
-  "TPU v2": 45e12 / 2,
-  "TPU v3": 123e12 / 2,
-  "TPU v4": 275e12,
-  "TPU v5 lite": 197e12,
-  "TPU v5e": 197e12,
-  "TPU v5p": 459e12,
-  "TPU v5": 459e12,
-  "TPU v6 lite": 918e12,
-  "TPU v6e": 918e12,
-  "NVIDIA A100": 312e12,
-  "NVIDIA H100": 989e12,
-  "NVIDIA H200": 989e12,
-  "NVIDIA B200": 2250e12,
-}
-
-# HBM per device, same sources: per chip v2 16 GiB, v3 32 GiB (two devices each), v4 32 GiB,
-# v5e 16 GB, v5p 95 GB, v6e 32 GB (counted here as GiB, as the runtime reports them); GPUs:
-# vendor data sheets (GB).
-HBM_BYTES = {
-  "TPU v2": 8 * 2**30,
-  "TPU v3": 16 * 2**30,
-  "TPU v4": 32 * 2**30,
-  "TPU v5 lite": 16 * 2**30,
-  "TPU v5e": 16 * 2**30,
-  "TPU v5p": 95 * 2**30,
-  "TPU v5": 95 * 2**30,
-  "TPU v6 lite": 32 * 2**30,
-  "TPU v6e": 32 * 2**30,
-  "NVIDIA A100": 80e9,
-  "NVIDIA H100": 80e9,
-  "NVIDIA H200": 141e9,
-}
-
-
-def _by_kind(table: dict[str, float], device: jax.Device | None) -> float | None:
-  kind = (device or jax.devices()[0]).device_kind
-  for prefix, value in sorted(table.items(), key=lambda kv: -len(kv[0])):
-    if kind.startswith(prefix):
-      return value
-  return None
+from vit_jax.cost import devices
 
 
 def create_writer(workdir: str) -> metric_writers.MetricWriter:
@@ -78,30 +34,6 @@ def log_parameter_overview(params: Any) -> int:
   return count
 
 
-def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
-  """The device's peak FLOP/s if known (TPUs and recent NVIDIA GPUs), else None."""
-  return _by_kind(PEAK_FLOPS, device)
-
-
-def hbm_bytes_per_device(device: jax.Device | None = None) -> int | None:
-  """The device's memory (HBM) in bytes if known, else None."""
-  hbm = _by_kind(HBM_BYTES, device)
-  return None if hbm is None else int(hbm)
-
-
-def compiled_flops(compiled: Any) -> float | None:
-  """FLOPs per device of one call of an AOT-compiled function, from XLA's cost analysis."""
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # noqa: BLE001 - not every backend implements it
-    return None
-  if isinstance(cost, list | tuple):
-    cost = cost[0] if cost else None
-  if not cost or "flops" not in cost:
-    return None
-  return float(cost["flops"])
-
-
 class Throughput:
   """Images/s and MFU between two log points, counting only time spent training.
 
@@ -111,7 +43,7 @@ class Throughput:
   def __init__(self, batch_size: int, flops_per_step: float | None):
     self._batch_size = batch_size
     self._flops = flops_per_step
-    self._peak = peak_flops_per_device()
+    self._peak = devices.peak_flops_per_device()
     self._t, self._step = None, None
     self._paused = 0.0  # seconds paused since the previous call
 

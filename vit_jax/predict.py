@@ -27,7 +27,7 @@ from absl import app, flags, logging
 from PIL import Image
 
 from vit_jax import checkpoint as checkpoint_lib
-from vit_jax import linear_probe, models, pp_spec
+from vit_jax import models, pp_spec
 
 FLAGS = flags.FLAGS
 
@@ -147,7 +147,7 @@ class Classifier:
   ):
     """Args: see the module docstring and the flags of the same names."""
     model_config = models.get_model_config(model) if model else None
-    model_config, params, saved = linear_probe.load_backbone(checkpoint, model_config)
+    model_config, params, saved = checkpoint_lib.load_backbone(checkpoint, model_config)
     if "head" not in params:
       raise ValueError(f"{checkpoint} has no classification head (a headless backbone?)")
     # The head's leaves (ViT `kernel` [D, K], BiT `conv2d/kernel` [1, 1, C, K], biases [K]) all

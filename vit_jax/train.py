@@ -13,9 +13,8 @@ Metrics: each step adds its sums (loss, correct top-1, examples, gradient norm) 
 window that the host reads and resets at every log step, so a logged loss or accuracy is the mean
 over the window's examples, not the last step's. Training accuracy is top-1 for single-label data
 and precision@1 (the top-scoring class is one of the image's labels) for multi-label data.
-With `config.loss = 'mpp'` (masked patch prediction, vit_jax.mpp) the model is the MPP wrapper of
-`config.model`, an example's loss is the mean over its corrupted patches, and accuracy is the
-fraction of corrupted patches whose 3-bit colour is predicted right.
+The model, the per-example loss and what counts as correct come from the objective of
+`config.loss` (vit_jax.objectives: supervised cross-entropy, or masked patch prediction).
 Images/s and MFU count only time spent training: evaluation and checkpoint saves are excluded.
 
 Workdir: a config that differs from the workdir's saved `config.json` in a field that may not
@@ -46,20 +45,16 @@ from jax.sharding import PartitionSpec as P
 
 from vit_jax import (
   checkpoint,
-  compiled_stats,
   evaluators,
   input_pipeline,
   logging_util,
-  losses,
-  models,
-  mpp,
+  objectives,
   optim,
   sharding,
-  train_checkpoint,
 )
-from vit_jax import (
-  workdir as workdir_lib,
-)
+from vit_jax import workdir as workdir_lib
+from vit_jax.checkpoint import train_state
+from vit_jax.cost import compiled_stats, flops
 
 State = dict[str, Any]  # step int32 [], params, opt_state, rng uint32 [2]
 # Sums over the steps since the last log: loss_sum, correct, examples, grad_norm_sum, steps
@@ -100,39 +95,25 @@ def _image_shape(config: ml_collections.ConfigDict) -> tuple[int, int]:
 
 
 def make_train_step(
+  objective: objectives.Objective,
   model: Any,
   tx: optax.GradientTransformation,
   schedule: optax.Schedule,
-  loss_name: str,
-  num_classes: int,
   accum_steps: int,
   mesh: jax.sharding.Mesh,
-  multi_label: bool = False,
 ):
   """Returns train_step(state, batch, window) -> (state, window, learning_rate), un-jitted.
 
-  The loss is the mean over the examples whose mask is 1, computed over the whole global batch
-  whatever `accum_steps` is: micro-batches sum masked losses and gradients, divided once at the
-  end. The step adds its sums to `window` (see `Window`) and records there the first step with a
-  non-finite loss or gradient norm. Accuracy counts top-1 hits, or precision@1 if `multi_label`.
-  `loss_name='mpp'`: `model` is a vit_jax.mpp.MaskedPatchPredictor and the labels are unused.
+  The loss is `objective`'s per-example loss of `model`, averaged over the examples whose mask
+  is 1, computed over the whole global batch whatever `accum_steps` is: micro-batches sum
+  masked losses and gradients, divided once at the end. The step adds its sums to `window`
+  (see `Window`) and records there the first step with a non-finite loss or gradient norm.
   """
-  loss_fn = None if loss_name == "mpp" else losses.LOSSES[loss_name]
 
   def micro_step(params, micro, key):
     def loss_sum(p):
-      if loss_fn is None:
-        per_example, accuracy = mpp.objective(model, p, micro["image"], key)
-        return jnp.sum(per_example * micro["mask"]), jnp.sum(accuracy * micro["mask"])
-      logits = model.apply({"params": p}, micro["image"], train=True, rngs={"dropout": key})
-      targets = losses.dense_targets(micro["label"], num_classes)
+      per_example, correct = objective.per_example(model, p, micro, key)
       mask = micro["mask"]
-      per_example = loss_fn(logits, targets)
-      top1 = jnp.argmax(logits, -1)
-      if multi_label:  # precision@1: the top class is one of the labels
-        correct = jnp.take_along_axis(targets, top1[:, None], axis=-1)[:, 0] > 0
-      else:
-        correct = top1 == jnp.argmax(targets, -1)
       return jnp.sum(per_example * mask), jnp.sum(correct * mask)
 
     (total, correct), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
@@ -190,7 +171,7 @@ def make_train_step(
   return train_step
 
 
-def _check_finite(window: Window, checkpointer: train_checkpoint.Checkpointer) -> None:
+def _check_finite(window: Window, checkpointer: train_state.Checkpointer) -> None:
   bad = int(jax.device_get(window["first_bad"]))
   if bad >= 0:
     last = checkpointer.latest_step()
@@ -219,7 +200,7 @@ def _load_init_params(config, abstract_params, head, param_shardings) -> Any:
   path = str(config.model_init)
   # A published `.npz` (or timm / HF `.safetensors`) is read by load_pretrained itself; an Orbax
   # workdir of a pretrain run is restored first and adapted in memory.
-  source = path if checkpoint.is_params_file(path) else train_checkpoint.restore_params(path)
+  source = path if checkpoint.is_params_file(path) else train_state.restore_params(path)
   params = checkpoint.load_pretrained(source, expected, config.model)
   logging.info("initialised from %s", path)
   return _to_global(params, param_shardings)
@@ -228,6 +209,7 @@ def _load_init_params(config, abstract_params, head, param_shardings) -> Any:
 class TrainStep(NamedTuple):
   """The train step of a config on a mesh, before any data or state value exists (see `build`)."""
 
+  objective: objectives.Objective
   model: Any
   schedule: optax.Schedule
   tx: optax.GradientTransformation
@@ -269,16 +251,8 @@ def build(
       f"batch_size {batch_size} must be a multiple of accum_steps ({accum}) × the batch shards "
       f"of the mesh ({shards})"
     )
-  model_config = config.model
-  if mesh.shape["model"] > 1 and model_config.get("attention_kernel") == "auto":
-    # Tensor parallelism splits the attention heads over devices, and jax cannot partition
-    # cuDNN's fused attention along heads: the attention core stays in XLA on such a mesh.
-    model_config = model_config.copy_and_resolve_references()
-    model_config.attention_kernel = "xla"
-  if config.loss == "mpp":
-    model = mpp.get_model(model_config, config.mpp)
-  else:
-    model = models.get_model(model_config, num_classes)
+  objective = objectives.get(config, num_classes)
+  model = objective.model(config.model, mesh)
   height, width = _image_shape(config)
   rng = jax.random.PRNGKey(config.seed)
   init_key, dropout_key = jax.random.split(rng)
@@ -302,17 +276,9 @@ def build(
     opt_state=sharding.tree_shardings(abstract["opt_state"], mesh),
     rng=replicated,
   )
-  step_fn = make_train_step(
-    model,
-    tx,
-    schedule,
-    config.loss,
-    num_classes,
-    int(config.accum_steps),
-    mesh,
-    bool(config.dataset.multi_label),
-  )
+  step_fn = make_train_step(objective, model, tx, schedule, int(config.accum_steps), mesh)
   return TrainStep(
+    objective=objective,
     model=model,
     schedule=schedule,
     tx=tx,
@@ -344,7 +310,7 @@ def run(
       "random initialisation; set --config.model_init=<workdir or .npz>, or "
       "--config.init_from_scratch=true to do that on purpose"
     )
-  if train_checkpoint.committed_steps(workdir):
+  if train_state.committed_steps(workdir):
     workdir_lib.check_config(workdir, config)
   mesh = sharding.make_mesh(config.mesh, devices)
   logging.info("mesh %s over %d processes", dict(mesh.shape), jax.process_count())
@@ -365,7 +331,7 @@ def run(
 
   # ----------------------------------------------------------------------------------------------
   # Checkpoint: resume from the latest complete step, else initialise (from model_init if set).
-  checkpointer = train_checkpoint.Checkpointer(
+  checkpointer = train_state.Checkpointer(
     workdir,
     every_steps=config.checkpoint.every_steps,
     keep=config.checkpoint.keep,
@@ -375,13 +341,15 @@ def run(
   data_state = None
   if latest is not None:
     state, data_state = checkpointer.restore(
-      latest, train_checkpoint.abstract_tree(abstract, state_shardings)
+      latest, train_state.abstract_tree(abstract, state_shardings)
     )
   else:
     state = jax.jit(init_state, out_shardings=state_shardings)(init_key)
     if config.model_init:
-      if config.loss == "mpp":
-        raise ValueError("config.model_init with loss='mpp': MPP pretraining starts from scratch")
+      if not built.objective.accepts_model_init:
+        raise ValueError(
+          f"config.model_init with loss={config.loss!r}: this objective starts from scratch"
+        )
       head = jax.jit(lambda k: init_params(k)["head"], out_shardings=replicated)(init_key)
       head = jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), head)
       params = _load_init_params(config, abstract["params"], head, state_shardings["params"])
@@ -477,9 +445,7 @@ def _report_compiled(compiled, state, built: TrainStep, batch, batch_size: int):
   stats = compiled_stats.step_stats(compiled, state, built.state_shardings, batch)
   compiled_stats.log_step_stats(stats)
   height, width = batch["image"].shape[1:3]
-  per_example = compiled_stats.model_flops_per_example(
-    built.model, state["params"], (height, width)
-  )
+  per_example = flops.model_flops_per_example(built.model, (height, width))
   return logging_util.Throughput(batch_size, per_example * batch_size / built.mesh.devices.size)
 
 

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax import checkpoint, linear_probe, models, predict, sharding
+from vit_jax import checkpoint, models, predict, sharding
 from vit_jax.analysis import metrics
 
 ATTENTION = "MultiHeadDotProductAttention_1"
@@ -148,7 +148,7 @@ def load(
     The Subject.
   """
   explicit = models.get_model_config(model) if model else None
-  model_config, params, saved = linear_probe.load_backbone(path, explicit)
+  model_config, params, saved = checkpoint.load_backbone(path, explicit)
   # Analysis in float32 whatever the training dtype: bf16 attention weights are too coarse.
   model_config.dtype = "float32"
   dataset = saved.get("dataset") if saved is not None else None
@@ -164,7 +164,7 @@ def load(
 
   mesh_config = ml_collections.ConfigDict(dict(data=-1, fsdp=fsdp, model=model_parallel))
   mesh = sharding.make_mesh(mesh_config, jax.local_devices())
-  module, run_params = linear_probe.representation_model(model_config, params, "pooled", image_size)
+  module, run_params = checkpoint.representation_model(model_config, params, "pooled", image_size)
   tokens = run_params["Transformer"]["posembed_input"]["pos_embedding"].shape[1]
   grid_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=image_size))
   grid = checkpoint.patch_grid(grid_config, tokens - prefix)

@@ -9,17 +9,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from vit_jax.evaluators import _utils
+from vit_jax.objectives import supervised
 
-LOSSES = ("softmax_xent", "sigmoid_xent")
-
-
-def _targets(labels: jax.Array, num_classes: int) -> jax.Array:
-  if labels.ndim == 2:
-    return labels.astype(jnp.float32)
-  return jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+LOSSES = tuple(supervised.LOSSES)
 
 
 def batch_metrics(
@@ -37,16 +31,12 @@ def batch_metrics(
     {'correct', 'loss', 'count'}: sums over the real examples. A prediction is correct when the
     argmax class is a positive label.
   """
-  targets = _targets(labels, logits.shape[-1])
-  logits = logits.astype(jnp.float32)
-  if loss == "softmax_xent":
-    per_example = optax.softmax_cross_entropy(logits, targets)
-  elif loss == "sigmoid_xent":
-    per_example = jnp.sum(optax.sigmoid_binary_cross_entropy(logits, targets), axis=-1)
-  else:
+  if loss not in LOSSES:
     raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-  top1 = jnp.argmax(logits, axis=-1)
-  correct = jnp.take_along_axis(targets, top1[:, None], axis=-1)[:, 0] > 0
+  targets = supervised.dense_targets(labels, logits.shape[-1])
+  logits = logits.astype(jnp.float32)
+  per_example = supervised.LOSSES[loss](logits, targets)
+  correct = supervised.top1_correct(logits, targets)
   mask = mask.astype(jnp.float32)
   return {
     "correct": jnp.sum(correct * mask),

@@ -31,14 +31,8 @@ from typing import Any
 import ml_collections
 from absl import app, flags, logging
 
-from vit_jax import (
-  checkpoint,
-  checkpoint_convert,
-  checkpoint_torch,
-  linear_probe,
-  models,
-  train_checkpoint,
-)
+from vit_jax import checkpoint, models
+from vit_jax.checkpoint import layouts, timm_hf, train_state
 
 FORMATS = ("timm", "hf", "npz")
 WEIGHTS = {"timm": "model.safetensors", "hf": "model.safetensors", "npz": "model.npz"}
@@ -75,20 +69,20 @@ def read_model(
   if checkpoint.is_params_file(path):
     params = checkpoint.load(path, num_heads=num_heads)
   else:
-    params = train_checkpoint.restore_params(path)
+    params = train_state.restore_params(path)
   layout = checkpoint.file_layout(path) if checkpoint.is_params_file(path) else "orbax"
   if model:
     model_config = models.get_model_config(model)
   else:
-    saved = linear_probe.saved_config(path)
+    saved = checkpoint.saved_config(path)
     if saved is not None and "model" in saved:
       model_config = ml_collections.ConfigDict(saved.model.to_dict())
     else:
-      model_config = linear_probe.model_config_from_params(params)
-      if layout in (checkpoint_torch.TIMM, checkpoint_torch.HF):
-        fields = checkpoint_torch.config_fields(checkpoint.read_foreign_config(path))
+      model_config = checkpoint.model_config_from_params(params)
+      if layout in (timm_hf.TIMM, timm_hf.HF):
+        fields = timm_hf.config_fields(checkpoint.read_foreign_config(path))
         model_config.gelu_approximate = fields.get("gelu_approximate", False)
-  flat = checkpoint_convert.unstack_flat(checkpoint.flatten_params(params))
+  flat = layouts.unstack_flat(checkpoint.flatten_params(params))
   model_config.scan = False  # the written blocks are unstacked
   return model_config, flat, layout
 
@@ -113,19 +107,19 @@ def convert(
     {'weights': path, 'config': path}.
   """
   model_config, flat, layout = read_model(in_path, model, num_heads)
-  to = to or ("npz" if layout in (checkpoint_torch.TIMM, checkpoint_torch.HF) else "timm")
+  to = to or ("npz" if layout in (timm_hf.TIMM, timm_hf.HF) else "timm")
   if to not in FORMATS:
     raise ValueError(f"--to={to!r}; expected one of {FORMATS}")
-  if os.path.isdir(os.path.join(out_dir, train_checkpoint.CHECKPOINT_DIR)):
+  if os.path.isdir(os.path.join(out_dir, train_state.CHECKPOINT_DIR)):
     raise ValueError(f"--out={out_dir} is a trainer workdir; write the conversion elsewhere")
   num_classes = int(flat["head/kernel"].shape[-1]) if "head/kernel" in flat else 0
   weights = os.path.join(out_dir, WEIGHTS[to])
   if to == "timm":
-    state_dict = checkpoint_torch.to_timm(flat)
-    config = checkpoint_torch.config_for_timm(model_config, flat, num_classes)
+    state_dict = timm_hf.to_timm(flat)
+    config = timm_hf.config_for_timm(model_config, flat, num_classes)
   elif to == "hf":
-    state_dict, architecture = checkpoint_torch.to_hf(flat)
-    config = checkpoint_torch.config_for_hf(model_config, flat, num_classes, architecture)
+    state_dict, architecture = timm_hf.to_hf(flat)
+    config = timm_hf.config_for_hf(model_config, flat, num_classes, architecture)
   else:
     config = {"model": model_config.to_dict()}
   os.makedirs(out_dir, exist_ok=True)

@@ -227,7 +227,9 @@ def plan(
   """
   import jax  # noqa: PLC0415
 
-  from vit_jax import compiled_stats, logging_util, sharding, train  # noqa: PLC0415
+  from vit_jax import sharding, train  # noqa: PLC0415
+  from vit_jax.cost import compiled_stats, flops  # noqa: PLC0415
+  from vit_jax.cost import devices as device_table  # noqa: PLC0415
 
   devices = topology_devices(topology) if devices is None else list(devices)
   classes = num_classes_for(config, num_classes)
@@ -257,9 +259,7 @@ def plan(
     seconds = time.perf_counter() - start
     stats = compiled_stats.step_stats(compiled, state, built.state_shardings, batch)
   height, width = batch["image"].shape[1:3]
-  per_example = compiled_stats.model_flops_per_example(
-    built.model, built.abstract_state["params"], (height, width)
-  )
+  per_example = flops.model_flops_per_example(built.model, (height, width))
   settings = settings_of(config)
   settings["per_device_batch"] = int(config.batch_size) // sharding.num_batch_shards(mesh)
   return Plan(
@@ -269,8 +269,8 @@ def plan(
     mesh=dict(mesh.shape),
     settings=settings,
     stats=stats,
-    hbm=logging_util.hbm_bytes_per_device(devices[0]),
-    peak_flops=logging_util.peak_flops_per_device(devices[0]),
+    hbm=device_table.hbm_bytes_per_device(devices[0]),
+    peak_flops=device_table.peak_flops_per_device(devices[0]),
     model_flops=per_example * int(config.batch_size) / len(devices),
     efficiency=efficiency,
     compile_seconds=seconds,

@@ -1,9 +1,9 @@
 """C++ kernels for XLA:CPU, FFI custom calls compiled on first use: the attention core and LayerNorm.
 
-`attention` (`cpu_attention.cc`): softmax(q k^T / sqrt(head_dim)) v with its backward pass,
+`attention` (`attention.cc`): softmax(q k^T / sqrt(head_dim)) v with its backward pass,
 float32. It reads q, k and v from the QKV projection's [batch, tokens, 3, heads, head_dim] output
 and returns [batch, tokens, heads, head_dim], so the model does without the heads-major
-transposes of the XLA path; one (batch, head) pair per task. `layer_norm` (`cpu_layer_norm.cc`):
+transposes of the XLA path; one (batch, head) pair per task. `layer_norm` (`layer_norm.cc`):
 the LayerNorm of models_vit (statistics in float32, epsilon 1e-6) and its backward pass, rows in
 chunks. Both run on XLA's intra-op thread pool and hand XLA a future instead of blocking one of its
 threads. models_vit uses them for `attention_kernel` / `layer_norm_kernel` = 'auto' on a
@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCES = tuple(os.path.join(_HERE, f) for f in ("cpu_attention.cc", "cpu_layer_norm.cc"))
-_HEADERS = (os.path.join(_HERE, "cpu_parallel.h"),)
+_SOURCES = tuple(os.path.join(_HERE, f) for f in ("attention.cc", "layer_norm.cc"))
+_HEADERS = (os.path.join(_HERE, "parallel.h"),)
 # XLA target name (before the target's suffix) -> the handler's symbol in the library.
 _HANDLERS = {
   "vit_jax_attention_forward": "VitAttentionForward",

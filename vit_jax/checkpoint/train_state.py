@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from vit_jax import checkpoint
+from vit_jax.checkpoint import npz
 
 _STATE, _DATA = "state", "data"
 CHECKPOINT_DIR = "checkpoints"
@@ -148,10 +148,10 @@ def restore_params(path: str | os.PathLike) -> dict[str, Any]:
 
   Returns:
     Nested dict of numpy arrays (host memory, on every process), in the module layout of
-    vit_jax.models_vit. Only the parameters are read, not the optimizer state.
+    vit_jax.models.vit. Only the parameters are read, not the optimizer state.
   """
-  if checkpoint.is_params_file(path):
-    return checkpoint.load(path)
+  if npz.is_params_file(path):
+    return npz.load(path)
   state_dir = _state_dir(epath.Path(path))
   checkpointer = ocp.PyTreeCheckpointer()
   metadata = checkpointer.metadata(state_dir)

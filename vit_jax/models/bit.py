@@ -12,7 +12,7 @@ Module and parameter names are the published BiT `.npz` layout without its `resn
 (vit_jax.checkpoint strips it on load and writes it on save): `root_block/standardized_conv2d`,
 `block{s}/unit{uu}/{a,b,c}/{group_norm/{gamma,beta},standardized_conv2d/kernel}`,
 `block{s}/unit01/a/proj/standardized_conv2d/kernel`, `group_norm`, `head/conv2d/{kernel,bias}`.
-The R50+ViT hybrids' stem is a different (post-activation) ResNet: vit_jax.models_resnet.
+The R50+ViT hybrids' stem is a different (post-activation) ResNet: vit_jax.models.resnet.
 
 This file must not import TensorFlow.
 """
@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.models_resnet import StdConv
+from vit_jax.models.resnet import StdConv
 
 Dtype = Any
 

@@ -1,4 +1,4 @@
-// LayerNorm over the last axis for XLA:CPU, FFI custom calls (vit_jax/cpu_kernels.py builds and
+// LayerNorm over the last axis for XLA:CPU, FFI custom calls (vit_jax/kernels/cpu.py builds and
 // registers them): y = (x - mean) / sqrt(var + epsilon) * scale + bias in float32, and its
 // backward pass, the row statistics saved in between as the XLA path saves them. Rows are split
 // into chunks run on XLA's intra-op thread pool; the handlers return futures instead of waiting.
@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "cpu_parallel.h"
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;

@@ -1,4 +1,4 @@
-// Shared by cpu_attention.cc and cpu_layer_norm.cc: running an FFI handler's work on XLA:CPU's
+// Shared by attention.cc and layer_norm.cc: running an FFI handler's work on XLA:CPU's
 // intra-op thread pool without blocking any of its threads, and failing with a message.
 #ifndef VIT_JAX_CPU_PARALLEL_H_
 #define VIT_JAX_CPU_PARALLEL_H_

@@ -2,7 +2,7 @@
 
 Presets are the architecture only (paper Table 1; BiT's ResNetV2 depths and widths); training-time
 choices (dropout, dtype, remat, scan, head bias) come from the stage configs as overrides. A BiT
-config is recognised by its `block_units` field (`is_bit`) and builds a models_bit.ResNetV2, which
+config is recognised by its `block_units` field (`is_bit`) and builds a bit.ResNetV2, which
 has the ViT's call signature; ViT-only fields (dropout, representation layer, scan) do not exist
 there. Each preset is defined once, here, and
 the configs in `configs/` refer to it by name. This file must not import TensorFlow.
@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import models_bit, models_vit
+from vit_jax.models import bit, ops, vit
 
 # name -> factory of the preset's ConfigDict. Every name must have a pinned parameter count in
 # tests/test_models.py.
@@ -62,10 +62,10 @@ def vit_config(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, re
       scan=False,
       # The published weights use the tanh approximation; timm and Hugging Face the exact GELU.
       gelu_approximate=True,
-      # The attention core's kernel (models_vit.ATTENTION_KERNELS); 'auto': cuDNN on GPUs (bf16),
-      # the C++ kernel of vit_jax/cpu_kernels.py on a one-device CPU (float32).
+      # The attention core's kernel (ops.ATTENTION_KERNELS); 'auto': cuDNN on GPUs (bf16),
+      # the C++ kernel of vit_jax/kernels/cpu.py on a one-device CPU (float32).
       attention_kernel="auto",
-      # The LayerNorms' (models_vit.LAYER_NORM_KERNELS); 'auto': C++ on a one-device CPU (float32).
+      # The LayerNorms' (ops.LAYER_NORM_KERNELS); 'auto': C++ on a one-device CPU (float32).
       layer_norm_kernel="auto",
     )
   )
@@ -118,7 +118,7 @@ def _testing():
 
 
 def bit_config(name, block_units, width_factor=1, base_width=64):
-  """A BiT ResNet ConfigDict (models_bit.ResNetV2 fields, defaults elsewhere)."""
+  """A BiT ResNet ConfigDict (bit.ResNetV2 fields, defaults elsewhere)."""
   return ml_collections.ConfigDict(
     dict(
       name=name,
@@ -174,7 +174,10 @@ def get_model_config(name: str) -> ml_collections.ConfigDict:
 
 
 def get_model(
-  name_or_config: str | ml_collections.ConfigDict, num_classes: int | None, **overrides
+  name_or_config: str | ml_collections.ConfigDict,
+  num_classes: int | None,
+  mesh: Any = None,
+  **overrides,
 ) -> nn.Module:
   """Builds the Flax module of a preset.
 
@@ -182,6 +185,8 @@ def get_model(
     name_or_config: a preset name ('ViT-B_16', 'BiT-R50x1'), an alias ('B/16', 'R50x1'), or a
       model ConfigDict (e.g. `config.model` of a stage config).
     num_classes: width of the head; None for a headless model returning the representation.
+    mesh: the jax.sharding.Mesh the model will be trained on, if any: it decides where the
+      attention core can run (vit_jax.models.ops.attention_kernel_for_mesh).
     **overrides: any model field, e.g. `representation_size=768, dtype='bfloat16', scan=True`.
 
   Returns:
@@ -207,7 +212,9 @@ def get_model(
       fields[key] = _DTYPES[fields[key]]
   if is_bit(fields):
     fields["block_units"] = tuple(fields["block_units"])
-    return models_bit.ResNetV2(num_classes=num_classes, **fields)
+    return bit.ResNetV2(num_classes=num_classes, **fields)
   if fields["resnet"] is not None:
     fields["resnet"] = dict(fields["resnet"])
-  return models_vit.VisionTransformer(num_classes=num_classes, **fields)
+  if mesh is not None:
+    fields["attention_kernel"] = ops.attention_kernel_for_mesh(fields["attention_kernel"], mesh)
+  return vit.VisionTransformer(num_classes=num_classes, **fields)

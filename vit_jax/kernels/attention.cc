@@ -1,4 +1,4 @@
-// The ViT's attention core for XLA:CPU, an FFI custom call (vit_jax/cpu_kernels.py builds and
+// The ViT's attention core for XLA:CPU, an FFI custom call (vit_jax/kernels/cpu.py builds and
 // registers it): softmax(q k^T / sqrt(head_dim)) v, forward and backward, float32.
 //
 // q, k and v are read straight from the QKV projection's [batch, tokens, 3, heads, head_dim]
@@ -15,7 +15,7 @@
 #endif
 #include <vector>
 
-#include "cpu_parallel.h"
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -57,7 +57,7 @@ float* Scratch(int slot, int64_t size) {
 
 // Softmax of row[0:t] in place: exp(x - max) over the sum. exp by Cody-Waite range reduction
 // and a degree-6 polynomial, eight lanes at a time with AVX2 and FMA (libm's expf does not
-// vectorize without -ffast-math); tests/test_cpu_attention.py checks the result against XLA.
+// vectorize without -ffast-math); tests/test_cpu_kernels.py checks the result against XLA.
 inline float ExpPoly(float r) {
   float p = 1.38888889e-03f;
   p = p * r + 8.33333333e-03f;

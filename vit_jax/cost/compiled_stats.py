@@ -30,7 +30,8 @@ import jax
 import numpy as np
 from absl import logging
 
-from vit_jax import logging_util
+from vit_jax.cost import devices
+from vit_jax.cost.flops import compiled_flops
 
 GiB = 2**30
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -427,7 +428,7 @@ def step_stats(
   )
   num_devices = len(jax.tree_util.tree_leaves(state_shardings["params"])[0].mesh.devices.flat)
   hlo = parse_hlo(compiled.as_text(), num_devices)
-  xla_flops = logging_util.compiled_flops(compiled) or 0.0
+  xla_flops = compiled_flops(compiled) or 0.0
   return StepStats(
     argument=int(mem.argument_size_in_bytes),
     output=int(mem.output_size_in_bytes),
@@ -445,30 +446,9 @@ def step_stats(
   )
 
 
-def model_flops_per_example(model: Any, params: Any, image_shape: tuple[int, int]) -> float:
-  """Training FLOPs of one example without recomputation: 3 × the forward pass (fwd + 2× bwd).
-
-  The forward FLOPs are XLA's count of the unoptimised forward pass of one image (lowered, not
-  compiled), with scan and remat off so that no loop hides a layer.
-  """
-  import jax.numpy as jnp  # noqa: PLC0415
-
-  if getattr(model, "scan", False) or getattr(model, "remat", False):
-    model = model.clone(scan=False, remat=False)
-    params = jax.eval_shape(
-      lambda: model.init(
-        {"params": jax.random.PRNGKey(0)}, jnp.zeros((1, *image_shape, 3)), train=False
-      )
-    )["params"]
-  params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-  image = jax.ShapeDtypeStruct((1, *image_shape, 3), jnp.float32)
-  lowered = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)).lower(params, image)
-  return 3.0 * float(lowered.cost_analysis()["flops"])
-
-
 def log_step_stats(stats: StepStats, device: jax.Device | None = None) -> None:
   """One log line per figure: memory against the device's HBM, FLOPs, collectives."""
-  hbm = logging_util.hbm_bytes_per_device(device)
+  hbm = devices.hbm_bytes_per_device(device)
   logging.info(
     "compiled train step per device: params %.2f GiB, optimizer state %.2f GiB, batch %.2f GiB, "
     "temporaries %.2f GiB (gradients ≈%.2f GiB), total %.2f GiB of %s HBM",

@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import models, models_vit
+from vit_jax import models
+from vit_jax.models import vit
 
 TARGETS = ("mean_color", "downsample4x4", "l2")
 COLOR_BITS = 3
@@ -161,7 +162,7 @@ def corrupt(
 # The model.
 
 
-class MaskedPatchPredictor(models_vit.VisionTransformer):
+class MaskedPatchPredictor(vit.VisionTransformer):
   """A ViT with a [mask] embedding and a per-patch prediction head (`mpp_head`).
 
   Called with `train` and a 'mpp' rng (corruption; without one a fixed key is used), it returns
@@ -203,17 +204,18 @@ class MaskedPatchPredictor(models_vit.VisionTransformer):
 
 
 def get_model(
-  model_config: ml_collections.ConfigDict, mpp: ml_collections.ConfigDict
+  model_config: ml_collections.ConfigDict, mpp: ml_collections.ConfigDict, mesh: Any = None
 ) -> MaskedPatchPredictor:
-  """The MPP model of a ViT preset config (`config.model`) and `config.mpp`."""
+  """The MPP model of a ViT preset config (`config.model`) and `config.mpp`, for `mesh` (see
+  vit_jax.models.get_model)."""
   if mpp.target not in TARGETS:
     raise ValueError(f"config.mpp.target={mpp.target!r}; expected one of {TARGETS}")
-  vit = models.get_model(model_config, None)
-  if vit.resnet is not None:
+  backbone = models.get_model(model_config, None, mesh=mesh)
+  if backbone.resnet is not None:
     raise ValueError("masked patch prediction needs image patches; R50 hybrids are not supported")
   fields = {
-    f.name: getattr(vit, f.name)
-    for f in dataclasses.fields(vit)
+    f.name: getattr(backbone, f.name)
+    for f in dataclasses.fields(backbone)
     if f.init and f.name not in ("parent", "name")
   }
   return MaskedPatchPredictor(
@@ -223,58 +225,3 @@ def get_model(
     mask_rate=float(mpp.mask_rate),
     random_rate=float(mpp.random_rate),
   )
-
-
-# ---------------------------------------------------------------------------------------------
-# The loss.
-
-
-def per_example_loss(
-  out: dict[str, jax.Array], images: jax.Array, patch_size: int, target: str
-) -> tuple[jax.Array, jax.Array]:
-  """Loss and accuracy of each image, averaged over its corrupted patches only.
-
-  Every image has the same number of corrupted patches, so the mean over images of these is the
-  mean over all corrupted patches of the batch.
-
-  Args:
-    out: the model's dict(outputs [B, N, K], kind [B, N]).
-    images: the uncorrupted input [B, H, W, 3] in [-1, 1].
-    patch_size: the model's patch size.
-    target: one of TARGETS.
-
-  Returns:
-    (loss [B], accuracy [B]): softmax cross-entropy (squared error for l2) and the fraction of
-    corrupted patches whose 3-bit colour is right (for downsample4x4, of their 16 cells; for l2,
-    the mean colour of the predicted patch).
-  """
-  y = targets(images, patch_size, target)
-  z, corrupted = out["outputs"], (out["kind"] != KEPT_CLEAN).astype(jnp.float32)
-  if target == "mean_color":
-    logp = jax.nn.log_softmax(z, axis=-1)
-    loss = -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
-    correct = (jnp.argmax(z, -1) == y).astype(jnp.float32)
-  elif target == "downsample4x4":
-    z = z.reshape(*z.shape[:2], 16, NUM_COLORS)
-    logp = jax.nn.log_softmax(z, axis=-1)
-    loss = -jnp.mean(jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0], axis=-1)
-    correct = jnp.mean((jnp.argmax(z, -1) == y).astype(jnp.float32), axis=-1)
-  else:
-    loss = jnp.mean(jnp.square(z - y), axis=-1)
-    pixels = z.shape[-1] // 3
-    mean_rgb = lambda v: jnp.mean(v.reshape(*v.shape[:2], pixels, 3), axis=2)  # noqa: E731
-    correct = color_index(quantize(mean_rgb(z))) == color_index(quantize(mean_rgb(y)))
-    correct = correct.astype(jnp.float32)
-  count = jnp.maximum(jnp.sum(corrupted, axis=1), 1.0)
-  return jnp.sum(loss * corrupted, axis=1) / count, jnp.sum(correct * corrupted, axis=1) / count
-
-
-def objective(
-  model: MaskedPatchPredictor, params: Any, images: jax.Array, key: jax.Array, train: bool = True
-) -> tuple[jax.Array, jax.Array]:
-  """(loss [B], accuracy [B]) of `model` on `images`; `key` draws dropout and the corruption."""
-  dropout_key, mpp_key = jax.random.split(key)
-  out = model.apply(
-    {"params": params}, images, train=train, rngs={"dropout": dropout_key, "mpp": mpp_key}
-  )
-  return per_example_loss(out, images, model.patch_size, model.target)

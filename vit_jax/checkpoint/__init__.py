@@ -1,0 +1,64 @@
+"""Checkpoints: parameter files in the published layouts, and the trainer's Orbax state.
+
+  npz          `.npz` / `.safetensors` files: read any published layout, write vit_jax's
+  layouts      big_vision names and scan stacking, BiT's prefix (pure renames of flat names)
+  timm_hf      timm and Hugging Face state dicts (names, qkv split, configs)
+  adapt        fitting pretrained parameters to a model: position embeddings, head, pre_logits
+  train_state  the trainer's Orbax checkpoints (async saves, keep-N, resume, data position)
+  loader       any of the above, with the architecture that goes with it
+
+The names below are the public API; `from vit_jax import checkpoint` is all a user needs:
+
+  params = checkpoint.load("ViT-B_16.npz")          # or a trainer workdir, or a step directory
+  loaded = checkpoint.load_model("<workdir>")       # .model, .params, .model_config, .config
+  checkpoint.save(params, "model.npz")              # the published vit_jax layout
+"""
+
+from vit_jax.checkpoint.adapt import fit_posemb, load_pretrained, patch_grid, resize_posemb
+from vit_jax.checkpoint.loader import (
+  Loaded,
+  load,
+  load_backbone,
+  load_model,
+  model_config_from_params,
+  representation_model,
+  saved_config,
+)
+from vit_jax.checkpoint.npz import (
+  CONFIG_FILE,
+  POSEMB,
+  file_layout,
+  flatten_params,
+  is_params_file,
+  read_foreign_config,
+  save,
+  save_safetensors,
+  stack_encoder_blocks,
+  unflatten_params,
+  unstack_encoder_blocks,
+)
+
+__all__ = [
+  "CONFIG_FILE",
+  "POSEMB",
+  "Loaded",
+  "file_layout",
+  "fit_posemb",
+  "flatten_params",
+  "is_params_file",
+  "load",
+  "load_backbone",
+  "load_model",
+  "load_pretrained",
+  "model_config_from_params",
+  "patch_grid",
+  "read_foreign_config",
+  "representation_model",
+  "resize_posemb",
+  "save",
+  "save_safetensors",
+  "saved_config",
+  "stack_encoder_blocks",
+  "unflatten_params",
+  "unstack_encoder_blocks",
+]

@@ -1,0 +1,296 @@
+"""Adapts pretrained parameters to the model that will use them: position embeddings, heads.
+
+What fine-tuning (`load_pretrained`), the linear probe and predict (`fit_posemb`) do to a
+checkpoint trained at another resolution or for other classes: the position embeddings are
+resized on the patch grid (paper §3.2), the head replaced, `pre_logits` kept or dropped, and
+any remaining difference in names or shapes reported in one error that lists them in the
+network's order. Reading and writing files is vit_jax.checkpoint.npz's business.
+"""
+
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from vit_jax.checkpoint import layouts
+from vit_jax.checkpoint.npz import POSEMB, Params, flatten_params, load, unflatten_params
+
+# Entries beyond this many are counted, not listed, in error messages.
+_MAX_LISTED = 40
+
+
+# ---------------------------------------------------------------------------------------------
+# Position embeddings.
+
+
+def resize_posemb(
+  posemb: np.ndarray,
+  new_grid: int | Sequence[int],
+  num_prefix_tokens: int = 1,
+  old_grid: Sequence[int] | None = None,
+) -> np.ndarray:
+  """Resizes learned position embeddings to another patch grid (paper §3.2).
+
+  The grid part is interpolated bicubically in 2-D (float32, on the host CPU, with pixel-centre
+  alignment: the embedding of a patch is read where its centre lies in the old grid); the class
+  token's slot is kept bit for bit.
+
+  Args:
+    posemb: [1, num_prefix_tokens + gh*gw, D].
+    new_grid: target grid, `g` for g×g or `(gh, gw)`.
+    num_prefix_tokens: leading slots that are not on the grid (1 with a class token, 0 for gap).
+    old_grid: `(gh, gw)` of `posemb`; inferred when the grid is square.
+
+  Returns:
+    [1, num_prefix_tokens + new_gh*new_gw, D], in `posemb`'s dtype.
+  """
+  posemb = np.asarray(posemb)
+  if posemb.ndim != 3 or posemb.shape[0] != 1:
+    raise ValueError(f"posemb has shape {posemb.shape}; expected [1, tokens, width]")
+  prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
+  n, width = grid.shape
+  if old_grid is None:
+    s = math.isqrt(n)
+    if s * s != n:
+      raise ValueError(f"posemb grid of {n} tokens is not square; pass old_grid=(gh, gw)")
+    old_grid = (s, s)
+  old_grid = tuple(old_grid)
+  if old_grid[0] * old_grid[1] != n:
+    raise ValueError(f"old_grid {old_grid} does not hold the {n} grid tokens of posemb")
+  new_grid = (new_grid, new_grid) if isinstance(new_grid, int) else tuple(new_grid)
+  if new_grid == old_grid:
+    return posemb.copy()
+  logging.info("resize_posemb: grid %s -> %s", old_grid, new_grid)
+  # On the CPU so that every host computes the same bits, whatever the default backend is.
+  with jax.default_device(jax.devices("cpu")[0]):
+    resized = jax.image.resize(
+      jnp.asarray(grid.reshape(*old_grid, width), jnp.float32),
+      (*new_grid, width),
+      method="cubic",
+      antialias=False,
+    )  # [new_gh, new_gw, D]
+  resized = np.asarray(resized).reshape(1, -1, width).astype(posemb.dtype)
+  return np.concatenate([prefix, resized], axis=1)
+
+
+def patch_grid(model_config: Any, num_patches: int) -> tuple[int, int]:
+  """The model's patch grid (gh, gw).
+
+  Computed from `model_config.image_size` (int or (h, w)) and the patch size, including the
+  hybrid's ResNet downsampling; without `image_size`, the grid must be square.
+
+  Args:
+    model_config: the model ConfigDict.
+    num_patches: gh*gw, from the model's position embedding; checked against `image_size`.
+
+  Returns:
+    (gh, gw).
+  """
+  image_size = model_config.get("image_size")
+  if image_size is None:
+    s = math.isqrt(num_patches)
+    if s * s != num_patches:
+      raise ValueError(
+        f"the model has {num_patches} patches, not a square grid; set model_config.image_size "
+        "to (height, width) so the position embeddings can be laid out"
+      )
+    return s, s
+  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+  resnet = model_config.get("resnet")
+  if resnet is not None:
+    # Stride-2 SAME root conv and max-pool, then one stride-2 SAME stage per stage after the first.
+    for _ in range(2 + len(resnet["num_layers"]) - 1):
+      h, w = -(-h // 2), -(-w // 2)
+  p = model_config.patch_size
+  ph, pw = (p, p) if isinstance(p, int) else tuple(p)
+  grid = (h // ph, w // pw)
+  if grid[0] * grid[1] != num_patches:
+    raise ValueError(
+      f"model_config.image_size={image_size} gives a {grid[0]}x{grid[1]} patch grid, but the "
+      f"model's position embedding has {num_patches} patches"
+    )
+  return grid
+
+
+def fit_posemb(
+  params: Mapping[str, Any],
+  model: Any,
+  model_config: Any,
+  image_size: int | Sequence[int],
+) -> Params:
+  """`params` with position embeddings resized for `model` at `image_size` (a shallow copy).
+
+  What the linear probe and predict do with a checkpoint used at another resolution than it was
+  trained at (fine-tuning goes through `load_pretrained`, which does the same and more).
+
+  Args:
+    params: nested parameters of a ViT (`Transformer/posembed_input/pos_embedding` [1, T, D]).
+    model: the Flax module that will apply them.
+    model_config: its ConfigDict (patch size, ResNet stem).
+    image_size: the input resolution, `s` or `(h, w)`.
+  """
+  if "Transformer" not in params:  # a BiT ResNet: no position embeddings, any resolution
+    return dict(params)
+  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]
+  )
+  old = params["Transformer"]["posembed_input"]["pos_embedding"]
+  new = shapes["Transformer"]["posembed_input"]["pos_embedding"]
+  params = dict(params)
+  if old.shape != new.shape:
+    prefix = int("cls" in params)
+    grid_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=(h, w)))
+    grid = patch_grid(grid_config, new.shape[1] - prefix)
+    transformer = dict(params["Transformer"])
+    transformer["posembed_input"] = {
+      "pos_embedding": resize_posemb(old, grid, num_prefix_tokens=prefix)
+    }
+    params["Transformer"] = transformer
+  return params
+
+
+# ---------------------------------------------------------------------------------------------
+# Fine-tuning from a pretrained file.
+
+
+def load_pretrained(
+  path: str | os.PathLike | Mapping[str, Any], init_params: Mapping[str, Any], model_config: Any
+) -> Params:
+  """Loads pretrained parameters and adapts them to the model that produced `init_params`.
+
+  - `pre_logits` is dropped when `model_config.representation_size` is None, else kept;
+  - `head` is replaced by `init_params`' freshly initialised head (the new number of classes);
+  - `mask_embedding` and `mpp_head` of a masked patch prediction run (vit_jax.models.mpp) are dropped;
+  - position embeddings are resized bicubically to the model's patch grid (`patch_grid`);
+  - encoder blocks are stacked or unstacked as in `init_params`; dtypes follow `init_params`.
+
+  Args:
+    path: a vit_jax or big_vision `.npz` or a timm / Hugging Face `.safetensors` (see `load`),
+      or a parameter tree already in memory
+      (e.g. restored from a pretraining run's Orbax checkpoint).
+    init_params: the model's parameters (or a variables dict with one 'params' entry). Leaves
+      may be `jax.ShapeDtypeStruct`s except the head's, whose values are used.
+    model_config: the model ConfigDict (`representation_size`, `patch_size`, optional
+      `image_size` and `resnet`).
+
+  Returns:
+    Nested dict of numpy arrays with exactly `init_params`' names and shapes.
+
+  Raises:
+    ValueError: the file does not fit the model; the message names the first key whose shape
+      differs (with both shapes) and lists missing and unexpected keys.
+  """
+  expected = flatten_params(init_params)
+  if isinstance(path, Mapping):
+    restored = flatten_params(path)
+    path = "<in-memory params>"
+  else:
+    restored = flatten_params(load(path))
+  restored = (
+    layouts.stack_flat(restored) if layouts.is_stacked(expected) else layouts.unstack_flat(restored)
+  )
+
+  if model_config.get("representation_size") is None:
+    if any(k.startswith("pre_logits/") for k in restored):
+      logging.info("load_pretrained: dropping pre_logits (representation_size=None)")
+    restored = {k: v for k, v in restored.items() if not k.startswith("pre_logits/")}
+  restored = {k: v for k, v in restored.items() if not k.startswith("head/")}
+  mpp_keys = [k for k in restored if k == "mask_embedding" or k.startswith("mpp_head/")]
+  if mpp_keys and not any(k in expected for k in mpp_keys):
+    logging.info(
+      "load_pretrained: dropping the masked patch prediction head and [mask] embedding (%s)",
+      ", ".join(sorted(mpp_keys)),
+    )
+    restored = {k: v for k, v in restored.items() if k not in mpp_keys}
+  for name, value in expected.items():
+    if name.startswith("head/"):
+      if isinstance(value, jax.ShapeDtypeStruct):
+        raise ValueError(f"init_params[{name!r}] must be an array: it becomes the new head")
+      restored[name] = value
+
+  old, new = restored.get(POSEMB), expected.get(POSEMB)
+  if old is not None and new is not None and old.shape != new.shape and old.ndim == new.ndim == 3:
+    if old.shape[2] == new.shape[2]:
+      old_prefix, new_prefix = int("cls" in restored), int("cls" in expected)
+      if old_prefix != new_prefix:
+        raise ValueError(
+          f"{path}: the checkpoint has {'a' if old_prefix else 'no'} class token but the model "
+          f"has {'one' if new_prefix else 'none'} (classifier 'token' vs 'gap')"
+        )
+      grid = patch_grid(model_config, new.shape[1] - new_prefix)
+      restored[POSEMB] = resize_posemb(old, grid, num_prefix_tokens=old_prefix)
+
+  _check_fit(restored, expected, path)
+  return unflatten_params(
+    {k: np.asarray(restored[k]).astype(v.dtype, copy=False) for k, v in expected.items()}
+  )
+
+
+# Module names in the order the network applies them; unlisted names sort after listed ones.
+_TOP_ORDER = (
+  "root_block",
+  "conv_root",
+  "gn_root",
+  "block",
+  "embedding",
+  "cls",
+  "Transformer",
+  "group_norm",
+  "pre_logits",
+  "head",
+)
+_SUB_ORDER = ("posembed_input", "encoderblock", "encoder_norm", "query", "key", "value", "out")
+_LEAF_ORDER = ("kernel", "scale", "bias")
+
+
+def _network_order(name: str):
+  """Sort key: input to output, layers by number (so errors name the earliest layer first)."""
+
+  def rank(part, order):
+    index = next((i for i, o in enumerate(order) if part.startswith(o)), len(order))
+    number = re.search(r"(\d+)$", part)
+    return index, int(number.group(1)) if number else -1, part
+
+  top, *rest = name.split("/")
+  ranks = [rank(top, _TOP_ORDER)] + [rank(p, _SUB_ORDER) for p in rest[:-1]]
+  return ranks + [rank(leaf, _LEAF_ORDER) for leaf in rest[-1:]]
+
+
+def _check_fit(restored, expected, path) -> None:
+  """Raises a ValueError describing every difference in names and shapes."""
+  missing = sorted((k for k in expected if k not in restored), key=_network_order)
+  unexpected = sorted((k for k in restored if k not in expected), key=_network_order)
+  mismatched = [
+    (k, tuple(restored[k].shape), tuple(expected[k].shape))
+    for k in sorted(expected, key=_network_order)
+    if k in restored and tuple(restored[k].shape) != tuple(expected[k].shape)
+  ]
+  if not (missing or unexpected or mismatched):
+    return
+  lines = [f"checkpoint {os.fspath(path)} does not fit the model:"]
+  if mismatched:
+    key, got, want = mismatched[0]
+    lines.append(f"  first shape mismatch at {key!r}: checkpoint {got} vs model {want}")
+    if len(mismatched) > 1:
+      lines.append(
+        f"  {len(mismatched) - 1} more shape mismatches: {_listing(k for k, *_ in mismatched[1:])}"
+      )
+  if missing:
+    lines.append(f"  {len(missing)} missing from the checkpoint: {_listing(missing)}")
+  if unexpected:
+    lines.append(f"  {len(unexpected)} unexpected in the checkpoint: {_listing(unexpected)}")
+  raise ValueError("\n".join(lines))
+
+
+def _listing(names) -> str:
+  names = list(names)
+  shown = ", ".join(names[:_MAX_LISTED])
+  return shown + (f", ... ({len(names) - _MAX_LISTED} more)" if len(names) > _MAX_LISTED else "")

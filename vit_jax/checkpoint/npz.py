@@ -1,0 +1,323 @@
+"""Reads and writes ViT parameters as `.npz` (and `.safetensors`) files.
+
+The file format is the published vit_jax one: flat `/`-separated names with the pre-linen
+counters (`Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/query/kernel`, ...), one
+array per name, never pickled. `load` also reads big_vision files (renamed by
+`checkpoint_convert`) and timm / Hugging Face state dicts in `.safetensors` files (renamed by
+`checkpoint_torch`, read with safetensors' numpy API: no torch); `save` always writes the
+published layout, with encoder blocks unstacked, and `save_safetensors` a PyTorch-side layout.
+BiT ResNets (vit_jax.models.bit) are read and written in the published BiT layout
+(`resnet/root_block/standardized_conv2d/kernel`, `resnet/block1/unit01/a/...`,
+`resnet/head/conv2d/...`), whose names are the in-memory ones behind a `resnet/` prefix.
+
+In memory, parameters are nested dicts of numpy arrays with the module names of
+`vit_jax.models.vit` (the published names); with `scan=True` the blocks are one
+`Transformer/encoderblock` subtree whose leaves have a leading [num_layers] axis.
+
+Paths with a scheme (`gs://...`) go through `tf.io.gfile`, imported only then: this module must
+import without TensorFlow. Training state (optimizer, step) is Orbax's business, not this file's.
+"""
+
+import io
+import json
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from vit_jax.checkpoint import layouts, timm_hf
+
+Params = dict[str, Any]  # nested dict of np.ndarray
+
+POSEMB = "Transformer/posembed_input/pos_embedding"
+# Files of parameters (as opposed to Orbax checkpoint directories).
+PARAM_FILE_SUFFIXES = (".npz", ".safetensors")
+# PyTorch's pickled checkpoints, which `load` refuses by name (never unpickled).
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# What a Hugging Face or timm model directory holds next to its weights.
+CONFIG_FILE = "config.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# Trees and files.
+
+
+def flatten_params(params: Mapping[str, Any]) -> dict[str, Any]:
+  """Flattens nested dicts to `{'a/b/c': leaf}` in insertion order; jax arrays become numpy."""
+  flat = {}
+
+  def visit(prefix, node):
+    for key, value in node.items():
+      name = f"{prefix}{key}"
+      if isinstance(value, Mapping):
+        visit(name + "/", value)
+      else:
+        flat[name] = _to_numpy(name, value)
+
+  visit("", _unwrap(params))
+  return flat
+
+
+def unflatten_params(flat: Mapping[str, Any]) -> Params:
+  """Inverse of `flatten_params`: `{'a/b': x}` → `{'a': {'b': x}}`."""
+  tree = {}
+  for name, value in flat.items():
+    *parents, leaf = name.split("/")
+    node = tree
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return tree
+
+
+def _unwrap(params):
+  # Accept a whole variables dict (`model.init(...)`) as well as its 'params' collection.
+  if isinstance(params, Mapping) and set(params) == {"params"}:
+    return params["params"]
+  return params
+
+
+def _to_numpy(name, value):
+  if isinstance(value, jax.ShapeDtypeStruct):  # shape-only trees (jax.eval_shape) pass through
+    return value
+  if isinstance(value, jax.Array) and not value.is_fully_addressable:
+    raise ValueError(
+      f"{name!r} is sharded across hosts; gather it first (e.g. "
+      "jax.experimental.multihost_utils.process_allgather) and write from one process"
+    )
+  return np.asarray(value)
+
+
+def _gfile():
+  try:
+    import tensorflow as tf  # Optional, and slow to import: only for remote paths.
+  except ImportError as e:
+    raise ImportError(
+      "paths like gs://... need TensorFlow (tf.io.gfile); install tensorflow-cpu"
+    ) from e
+  return tf.io.gfile
+
+
+def _is_remote(path) -> bool:
+  return "://" in os.fspath(path)
+
+
+def is_params_file(path: str | os.PathLike) -> bool:
+  """Whether `path` names a file `load` reads (`.npz` or `.safetensors`), not a directory."""
+  return os.fspath(path).endswith(PARAM_FILE_SUFFIXES)
+
+
+def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
+  """Loads the parameters of a vit_jax, big_vision, BiT, timm or Hugging Face file.
+
+  The layout is recognised from the names: `.npz` files in the vit_jax or big_vision layout,
+  `.safetensors` files holding a timm `VisionTransformer` (plain or R50 hybrid) or a Hugging
+  Face `ViTModel` / `ViTForImageClassification` state dict (see `checkpoint_torch`).
+
+  Args:
+    path: local path, or any `tf.io.gfile` path (`gs://...`) when TensorFlow is installed.
+    num_heads: attention heads of a PyTorch-layout file, whose arrays do not say; None reads it
+      from the `config.json` beside the file, else takes the preset's of the same width.
+
+  Returns:
+    Nested dict of numpy arrays in the published vit_jax layout (BiT: its layout without the
+    `resnet/` prefix). Scan-stacked files stay stacked (`Transformer/encoderblock`); see
+    `stack_encoder_blocks`.
+
+  Raises:
+    ValueError: the file holds pickled (object) arrays, names with no faithful mapping, or an
+      architecture this ViT cannot represent.
+  """
+  path = os.fspath(path)
+  if path.endswith(PICKLE_SUFFIXES):
+    raise ValueError(
+      f"{path} is a pickle, which this loader never unpickles: save the state dict as "
+      "safetensors (safetensors.torch.save_file(model.state_dict(), 'model.safetensors'))"
+    )
+  flat = _read_safetensors(path) if path.endswith(".safetensors") else _read_npz(path)
+  if timm_hf.layout_of(flat) is not None:
+    fields = timm_hf.config_fields(read_foreign_config(path))
+    eps = fields.get("layer_norm_eps", 1e-6)
+    if eps != 1e-6:
+      logging.warning(
+        "%s: its config sets layer_norm_eps=%g; vit_jax's LayerNorm uses 1e-6 (a difference "
+        "of the order of 1e-6 relative in the activations)",
+        path,
+        eps,
+      )
+    num_heads = num_heads or fields.get("num_heads")
+    return unflatten_params(timm_hf.from_torch(flat, num_heads, source=path))
+  return unflatten_params(layouts.to_vit_jax_layout(flat))
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+  opener = _gfile().GFile if _is_remote(path) else open
+  with opener(path, "rb") as f:
+    npz = np.load(f, allow_pickle=False)
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+      raise ValueError(f"{path} is not an .npz archive of named parameters")
+    flat = {}
+    with npz:
+      for name in npz.files:
+        try:
+          flat[name] = npz[name]
+        except ValueError as e:
+          raise ValueError(
+            f"{path}: array {name!r} cannot be read without unpickling ({e}); checkpoints must "
+            "hold plain numeric arrays, and this loader never unpickles"
+          ) from e
+  return flat
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  if _is_remote(path):
+    with _gfile().GFile(path, "rb") as f:
+      data = f.read()
+  else:
+    with open(path, "rb") as f:  # a missing file raises FileNotFoundError here, as for .npz
+      data = f.read()
+  try:
+    return dict(safetensors.numpy.load(data))
+  except Exception as e:  # safetensors raises its own SafetensorError for a malformed header
+    raise ValueError(f"{path}: not a readable safetensors file ({e})") from e
+
+
+def file_layout(path: str | os.PathLike) -> str:
+  """'timm' or 'hf' for a PyTorch-layout file, else 'npz' (vit_jax or big_vision names).
+
+  Reads only the names (a safetensors header, an npz directory), not the arrays.
+  """
+  path = os.fspath(path)
+  if path.endswith(".safetensors") and not _is_remote(path):
+    with safetensors.safe_open(path, framework="np") as f:
+      names = list(f.keys())
+  elif path.endswith(".safetensors"):
+    names = list(_read_safetensors(path))
+  else:
+    opener = _gfile().GFile if _is_remote(path) else open
+    with opener(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
+      names = list(npz.files)
+  return timm_hf.layout_of(dict.fromkeys(names)) or "npz"
+
+
+def read_foreign_config(path: str | os.PathLike) -> dict[str, Any] | None:
+  """The timm or transformers `config.json` in the directory of weights file `path`, if any.
+
+  A vit_jax stage config (the trainer's `config.json`, with a `model` entry) is not one.
+  """
+  path = os.fspath(path)
+  config_path = os.path.join(os.path.dirname(path), CONFIG_FILE)
+  if _is_remote(path):
+    gfile = _gfile()
+    if not gfile.exists(config_path):
+      return None
+    with gfile.GFile(config_path, "r") as f:
+      text = f.read()
+  else:
+    if not os.path.isfile(config_path):
+      return None
+    with open(config_path) as f:
+      text = f.read()
+  try:
+    config = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{config_path} is not valid JSON ({e})") from e
+  if not isinstance(config, dict) or "model" in config:
+    return None
+  return config
+
+
+def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
+  """Writes parameters as an `.npz` in the published vit_jax (or, for BiT, BiT) layout.
+
+  Scan-stacked encoder blocks are written unstacked, and bfloat16 leaves as float32 (exact), so
+  the file reads anywhere the published checkpoints do. The file is written next to `path` under
+  a temporary name and renamed over it, so a failure never leaves a truncated `path` behind. In a
+  multi-host job call this from one process, with fully addressable arrays.
+
+  Args:
+    params: nested dict of arrays (or a variables dict with a single 'params' entry).
+    path: destination; `.npz` is not appended.
+  """
+  flat = layouts.unstack_flat(flatten_params(params))
+  flat = layouts.with_bit_prefix(flat)
+  for name, value in flat.items():
+    if isinstance(value, jax.ShapeDtypeStruct):
+      raise ValueError(f"{name!r} is a ShapeDtypeStruct, not an array")
+    if value.dtype == jnp.bfloat16:
+      flat[name] = value.astype(np.float32)
+  path = os.fspath(path)
+  if _is_remote(path):
+    gfile = _gfile()
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    buffer = io.BytesIO()  # zipfile needs tell(), which not every gfile filesystem has.
+    np.savez(buffer, allow_pickle=False, **flat)
+    try:
+      with gfile.GFile(tmp, "wb") as f:
+        f.write(buffer.getvalue())
+      gfile.rename(tmp, path, overwrite=True)
+    finally:
+      if gfile.exists(tmp):
+        gfile.remove(tmp)
+    return
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      np.savez(f, allow_pickle=False, **flat)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def save_safetensors(flat: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
+  """Writes a flat state dict (`timm_hf.to_timm` / `to_hf`) as a `.safetensors` file.
+
+  The file carries the `{'format': 'pt'}` metadata that transformers expects, is written with
+  safetensors' numpy API (no torch) under a temporary name and renamed over `path`. Dtypes are
+  kept (safetensors holds bfloat16).
+  """
+  path = os.fspath(path)
+  flat = {k: np.ascontiguousarray(v) for k, v in flat.items()}
+  if _is_remote(path):
+    data = safetensors.numpy.save(flat, metadata={"format": "pt"})
+    gfile = _gfile()
+    with gfile.GFile(path, "wb") as f:
+      f.write(data)
+    return
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+  os.close(fd)
+  try:
+    safetensors.numpy.save_file(flat, tmp, metadata={"format": "pt"})
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stacked (scan) and unstacked encoder blocks.
+
+
+def stack_encoder_blocks(params: Mapping[str, Any]) -> Params:
+  """`Transformer/encoderblock_{i}/...` → `Transformer/encoderblock/...`, leading [L] axis."""
+  return unflatten_params(layouts.stack_flat(flatten_params(params)))
+
+
+def unstack_encoder_blocks(params: Mapping[str, Any]) -> Params:
+  """`Transformer/encoderblock/...` [L, ...] → `Transformer/encoderblock_{i}/...`."""
+  return unflatten_params(layouts.unstack_flat(flatten_params(params)))

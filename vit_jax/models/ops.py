@@ -1,0 +1,306 @@
+"""The ViT's numerics below the modules: custom-VJP ops and where each one runs.
+
+The attention core (`attention`: softmax(q k^T / sqrt(d)) v in heads-major layout, with a
+hand-written backward pass), LayerNorm (`layer_norm`) and the tanh GELU (`gelu_tanh`), each the
+function of its flax counterpart with a backward pass that XLA compiles into fewer, cheaper
+fusions; cuDNN's fused attention (`cudnn_attention`); and the one decision of which
+implementation runs (`attention_path`, `use_cpu_kernel`): XLA, cuDNN on an NVIDIA GPU, or the
+C++ kernels of vit_jax.kernels.cpu on a one-device CPU. The modules of vit_jax.models.vit call
+these through this module's attributes (so that experiments/ablate_step.py can swap one).
+
+This file must not import TensorFlow.
+"""
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vit_jax.kernels import cpu as cpu_kernels
+
+Dtype = Any
+
+
+def wide_dtype(dtype: Dtype) -> Any:
+  """The dtype of the numerically sensitive steps (softmax, LayerNorm statistics, GELU's
+  gradient, the returned logits): at least float32, so bf16/fp16 computation widens to float32
+  while a float64 model (the tests' reference runs, under JAX_ENABLE_X64) stays float64."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def matmul_2d(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+  """x [..., n] @ kernel [n, m] + bias [m], run as one 2-D matmul over the flattened rows.
+
+  The same numbers as a Dense on [batch, tokens, n]; XLA's CPU backend runs the backward pass of
+  the 2-D form (the weight gradient contracts one dimension instead of batch and tokens) about
+  2.5x faster for the ViT's shapes (experiments/benchmark_model.py).
+  """
+  rows = x.reshape(-1, x.shape[-1])
+  return (rows @ kernel + bias).reshape(*x.shape[:-1], kernel.shape[-1])
+
+
+def scaled_queries(q: jax.Array) -> jax.Array:
+  """q / sqrt(head_dim): the logits' scale applied to the [.., tokens, head_dim] queries.
+
+  Scaling the queries instead of the [.., tokens, tokens] logits is the same product up to
+  rounding (exactly the same when head_dim is a power of 4, as in every preset but H/14) and
+  touches head_dim/tokens as many numbers.
+  """
+  return q * (1.0 / math.sqrt(q.shape[-1]))
+
+
+def softmax_weights(q_scaled: jax.Array, k: jax.Array) -> jax.Array:
+  """softmax(q_scaled k^T) over keys, in at least float32: [b, h, q, d], [b, h, k, d] → [b, h, q, k]."""
+  logits = jnp.einsum("bhqd,bhkd->bhqk", q_scaled, k)
+  return jax.nn.softmax(logits.astype(wide_dtype(logits.dtype)), axis=-1).astype(q_scaled.dtype)
+
+
+def attention_weights(q: jax.Array, k: jax.Array) -> jax.Array:
+  """softmax(q k^T / sqrt(head_dim)) over keys (see `softmax_weights`): [b, h, q, d], [b, h, k, d]
+  → [b, h, q, k]."""
+  return softmax_weights(scaled_queries(q), k)
+
+
+@jax.custom_vjp
+def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """softmax(q k^T / sqrt(d)) v for [batch, heads, tokens, head_dim] inputs.
+
+  The same function as the autodiff of `attention_weights` and one einsum, with a hand-written
+  backward pass (`_attention_bwd`) that reuses the forward's softmax weights and scaled queries.
+  """
+  return jnp.einsum("bhqk,bhkd->bhqd", attention_weights(q, k), v)
+
+
+def _attention_fwd(q, k, v):
+  q_scaled = scaled_queries(q)
+  weights = softmax_weights(q_scaled, k)
+  return jnp.einsum("bhqk,bhkd->bhqd", weights, v), (q_scaled, k, v, weights)
+
+
+# Head dims up to this take the transposed form of the key/value gradients in `_attention_bwd`.
+TRANSPOSED_BWD_MAX_HEAD_DIM = 32
+
+
+def _attention_bwd(residuals, d_out):
+  """Gradients of `attention`: d_q = d_logits k, d_k = d_logits^T q, d_v = weights^T d_out.
+
+  d_k and d_v contract the [q, k] matrices over their query (non-minor) dimension. For head dims
+  up to `TRANSPOSED_BWD_MAX_HEAD_DIM` they are computed transposed (d_k^T = q^T d_logits),
+  transposing only the thin [tokens, head_dim] operands, behind optimization barriers so that XLA
+  does not fold the transposes back into the matmuls; for wider heads the transposes cost more
+  than they save and the matmuls contract directly. Forward + backward of the core alone, fp32, 2
+  CPU cores (XLA's Eigen matmuls), direct vs transposed: ViT-Ti/16's [32, 3, 197, 64] 54 vs 70
+  ms, ViT-B/16's [8, 12, 197, 64] 49 vs 71 ms; the demo model's [128, 4, 65, 16] 28 vs 23 ms,
+  [128, 2, 65, 32] 16.5 vs 15.3 ms. Inside the whole train step the choice made no measurable
+  difference on that machine (step-by-step alternation, median of paired ratios transposed /
+  direct: Ti/16 0.994 over 20 pairs, B/16 1.010 over 12), so the rule rests on the standalone
+  figures. The direct form is the one autodiff produces.
+  """
+  q, k, v, weights = residuals  # q is scaled: the logits are q k^T.
+  d_weights = jnp.einsum("bhqd,bhkd->bhqk", d_out, v)
+  w32 = weights.astype(wide_dtype(weights.dtype))
+  d_logits = w32 * (d_weights - jnp.sum(d_weights * w32, axis=-1, keepdims=True))
+  d_logits = d_logits.astype(q.dtype)
+  d_q = scaled_queries(jnp.einsum("bhqk,bhkd->bhqd", d_logits, k))
+  if q.shape[-1] > TRANSPOSED_BWD_MAX_HEAD_DIM:
+    d_k = jnp.einsum("bhqk,bhqd->bhkd", d_logits, q)
+    d_v = jnp.einsum("bhqk,bhqd->bhkd", weights, d_out)
+    return d_q, d_k, d_v
+  q_t, d_out_t = jax.lax.optimization_barrier(
+    (jnp.swapaxes(q, -1, -2), jnp.swapaxes(d_out, -1, -2))
+  )
+  d_k_t, d_v_t = jax.lax.optimization_barrier(
+    (
+      jnp.einsum("bhdq,bhqk->bhdk", q_t, d_logits),
+      jnp.einsum("bhdq,bhqk->bhdk", d_out_t, weights),
+    )
+  )
+  d_k, d_v = jnp.swapaxes(d_k_t, -1, -2), jnp.swapaxes(d_v_t, -1, -2)
+  return d_q, d_k, d_v
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "cpu")
+
+
+FUSED_IMPLEMENTATION = "cudnn"  # jax.nn.dot_product_attention's; tests run the code on "xla"
+
+
+def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """cuDNN's fused (flash) attention, forward and backward, on [batch, tokens, heads, head_dim].
+
+  jax (0.10-0.11) refuses to train cuDNN attention on an odd number of tokens (197 for a /16 model
+  at 224px with its class token), so odd sequences get one zero token that the keys' padding
+  mask (`key_value_seq_lengths`) hides, and its output row is dropped.
+  """
+  batch, tokens = q.shape[:2]
+  if tokens % 2 == 0:
+    return jax.nn.dot_product_attention(q, k, v, implementation=FUSED_IMPLEMENTATION)
+  pad = ((0, 0), (0, 1), (0, 0), (0, 0))
+  lengths = jnp.full((batch,), tokens, jnp.int32)
+  out = jax.nn.dot_product_attention(
+    jnp.pad(q, pad),
+    jnp.pad(k, pad),
+    jnp.pad(v, pad),
+    query_seq_lengths=lengths,
+    key_value_seq_lengths=lengths,
+    implementation=FUSED_IMPLEMENTATION,
+  )
+  return out[:, :tokens]
+
+
+def use_cpu_kernel(field: str, kernel: str, dtype: Dtype) -> bool:
+  """Whether `field` = kernel ('auto', 'cpu' or another choice) runs vit_jax.kernels.cpu' C++.
+
+  'auto' takes it on a CPU backend with one device for float32 when the kernels could be built
+  (otherwise it logs why, once); 'cpu' insists, and fails clearly where it cannot run. The C++
+  kernels have no sharding rule, hence one device: on a mesh of several XLA would gather their
+  operands.
+  """
+  backend = jax.default_backend()
+  float32 = jnp.dtype(dtype) == jnp.dtype(jnp.float32)
+  if kernel == "cpu":
+    if backend != "cpu" or not float32:
+      raise ValueError(
+        f"{field}='cpu' runs float32 on the CPU backend; here the backend is {backend!r} and "
+        f"the dtype {jnp.dtype(dtype).name} (use 'auto' or 'xla')"
+      )
+    reason = cpu_kernels.unavailable_reason()
+    if reason:
+      raise ValueError(f"{field}='cpu': {reason}")
+    return True
+  if kernel == "auto" and backend == "cpu" and float32 and jax.device_count() == 1:
+    if cpu_kernels.unavailable_reason() is None:
+      return True
+    cpu_kernels.warn_unavailable()
+  return False
+
+
+def attention_kernel_for_mesh(kernel: str, mesh: Any) -> str:
+  """The `attention_kernel` a model trained on `mesh` gets: 'auto' becomes 'xla' on a mesh that
+  splits the attention heads over devices (a 'model' axis > 1), because jax cannot partition
+  cuDNN's fused attention along heads (and the C++ kernels have no sharding rule); otherwise
+  unchanged, to be resolved by `attention_path` when the model is traced."""
+  if kernel == "auto" and dict(mesh.shape).get("model", 1) > 1:
+    return "xla"
+  return kernel
+
+
+def attention_path(kernel: str, dtype: Dtype, head_dim: int) -> str:
+  """Where `attention_kernel` = kernel runs this block's attention core: 'cudnn', 'cpu' or 'xla'.
+
+  'auto' picks cuDNN on an NVIDIA GPU for bf16/fp16 computation with a head dim cuDNN's flash
+  attention takes (a multiple of 8, at most 128), the C++ kernel of `cpu_kernels` as
+  `use_cpu_kernel` says, and the XLA path everywhere else. 'cudnn' and 'cpu' insist, and fail
+  clearly where they cannot run.
+  """
+  if kernel not in ATTENTION_KERNELS:
+    raise ValueError(f"attention_kernel={kernel!r}; expected one of {ATTENTION_KERNELS}")
+  backend = jax.default_backend()
+  if kernel == "cudnn":
+    if backend != "gpu":
+      raise ValueError(
+        f"attention_kernel='cudnn' needs an NVIDIA GPU; the default backend is "
+        f"{backend!r} (use 'auto' or 'xla')"
+      )
+    return "cudnn"
+  if use_cpu_kernel("attention_kernel", kernel, dtype):
+    return "cpu"
+  low_precision = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  fits = head_dim % 8 == 0 and head_dim <= 128
+  if kernel == "auto" and backend == "gpu" and low_precision and fits:
+    return "cudnn"
+  return "xla"
+
+
+# flax's nn.LayerNorm default, the published checkpoints' value; the C++ kernel's too.
+LAYER_NORM_EPSILON = cpu_kernels.LAYER_NORM_EPSILON
+LAYER_NORM_KERNELS = ("auto", "xla", "cpu")
+
+
+@jax.custom_vjp
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+  """(x - mean) / sqrt(var + 1e-6) * scale + bias over the last axis, statistics in float32
+  (or wider, `wide`).
+
+  The function of flax's `nn.LayerNorm` (variance as the mean of squared deviations, where flax
+  by default uses E[x^2] - E[x]^2; the two agree to float32 rounding), with a hand-written
+  backward pass: two row means for the input gradient and two column sums for the parameters.
+  Autodiff of the same forward gives XLA:CPU more small fusions and materialises `scale`
+  broadcast to the activations' shape. fp32 train step on 2 CPU cores, both variants compiled in
+  one process and timed in alternating rounds (medians; rounds vary by +-10% on that machine):
+  with `gelu_tanh` in place, ViT-Ti/16 3.48 -> 3.43 s, the demo's model 396 -> 386 ms.
+  """
+  return layer_norm_forward(x, scale, bias)[0]
+
+
+def layer_norm_forward(x, scale, bias):
+  """(y in x's dtype, mean, 1/std): the output and the row statistics, [..., 1] in `wide_dtype`."""
+  wide = wide_dtype(x.dtype)
+  x32 = x.astype(wide)
+  mean = jnp.mean(x32, axis=-1, keepdims=True)
+  centered = x32 - mean
+  rstd = jax.lax.rsqrt(jnp.mean(centered * centered, axis=-1, keepdims=True) + LAYER_NORM_EPSILON)
+  y = centered * rstd * scale.astype(wide) + bias.astype(wide)
+  return y.astype(x.dtype), mean, rstd
+
+
+def _layer_norm_fwd(x, scale, bias):
+  y, mean, rstd = layer_norm_forward(x, scale, bias)
+  # Save the statistics as computed here: without the barrier XLA:CPU fuses their row reductions
+  # into the backward pass's fusions again (a standalone LayerNorm's forward + backward on Ti/16's
+  # activations: 7.0 -> 6.1 ms). Train step on 2 cores, with against without, in-process A/Bs
+  # (experiments/ablate_step.py's method, medians of 8-30 alternating rounds): ViT-Ti/16 -4.6%,
+  # -6.6% and -0.5% in three runs, the demo's model 367 -> 351 ms; numerics unchanged.
+  mean, rstd = jax.lax.optimization_barrier((mean, rstd))
+  return y, (x, mean, rstd, scale)
+
+
+def _layer_norm_bwd(residuals, d_y):
+  x, mean, rstd, scale = residuals
+  wide = wide_dtype(x.dtype)
+  x_hat = (x.astype(wide) - mean) * rstd
+  d_y = d_y.astype(wide)
+  g = d_y * scale.astype(wide)
+  d_x = rstd * (
+    g - jnp.mean(g, axis=-1, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=-1, keepdims=True)
+  )
+  rows = tuple(range(x.ndim - 1))
+  d_scale = jnp.sum(d_y * x_hat, axis=rows).astype(scale.dtype)
+  d_bias = jnp.sum(d_y, axis=rows).astype(scale.dtype)
+  return d_x.astype(x.dtype), d_scale, d_bias
+
+
+layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+@jax.custom_vjp
+def gelu_tanh(x: jax.Array) -> jax.Array:
+  """The tanh approximation of GELU (`nn.gelu(x, approximate=True)`, the same numbers) with a
+  hand-written backward pass that keeps only `x` and recomputes the tanh from it.
+
+  Autodiff of the same forward keeps the tanh as well, written out by the forward pass and read
+  back by the backward one ([tokens, mlp_dim] floats per block). fp32 train step on 2 CPU cores,
+  measured as for `layer_norm`: ViT-Ti/16 3.65 -> 3.48 s, the demo's model 410 -> 396 ms.
+  """
+  return nn.gelu(x, approximate=True)
+
+
+def _gelu_tanh_fwd(x):
+  return gelu_tanh(x), x
+
+
+def _gelu_tanh_bwd(x, d_y):
+  c = math.sqrt(2.0 / math.pi)
+  wide = wide_dtype(x.dtype)
+  x32 = x.astype(wide)
+  t = jnp.tanh(c * (x32 + 0.044715 * x32 * x32 * x32))
+  slope = 0.5 * (1.0 + t) + 0.5 * x32 * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x32 * x32)
+  return ((d_y.astype(wide) * slope).astype(x.dtype),)
+
+
+gelu_tanh.defvjp(_gelu_tanh_fwd, _gelu_tanh_bwd)

@@ -1,0 +1,51 @@
+"""Training objectives: what the trainer optimises, behind one small interface.
+
+An `Objective` is chosen once from the config (`get(config, num_classes)`) and gives the
+trainer everything that depends on the loss:
+
+  model(model_config, mesh)          the Flax module to train; it also answers
+                                     `apply(..., return_representation=True)`, the
+                                     representation the few-shot evaluators read
+  per_example(model, params, batch, key) -> (loss [B], correct [B])
+                                     `correct` is 1/0 top-1 (supervised) or a fraction
+                                     (masked patch prediction); the trainer weights both with
+                                     the batch mask and sums them into its metrics window
+  accepts_model_init                 whether a run may start from a pretrained checkpoint
+
+  supervised  softmax or sigmoid cross-entropy on labels (`config.loss` 'softmax_xent' |
+              'sigmoid_xent'); top-1, or precision@1 for multi-label data
+  mpp         masked patch prediction (§4.6, `config.loss = 'mpp'`, `config.mpp`)
+
+This package must not import TensorFlow.
+"""
+
+from typing import Any, Protocol
+
+import jax
+import ml_collections
+
+
+class Objective(Protocol):
+  """The interface the trainer sees (see the module docstring)."""
+
+  name: str
+  accepts_model_init: bool
+
+  def model(
+    self, model_config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None
+  ) -> Any: ...
+
+  def per_example(
+    self, model: Any, params: Any, batch: dict[str, jax.Array], key: jax.Array
+  ) -> tuple[jax.Array, jax.Array]: ...
+
+
+def get(config: ml_collections.ConfigDict, num_classes: int) -> Objective:
+  """The objective of a stage config: `config.loss`, with `config.mpp` for 'mpp'."""
+  from vit_jax.objectives import mpp, supervised  # noqa: PLC0415
+
+  if config.loss == "mpp":
+    return mpp.MaskedPatchPrediction(config.mpp)
+  return supervised.Supervised(
+    config.loss, num_classes, multi_label=bool(config.dataset.get("multi_label", False))
+  )

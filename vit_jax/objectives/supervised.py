@@ -1,0 +1,74 @@
+"""Supervised classification: softmax or sigmoid (multi-label) cross-entropy on the labels.
+
+The losses take float32 logits [batch, classes] and dense targets [batch, classes] (one-hot,
+multi-hot or soft mixup targets) and return [batch]; the trainer and the classification
+evaluator weight them with the batch mask.
+
+This file must not import TensorFlow.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from vit_jax import models
+
+
+def softmax_xent(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """−Σ_k t_k log softmax(z)_k, per example."""
+  return -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+
+
+def sigmoid_xent(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Σ_k binary cross-entropy of each class, per example (pretraining on multi-label data)."""
+  log_p = jax.nn.log_sigmoid(logits)
+  log_not_p = jax.nn.log_sigmoid(-logits)
+  return -jnp.sum(targets * log_p + (1.0 - targets) * log_not_p, axis=-1)
+
+
+LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}
+
+
+def dense_targets(labels: jax.Array, num_classes: int) -> jax.Array:
+  """int labels [batch] → one-hot [batch, classes]; dense targets pass through as float32."""
+  if labels.ndim == 1:
+    return jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+  return labels.astype(jnp.float32)
+
+
+def top1_correct(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """[batch] bool: the top-scoring class is a positive label (top-1; precision@1 for
+  multi-hot targets)."""
+  top1 = jnp.argmax(logits, axis=-1)
+  return jnp.take_along_axis(targets, top1[:, None], axis=-1)[:, 0] > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Supervised:
+  """`loss` ('softmax_xent' | 'sigmoid_xent') on `num_classes` labels."""
+
+  loss: str
+  num_classes: int
+  multi_label: bool = False
+  name: str = "supervised"
+  accepts_model_init: bool = True
+
+  def __post_init__(self):
+    if self.loss not in LOSSES:
+      raise ValueError(f"config.loss={self.loss!r}; expected one of {(*LOSSES, 'mpp')}")
+
+  def model(self, model_config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None):
+    return models.get_model(model_config, self.num_classes, mesh=mesh)
+
+  def per_example(self, model: Any, params: Any, batch: dict[str, jax.Array], key: jax.Array):
+    logits = model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": key})
+    targets = dense_targets(batch["label"], self.num_classes)
+    per_example = LOSSES[self.loss](logits, targets)
+    if self.multi_label:  # precision@1: the top class is one of the labels
+      correct = top1_correct(logits, targets)
+    else:
+      correct = jnp.argmax(logits, -1) == jnp.argmax(targets, -1)
+    return per_example, correct
