@@ -28,7 +28,7 @@ EXTRAS_REQUIRE = {
   "test": ["pytest>=8,<10", "pytest-xdist>=3.6,<4", "ruff>=0.15,<1"],
   # The independent-implementation check and the benchmark's peer. Never needed by the tests:
   # those that use it are marked slow and skip without it. torch is pinned to the build that the
-  # README installs (see README, "Checking against timm").
+  # README installs (see docs/interop.md).
   # libtpu, for the planner (python -m vit_jax.tools.plan): compiles for TPU topologies on a
   # machine without a TPU. Pinned to the jax of INSTALL_REQUIRES (libtpu is built for one jax).
   "tpu": ["jax[tpu]==0.10.2"],
@@ -44,7 +44,8 @@ setup(
   long_description=open("README.md").read(),
   long_description_content_type="text/markdown",
   python_requires=">=3.11",
-  packages=find_packages(include=["vit_jax", "vit_jax.*", "configs"]),
+  # configs/ is not installed: its files are read by path (vit_jax.config_files).
+  packages=find_packages(include=["vit_jax", "vit_jax.*"]),
   # The C++ kernels' sources, compiled on first use by vit_jax/kernels/cpu.py.
   package_data={"vit_jax.kernels": ["attention.cc", "layer_norm.cc", "parallel.h"]},
   install_requires=INSTALL_REQUIRES,

@@ -60,7 +60,9 @@ raw-pixel baselines.
 
 import ml_collections
 
-from configs import common
+from vit_jax import config_files
+
+common = config_files.sibling(__file__, "common")
 
 _GRID_LARGE = (0.003, 0.01, 0.03, 0.06)
 _GRID_SMALL = (0.001, 0.003, 0.01, 0.03)

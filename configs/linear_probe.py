@@ -27,12 +27,14 @@ Commands:
 
 Expected: ImageNet-21k ViT-B/16 pre-logits at 224px reach about 95% on CIFAR-10 with the
 logistic probe. The CPU demo (Fashion-MNIST-pretrained 'testing' model on MNIST-5k) reaches the
-accuracies in the README's demo table in well under a minute.
+accuracies in the demo's table (docs/demo.md) in well under a minute.
 """
 
 import ml_collections
 
-from configs import common
+from vit_jax import config_files
+
+common = config_files.sibling(__file__, "common")
 
 # Datasets bundled with the code (vit_jax.input_pipeline.builtin); others default to tfds.
 _BUILTIN = ("fashion_mnist", "animal_mnist", "mnist_5k", "digits")

@@ -717,7 +717,7 @@ def test_bit_fresh_head_is_zero_and_representation(tiny_bit):
 
 
 def _np_reference_bit(params, images, block_units, eps_ws=1e-10, eps_gn=1e-5):
-  """A plain numpy BiT forward pass written from the paper and the BiT code, not models_bit; in
+  """A plain numpy BiT forward pass written from the paper and the BiT code, not vit_jax.models.bit; in
   the dtype of `images` and `params` (float64: the exact value, float32: the plain path)."""
 
   def conv(x, kernel, stride):

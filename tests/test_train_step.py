@@ -190,3 +190,34 @@ def test_tensor_parallel_mesh_keeps_attention_in_xla():
     kernels[model_axis] = train.build(config, mesh, 10).model.attention_kernel
   assert kernels == {1: "auto", 2: "xla"}
   assert config.model.attention_kernel == "auto"  # the stage config itself is not changed
+
+
+def test_checkpoint_load_model_reads_a_workdir_a_step_and_its_npz(tmp_path):
+  """`checkpoint.load` / `load_model` take what `model_init` takes: the trainer's workdir (its
+  latest step), one step directory, or an `.npz`; the model comes from the saved config."""
+  from vit_jax import checkpoint
+
+  config = _tiny(total_steps=4)
+  train.run(config, str(tmp_path), devices=jax.devices()[:1])
+  latest = train_state.restore_params(tmp_path)
+  for path in (tmp_path, tmp_path / "checkpoints" / "4"):
+    params = checkpoint.load(path)
+    jax.tree.map(np.testing.assert_array_equal, params, latest)
+  loaded = checkpoint.load_model(tmp_path)
+  assert loaded.config.model.hidden_size == config.model.hidden_size
+  assert loaded.model.num_classes == 10 and loaded.model.hidden_size == config.model.hidden_size
+  size = config.dataset.image_size
+  images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype(np.float32)
+  logits = loaded.model.apply({"params": loaded.params}, images, train=False)
+  assert logits.shape == (2, 10)
+  (tmp_path / "exported").mkdir()
+  checkpoint.save(loaded.params, tmp_path / "exported" / "model.npz")
+  # No config.json beside it: the architecture comes from the parameter shapes.
+  from_npz = checkpoint.load_model(tmp_path / "exported" / "model.npz")
+  assert from_npz.config is None and from_npz.model.num_layers == config.model.num_layers
+  np.testing.assert_allclose(
+    from_npz.model.apply({"params": from_npz.params}, images, train=False),
+    logits,
+    rtol=1e-6,
+    atol=1e-6,
+  )

@@ -19,13 +19,15 @@ import time
 
 from absl import logging as absl_logging
 
-# Log records from these source paths reach the terminal below WARNING: the project itself and
-# clu's metric writer and progress reports (steps/s, ETA, metric lines).
+# Log records from these source paths reach the terminal below WARNING: the project itself
+# (its progress and evaluation lines) and, for now, clu's metric lines.
 _SHOWN_SOURCES = (
   os.path.dirname(os.path.abspath(__file__)),
   os.sep + os.path.join("clu", "metric_writers", "logging_writer.py"),
-  os.sep + os.path.join("clu", "platform", "local.py"),
 )
+# Libraries whose warnings are chatter on a terminal (Orbax: "Metadata file does not exist"
+# when a stage reads another stage's checkpoint): below ERROR they stay in the log file.
+_QUIET_SOURCES = (os.sep + "orbax" + os.sep,)
 
 _terminal = None  # the filtered stream, once set up
 
@@ -34,9 +36,11 @@ class _TerminalFilter(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
     if not getattr(record, "terminal", True):  # logging.info(..., extra={"terminal": False})
       return False
+    path = os.path.abspath(record.pathname)
+    if record.levelno < logging.ERROR and any(s in path for s in _QUIET_SOURCES):
+      return False
     if record.levelno >= logging.WARNING:
       return True
-    path = os.path.abspath(record.pathname)
     return any(s in path for s in _SHOWN_SOURCES)
 
 

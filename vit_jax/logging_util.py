@@ -1,4 +1,4 @@
-"""Observability of a training run: metric writers, progress/ETA, parameter overview, MFU.
+"""Observability of a training run: metric writers, the progress line, parameter overview, MFU.
 
 Only process 0 writes metrics (TensorBoard event files and metric log lines); the other processes
 get a writer that drops them, and still log progress through absl, so a hung host is visible in
@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 from absl import logging
-from clu import metric_writers, parameter_overview, periodic_actions
+from clu import metric_writers, parameter_overview
 
 from vit_jax.cost import devices
 
@@ -73,10 +73,60 @@ class Throughput:
     return out
 
 
-def report_progress(
-  total_steps: int, writer: metric_writers.MetricWriter, every_steps: int
-) -> periodic_actions.ReportProgress:
-  """steps/s to the writer and an ETA log line every `every_steps` steps."""
-  return periodic_actions.ReportProgress(
-    num_train_steps=total_steps, writer=writer, every_steps=every_steps, every_secs=None
-  )
+def _duration(seconds: float) -> str:
+  """'1h02m', '3m05s' or '42s'."""
+  seconds = int(round(seconds))
+  if seconds >= 3600:
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+  if seconds >= 60:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+  return f"{seconds}s"
+
+
+class Progress:
+  """The line a user watches, one per log step, and one per evaluation:
+
+    step 200/1000 (20%) | loss 0.5123 | accuracy 81.25% | 1,234.5 img/s | ETA 3m12s
+    step 200/1000 | val: accuracy 84.10%, loss 0.4421 (12s)
+
+  The ETA is the remaining steps at the pace since this run (or resume) started, evaluations
+  and checkpoint saves included. Logged on process 0 only.
+  """
+
+  def __init__(self, total_steps: int, start_step: int):
+    self._total, self._start = total_steps, start_step
+    self._t0 = time.perf_counter()
+
+  def _log(self, line: str) -> None:
+    if jax.process_index() == 0:
+      logging.info("%s", line)
+
+  def step(self, step: int, metrics: dict[str, float]) -> str:
+    """Logs (and returns) the progress line of `step` from the window's metrics."""
+    parts = [f"step {step}/{self._total} ({100 * step / max(self._total, 1):.0f}%)"]
+    if "loss" in metrics:
+      parts.append(f"loss {metrics['loss']:.4f}")
+    if "accuracy" in metrics:
+      parts.append(f"accuracy {100 * metrics['accuracy']:.2f}%")
+    if "images_per_sec" in metrics:
+      parts.append(f"{metrics['images_per_sec']:,.1f} img/s")
+    done = step - self._start
+    if done > 0 and step < self._total:
+      pace = (time.perf_counter() - self._t0) / done
+      parts.append(f"ETA {_duration(pace * (self._total - step))}")
+    line = " | ".join(parts)
+    self._log(line)
+    return line
+
+  @contextlib.contextmanager
+  def evaluation(self, step: int, name: str, results: dict[str, float]):
+    """Times the `with` body, which fills `results`, then logs one line of them."""
+    start = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - start
+    shown = []
+    for key, value in sorted(results.items()):
+      label = key.split("/", 1)[-1]
+      percent = "accuracy" in label or "shot" in label
+      shown.append(f"{label} {100 * value:.2f}%" if percent else f"{label} {value:.4g}")
+    self._log(f"step {step}/{self._total} | {name}: {', '.join(shown)} ({_duration(seconds)})")

@@ -90,6 +90,16 @@ def run(config, workdir: str):
   return train.run(config, workdir)
 
 
+def _run_and_record(config, workdir: str) -> dict:
+  """`run`, then the final metrics into the workdir (what scripts chaining stages read)."""
+  from vit_jax import workdir as workdir_lib
+
+  metrics = run(config, workdir)
+  if jax.process_index() == 0 and isinstance(metrics, dict):
+    workdir_lib.save_final_metrics(workdir, metrics)
+  return metrics
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -111,7 +121,7 @@ def main(argv):
       config.get("total_steps", "-"),
       _WORKDIR.value,
     )
-    run(config, _WORKDIR.value)
+    _run_and_record(config, _WORKDIR.value)
   except Exception as e:  # noqa: BLE001 - every failure ends with one line, details in the log
     console.fail(e, log)
     sys.exit(1)

@@ -113,3 +113,13 @@ def parse(spec: str) -> list[Op]:
   if not ops:
     raise ValueError("Empty preprocessing spec.")
   return ops
+
+
+def resolve_size(size: int | float | None, image_size: int) -> int:
+  """A size argument of an op in pixels: None is the dataset's `image_size`, a float a fraction
+  of it (`resize(1.143)` before a crop), an int itself. Shared by both implementations."""
+  if size is None:
+    return image_size
+  if isinstance(size, float):
+    return int(round(size * image_size))
+  return int(size)

@@ -59,14 +59,6 @@ DEFAULT_PP = "decode|resize|value_range(-1, 1)"
 # Preprocessing with PIL (the deterministic ops of vit_jax.input_pipeline.preprocess).
 
 
-def _size(size: Any, image_size: int) -> int:
-  if size is None:
-    return image_size
-  if isinstance(size, float):
-    return int(round(size * image_size))
-  return int(size)
-
-
 def _resize(image: Image.Image, height: int, width: int) -> Image.Image:
   # Bilinear with PIL's support scaled on shrinking: antialiased, like the TF pipeline.
   return image.resize((width, height), Image.Resampling.BILINEAR)
@@ -83,15 +75,15 @@ def preprocess(image: Image.Image, image_size: int, spec: str = DEFAULT_PP) -> n
     if name == "decode":
       out = out.convert("RGB")
     elif name == "resize":
-      size = _size(_size_arg(args, kwargs), image_size)
+      size = pp_spec.resolve_size(_size_arg(args, kwargs), image_size)
       out = _resize(out, size, size)
     elif name == "resize_small":
-      size = _size(_size_arg(args, kwargs), image_size)
+      size = pp_spec.resolve_size(_size_arg(args, kwargs), image_size)
       w, h = out.size
       scale = size / min(h, w)
       out = _resize(out, max(size, round(h * scale)), max(size, round(w * scale)))
     elif name == "central_crop":
-      size = _size(_size_arg(args, kwargs), image_size)
+      size = pp_spec.resolve_size(_size_arg(args, kwargs), image_size)
       w, h = out.size
       y, x = (h - size) // 2, (w - size) // 2
       out = out.crop((x, y, x + size, y + size))

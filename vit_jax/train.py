@@ -389,7 +389,7 @@ def run(
   # Loop.
   window = jax.device_put(empty_window(), replicated)
   compiled = None
-  progress = logging_util.report_progress(total_steps, writer, config.log_every_steps)
+  progress = logging_util.Progress(total_steps, start_step)
   throughput = None
   metrics: dict[str, float] = {}
   try:
@@ -402,7 +402,6 @@ def run(
           throughput = _report_compiled(compiled, state, built, _select(batch), batch_size)
           throughput(step - 1)
         state, window, learning_rate = compiled(state, _select(batch), window)
-      progress(step)
 
       if step % config.log_every_steps == 0 or step == total_steps:
         _check_finite(window, checkpointer)
@@ -411,6 +410,7 @@ def run(
         metrics.update(throughput(step))
         metrics["skipped_examples_this_host"] = float(train_iter.num_skipped)
         writer.write_scalars(step, metrics)
+        progress.step(step, metrics)
         window = jax.device_put(empty_window(), replicated)
 
       preempted = checkpointer.reached_preemption(step)
@@ -425,8 +425,9 @@ def run(
 
       for evaluator in evals:
         if (evaluator.every_steps and step % evaluator.every_steps == 0) or step == total_steps:
-          with progress.timed(evaluator.name), throughput.paused(window):
-            results = evaluator.run(state["params"])
+          results = {}
+          with progress.evaluation(step, evaluator.name, results), throughput.paused(window):
+            results.update(evaluator.run(state["params"]))
           writer.write_scalars(step, results)
           metrics.update(results)
   finally:
@@ -472,16 +473,9 @@ def _select(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
 
 
 def _flat_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  flat = {}
-
-  def visit(prefix, value):
-    if isinstance(value, dict):
-      for k, v in value.items():
-        visit(f"{prefix}.{k}" if prefix else k, v)
-    elif isinstance(value, bool | int | float | str):
-      flat[prefix] = value
-    elif value is not None:
-      flat[prefix] = str(value)
-
-  visit("", config.to_dict())
-  return flat
+  """The config's fields as TensorBoard hparams: scalars as they are, anything else as text."""
+  return {
+    k: v if isinstance(v, bool | int | float | str) else str(v)
+    for k, v in workdir_lib.flatten(config.to_dict()).items()
+    if v is not None
+  }

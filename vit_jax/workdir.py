@@ -21,6 +21,8 @@ import ml_collections
 from etils import epath
 
 CONFIG_FILE = "config.json"
+# The last value of every metric a finished stage logged (process 0 writes it).
+FINAL_METRICS_FILE = "final_metrics.json"
 
 # Fields (dotted paths, regular expressions matched in full) that may change when a run is
 # resumed: how long it runs, how often it logs, evaluates and saves, evaluator settings, the
@@ -49,11 +51,12 @@ def write_json(path: str | epath.PathLike, value: Any) -> None:
   tmp.replace(path)
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """A nested mapping as {"a.b.c": leaf} (a config's fields by their dotted names)."""
   if isinstance(tree, Mapping):
     out = {}
     for key, value in tree.items():
-      out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+      out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     return out
   return {prefix: tree}
 
@@ -62,7 +65,7 @@ def _comparable(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict[s
   """A config as the flat JSON values `config.json` holds (tuples become lists, ...)."""
   if isinstance(config, ml_collections.ConfigDict):
     config = json.loads(config.to_json_best_effort())
-  return _flatten(config)
+  return flatten(config)
 
 
 def differences(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> list[str]:
@@ -98,3 +101,9 @@ def check_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes `config` as the workdir's `config.json` (atomically)."""
   write_json(epath.Path(workdir) / CONFIG_FILE, config.to_json_best_effort(indent=2))
+
+
+def save_final_metrics(workdir: str, metrics: dict[str, Any]) -> None:
+  """Writes the finished stage's last metrics, atomically, as `final_metrics.json`."""
+  values = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+  write_json(epath.Path(workdir) / FINAL_METRICS_FILE, values)

@@ -82,7 +82,7 @@ def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDic
   factor (`conv_root/kernel` [7, 7, 3, 64 * width]). The GELU (`gelu_approximate`) is not in
   the shapes: it keeps its default.
   """
-  if "root_block" in params:  # a BiT ResNet (models_bit)
+  if "root_block" in params:  # a BiT ResNet (vit_jax.models.bit)
     return _bit_config(params)
   p, _, _, hidden = np.shape(params["embedding"]["kernel"])
   encoder = params["Transformer"]

@@ -42,14 +42,6 @@ def _register(name: str):
   return wrap
 
 
-def _size(size: int | float | None, image_size: int) -> int:
-  if size is None:
-    return image_size
-  if isinstance(size, float):
-    return int(round(size * image_size))
-  return int(size)
-
-
 def _to_uint8(image: tf.Tensor) -> tf.Tensor:
   return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
 
@@ -110,7 +102,7 @@ def inception_crop(
   size: int | float | None = None,
 ) -> tf.Tensor:
   """Inception-style random-area, random-aspect crop, resized to [size, size]."""
-  size = _size(size, image_size)
+  size = pp_spec.resolve_size(size, image_size)
   y, x, h, w = _crop_window(tf.shape(image), rng, area_min, area_max, aspect_min, aspect_max)
   return _resize(image[y : y + h, x : x + w], size, size)
 
@@ -121,7 +113,7 @@ def _decode_inception_crop(
   """`decode|inception_crop` fused: JPEGs decode only the crop window (about 2× faster)."""
   if image.dtype != tf.string:
     return inception_crop(decode(image, rng, image_size), rng, image_size, **kwargs)
-  size = _size(kwargs.pop("size", None), image_size)
+  size = pp_spec.resolve_size(kwargs.pop("size", None), image_size)
   crop_args = {
     "area_min": kwargs.pop("area_min", 0.05),
     "area_max": kwargs.pop("area_max", 1.0),
@@ -146,14 +138,14 @@ def _decode_inception_crop(
 @_register("resize")
 def resize(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
   del rng
-  size = _size(size, image_size)
+  size = pp_spec.resolve_size(size, image_size)
   return _resize(image, size, size)
 
 
 @_register("resize_small")
 def resize_small(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
   del rng
-  size = _size(size, image_size)
+  size = pp_spec.resolve_size(size, image_size)
   h, w = tf.shape(image)[0], tf.shape(image)[1]
   scale = size / tf.cast(tf.minimum(h, w), tf.float32)
   new_h = tf.maximum(size, tf.cast(tf.round(tf.cast(h, tf.float32) * scale), tf.int32))
@@ -164,7 +156,7 @@ def resize_small(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -
 @_register("central_crop")
 def central_crop(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
   del rng
-  size = _size(size, image_size)
+  size = pp_spec.resolve_size(size, image_size)
   h, w = tf.shape(image)[0], tf.shape(image)[1]
   y, x = (h - size) // 2, (w - size) // 2
   crop = image[y : y + size, x : x + size]
@@ -174,7 +166,7 @@ def central_crop(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -
 
 @_register("random_crop")
 def random_crop(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
-  size = _size(size, image_size)
+  size = pp_spec.resolve_size(size, image_size)
   return tf.image.stateless_random_crop(image, [size, size, 3], seed=rng)
 
 

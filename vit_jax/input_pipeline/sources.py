@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import json
 import os
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -187,6 +188,31 @@ class BuiltinSource(_IndexedSource):
 # TFRecord shards (JFT / ImageNet-21k style).
 
 
+# The feature keys of the shards tools/make_shards writes (the ImageNet-style names).
+IMAGE_KEY = "image/encoded"
+LABEL_KEY = "image/class/label"
+
+
+def serialize_example(
+  image_bytes: bytes,
+  labels: Sequence[int] | int,
+  image_key: str = IMAGE_KEY,
+  label_key: str = LABEL_KEY,
+) -> bytes:
+  """A serialized tf.train.Example with one encoded image and one or more int64 labels."""
+  labels = [labels] if np.isscalar(labels) else list(labels)
+  feature = {
+    image_key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
+    label_key: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in labels])),
+  }
+  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def shard_path(directory: str, prefix: str, index: int, num_shards: int) -> str:
+  """`{directory}/{prefix}.tfrecord-{index:05d}-of-{num_shards:05d}`, the shards' file names."""
+  return os.path.join(directory, f"{prefix}.tfrecord-{index:05d}-of-{num_shards:05d}")
+
+
 def _read_tfrecord_chunks(path: bytes):
   """Yields ([records], [index], [ok]) chunks of one file; a damaged file ends with one ok=False."""
   path = path.decode()
@@ -273,8 +299,8 @@ class TFRecordSource(Source):
     if not self.files:
       raise ValueError(f"No TFRecord files match {self.pattern!r} (split {split!r}).")
     self.by_file = _uses_files_by_host(len(self.files), process_count)
-    self.image_key = config.image_key or "image/encoded"
-    self.label_key = config.label_key or "image/class/label"
+    self.image_key = config.image_key or IMAGE_KEY
+    self.label_key = config.label_key or LABEL_KEY
     info = read_info_json(config.data_dir) or read_info_json(os.path.dirname(self.pattern))
     self._known_lengths = (info or {}).get("splits", {}).get(split, {}).get("shards", {})
 

@@ -6,6 +6,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from vit_jax.input_pipeline import sources
+
+# A serialized tf.train.Example of one image and its label(s), as the shards hold them.
+example = sources.serialize_example
+
 
 def encode(image: np.ndarray, fmt: str = "png") -> bytes:
   """uint8 [h, w, c] → PNG or JPEG bytes."""
@@ -20,21 +25,6 @@ def random_image(
   return rng.integers(0, 256, size=(height, width, channels), dtype=np.uint8)
 
 
-def example(
-  image_bytes: bytes,
-  labels: Sequence[int] | int,
-  image_key="image/encoded",
-  label_key="image/class/label",
-) -> bytes:
-  """A serialized tf.train.Example with one image and one or more int64 labels."""
-  labels = [labels] if np.isscalar(labels) else list(labels)
-  feature = {
-    image_key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
-    label_key: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in labels])),
-  }
-  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
 def write_shards(
   directory: str,
   prefix: str,
@@ -43,10 +33,7 @@ def write_shards(
 ) -> list[str]:
   """Writes serialized records round-robin into `{prefix}.tfrecord-{i:05d}-of-{n:05d}` files."""
   os.makedirs(directory, exist_ok=True)
-  paths = [
-    os.path.join(directory, f"{prefix}.tfrecord-{i:05d}-of-{num_shards:05d}")
-    for i in range(num_shards)
-  ]
+  paths = [sources.shard_path(directory, prefix, i, num_shards) for i in range(num_shards)]
   writers = [tf.io.TFRecordWriter(p) for p in paths]
   for i, record in enumerate(records):
     writers[i % num_shards].write(record)

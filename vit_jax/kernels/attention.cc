@@ -120,7 +120,7 @@ struct Shape {
   int64_t tp4() const { return RoundUp(t, 4); }
   int64_t tp16() const { return RoundUp(t, 16); }
   int64_t dp16() const { return RoundUp(d, 16); }
-  // 1/sqrt(head_dim) rounded once to float, as models_vit._scaled_queries multiplies.
+  // 1/sqrt(head_dim) rounded once to float, as vit_jax.models.ops.scaled_queries multiplies.
   float scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))); }
   // Row i of part s (0: q, 1: k, 2: v) of batch bi, head hi in [B, T, 3, H, D].
   int64_t qkv(int64_t bi, int64_t i, int64_t s, int64_t hi) const {

@@ -4,9 +4,9 @@
 float32. It reads q, k and v from the QKV projection's [batch, tokens, 3, heads, head_dim] output
 and returns [batch, tokens, heads, head_dim], so the model does without the heads-major
 transposes of the XLA path; one (batch, head) pair per task. `layer_norm` (`layer_norm.cc`):
-the LayerNorm of models_vit (statistics in float32, epsilon 1e-6) and its backward pass, rows in
+the LayerNorm of vit_jax.models.ops (statistics in float32, epsilon 1e-6) and its backward pass, rows in
 chunks. Both run on XLA's intra-op thread pool and hand XLA a future instead of blocking one of its
-threads. models_vit uses them for `attention_kernel` / `layer_norm_kernel` = 'auto' on a
+threads. vit_jax.models.ops uses them for `attention_kernel` / `layer_norm_kernel` = 'auto' on a
 single-device CPU backend in float32, and for 'cpu'.
 
 The library is built with the system's C++ compiler (`$CXX`, default `g++`, with `_CXXFLAGS`
@@ -128,7 +128,7 @@ def warn_unavailable() -> None:
   )
 
 
-LAYER_NORM_EPSILON = 1e-6  # models_vit's (flax's nn.LayerNorm default)
+LAYER_NORM_EPSILON = 1e-6  # vit_jax.models.ops' (flax's nn.LayerNorm default)
 
 
 def _make_kernels(march: str) -> types.SimpleNamespace:
@@ -211,7 +211,7 @@ def for_target(march: str) -> types.SimpleNamespace:
   return _native if march == NATIVE else _make_kernels(march)
 
 
-# The kernels of this machine's instruction set, which models_vit calls.
+# The kernels of this machine's instruction set, which vit_jax.models.ops calls.
 _native = _make_kernels(NATIVE)
 attention = _native.attention
 layer_norm = _native.layer_norm

@@ -5,8 +5,8 @@ YNNPACK fusions. For the ViT's matmuls on a 2-core AVX2 machine, XLA's own (Eige
 faster: the fp32 train step of experiments/benchmark_model.py went from 6.5 to 9.6 images/s for
 ViT-Ti/16 (batch 32) and from 0.74 to 0.90 for ViT-B/16 (batch 8) with
 `--xla_cpu_experimental_ynn_fusion_type=-individual_dot` (YNNPACK keeps the reductions and
-convolutions); the demo's small model (width 64) lost about 6% (302 to 284). The README's
-benchmark section has the figures against timm.
+convolutions); the demo's small model (width 64) lost about 6% (302 to 284).
+docs/benchmarks.md has the figures against timm.
 
 `apply()` runs when vit_jax is imported. It only adds flags XLA_FLAGS does not already set, so
 `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=` (or any other value) overrides it, and it

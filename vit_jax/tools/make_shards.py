@@ -35,14 +35,6 @@ flags.DEFINE_integer("num_shards", 8, "Shards per split (fewer if the split has 
 flags.DEFINE_integer("shuffle_seed", 0, "Seed of the example order written to the shards.")
 
 
-def _example(image_bytes: bytes, label: int) -> bytes:
-  feature = {
-    "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
-    "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-  }
-  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
 def write_shards(
   examples: Sequence[tuple[bytes, int]] | Iterator[tuple[bytes, int]],
   num_examples: int,
@@ -72,11 +64,11 @@ def write_shards(
   paths, lengths = [], {}
   examples = iter(examples)
   for i in range(num_shards):
-    path = os.path.join(out_dir, f"{name}-{split}.tfrecord-{i:05d}-of-{num_shards:05d}")
+    path = sources.shard_path(out_dir, f"{name}-{split}", i, num_shards)
     with tf.io.TFRecordWriter(path) as writer:
       for _ in range(bounds[i + 1] - bounds[i]):
         image, label = next(examples)
-        writer.write(_example(image, int(label)))
+        writer.write(sources.serialize_example(image, int(label)))
     paths.append(path)
     lengths[os.path.basename(path)] = int(bounds[i + 1] - bounds[i])
   _update_info(out_dir, name, split, class_names, lengths)
