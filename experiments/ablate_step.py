@@ -14,7 +14,7 @@ show (its dot events time only the dispatch).
   python -m experiments.ablate_step --model=B/16 --batch=256 --dtype=bfloat16 \
       --variants=full,xla_attention,autodiff_attention,no_attention
 
-`--model=demo` is experiments/demo.py's model (32px, 10 classes).
+`--model=demo` is the demo's model (experiments/common.py: 32px, 10 classes).
 
 Variants: full, no_attention (the attention core returns V), no_layernorm, no_gelu,
 xla_attention (attention_kernel='xla': on a one-device CPU, XLA instead of the C++ kernel of
@@ -30,6 +30,8 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
+
+from experiments import common
 
 
 def _plain_attention(q, k, v):
@@ -78,11 +80,10 @@ VARIANTS = {
 
 
 def model_config(name: str):
-  """The model ConfigDict of a preset or alias, or of 'demo' (experiments/demo.py's model)."""
-  from experiments import benchmark_model
+  """The model ConfigDict of a preset or alias, or of 'demo' (common.demo_model_config)."""
   from vit_jax import models
 
-  return benchmark_model.demo_model_config() if name == "demo" else models.get_model_config(name)
+  return common.demo_model_config() if name == "demo" else models.get_model_config(name)
 
 
 def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classes):
@@ -91,7 +92,6 @@ def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classe
   import jax.numpy as jnp
   import optax
 
-  from experiments import benchmark_model
   from vit_jax import models
   from vit_jax.models import ops
 
@@ -122,7 +122,7 @@ def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classe
       return run, run()
     tx = optax.adamw(1e-4, weight_decay=0.05)
     state = [params, jax.jit(tx.init)(params)]
-    step = jax.jit(benchmark_model.train_step_fn(model, tx))
+    step = jax.jit(common.train_step_fn(model, tx))
     compiled = step.lower(state[0], state[1], images, labels).compile()
   finally:
     for name, fn in saved.items():
@@ -164,20 +164,21 @@ def main(argv=None):
   import jax
 
   import vit_jax  # noqa: F401 (its XLA:CPU defaults, as the trainer runs)
-  from experiments import benchmark_model
+  from vit_jax import models
+  from vit_jax.cost import devices, flops
 
   device = jax.devices()[0]
-  config = model_config(args.model)
-  flops = benchmark_model.analytic_flops(config, args.image_size, args.num_classes)
-  flops = flops * args.batch * (3 if args.mode == "train" else 1) if flops else None
-  peak, peak_how = benchmark_model.device_peak(device.platform, device.device_kind, args.dtype)
+  model = models.get_model(model_config(args.model), args.num_classes, dtype=args.dtype)
+  passes = flops.TRAIN_PASSES if args.mode == "train" else 1
+  model_flops = flops.forward_flops(model, (args.image_size, args.image_size)) * args.batch * passes
+  peak, peak_how = devices.device_peak(device.platform, device.device_kind, args.dtype)
   print(
     f"{args.model} {args.mode}, batch {args.batch}, {args.dtype}, jax {jax.__version__} on "
     f"{device.device_kind}; {args.rounds} alternating rounds of {args.iters} step(s)",
     flush=True,
   )
   if device.platform == "cpu":
-    print(f"  CPU: {benchmark_model.cpu_description(benchmark_model.read_cpuinfo())}", flush=True)
+    print(f"  CPU: {devices.cpu_description(devices.read_cpuinfo())}", flush=True)
   runs = {}
   for name in names:
     t0 = time.perf_counter()
@@ -198,7 +199,7 @@ def main(argv=None):
   print(f"{'variant':20} {'ms/step':>9} {'min':>9} {'img/s':>9} {'vs full':>9} {'MFU':>6}")
   for name in names:
     step = statistics.median(times[name])
-    mfu = f"{100 * flops / step / peak:5.1f}%" if flops and peak else "     -"
+    mfu = f"{100 * model_flops / step / peak:5.1f}%" if peak else "     -"
     print(
       f"{name:20} {step * 1e3:9.1f} {min(times[name]) * 1e3:9.1f} {args.batch / step:9.1f}"
       f" {(step - full) * 1e3:+9.1f} {mfu}"

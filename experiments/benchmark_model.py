@@ -1,162 +1,49 @@
-r"""Forward and train-step throughput of the ViT models against timm, each side in its own process.
+r"""Forward and train-step images/s of vit_jax's models against timm and against vit_jax at
+another revision, each side in a process of its own.
 
-For each model, dtype and mode (forward; train step = forward + backward + optax update) this
-prints images/s, the achieved FLOP/s, its fraction of the device's peak and, when PyTorch and
-timm are importable, timm's images/s for the same architecture and the JAX/timm ratio. Every
-implementation runs in a process of its own (this script re-invoked with `--process=jax|timm|
-baseline`, one after the other), so neither competes with the other's threads or memory. With
-`--baseline_rev` it also benchmarks `vit_jax/models/vit.py` (and `models_resnet.py`) as they are
-at that git revision, so a model change is measured before/after in one run.
+For every model (--models), dtype and mode (forward; train = forward + backward + an optax
+update): images/s, the model's TFLOP/s and their fraction of the device's peak; for timm (when
+PyTorch and timm are importable) and a baseline (--baseline_rev, --baseline_dir) their images/s
+and the vit_jax / other ratio. Every side is this script again (--process=<side>, the parent's
+options), so no side competes with another's threads or memory; the parent starts no JAX
+backend. A baseline process has the other tree's whole `vit_jax` package first on its PYTHONPATH
+(--baseline_rev: `git archive <rev> vit_jax`) and builds its model with that tree's
+`models.get_model`; each JAX process prints the vit_jax it imported. Each variant is built,
+compiled, warmed up and timed for --repeats rounds of --iters back-to-back steps: --processes=N
+runs each side N times in turn, rounds pooled; --paired keeps every side alive, taking turns
+round by round (ratio: the median of the rounds' ratios). Model FLOPs: vit_jax.cost.flops' count
+of the model's matmuls (train: 3 x forward), the same for every side; peaks: vit_jax.cost.devices.
 
-  # CPU defaults: the demo's model (32px, batch 128), ViT-Ti/16 (batch 32) and ViT-B/16 (batch
-  # 8) at 224px, fp32:
-  python -m experiments.benchmark_model
-  # The CPU comparison with timm taking turns step by step (drift on a shared machine cancels):
+  python -m experiments.benchmark_model                 # CPU: demo, Ti/16 and B/16 at 224px, fp32
   python -m experiments.benchmark_model --paired --repeats=16 --iters=1
-  # The working tree against the last commit, timm off, forward only:
   python -m experiments.benchmark_model --baseline_rev=HEAD --timm=off --modes=forward
-  # ... against another checkout of the repository:
   python -m experiments.benchmark_model --baseline_dir=../vit_jax_main --timm=off
-  # A GPU or TPU (larger default batches there), bf16, timm eager and under torch.compile:
-  python -m experiments.benchmark_model --models=B/16 --dtypes=bfloat16 --timm_compile
-  # The same with the JAX model's attention in XLA instead of cuDNN (GPU):
-  python -m experiments.benchmark_model --models=B/16 --dtypes=bfloat16 --attention_kernel=xla
+  python -m experiments.benchmark_model --models=B/16 --dtypes=bfloat16 --timm_compile  # GPU
 
-`--models` takes presets or aliases (B/16, Ti/16, ...) and `demo`: experiments/demo.py's model
-(the `testing` preset widened, patch 4 on 32px images, 10 classes).
-
-Timing: in each process every (model, dtype, mode) is built, compiled and warmed up, then timed
-for `--repeats` rounds of `--iters` back-to-back steps. With `--processes=N` each implementation
-runs in N processes, started in turn (jax, timm, jax, timm, ...), and the median is over all their
-rounds: on the 2-core machine the same step differs by up to ~8% from one process to the next,
-and timed rounds within one process vary about as much, so one process per side can tilt a ratio
-by that much. With `--paired` the implementations' processes are all started first and then take
-turns: each round runs `--iters` steps of jax, then of each other side (reversed on odd rounds),
-after `--pause` seconds of quiet, so the two sides of every round ran seconds apart, and the
-ratio is the median of the rounds' ratios (printed with their interquartile range). Both sides
-hold their model in memory at once. JAX steps end in `jax.block_until_ready`, torch steps in
-`torch.cuda.synchronize()` on GPU. The machine should be otherwise idle: the sides run at
-different times.
-
-FLOPs: "model" FLOPs are the analytic count of the ViT's matmuls (multiply-add = 2 FLOPs; patch
-embedding, QKV, QK^T, AV, output projection, MLP, head; the train step counted as 3x forward),
-the convention of MFU figures and the same for JAX and timm. XLA's count, from
-`jitted.lower(...).compile().cost_analysis()`, is printed alongside: it includes elementwise
-work and the optimizer update, and misses FLOPs inside custom calls (cuDNN attention on GPU).
-The fraction of peak uses the model FLOPs.
-
-Peaks: dense per-chip figures from the vendors for known accelerators (`_PEAKS`). On TPU the fp32
-entry is the bf16 peak (jax's default matmul precision there is one bf16 pass); on NVIDIA GPUs it
-is the TF32 tensor-core peak (XLA's default precision for fp32 dots). On a CPU the peak is an
-estimate, cores x FMA units x SIMD width x 2 x clock, from /proc/cpuinfo, and bf16 has the fp32
-peak unless the CPU has AVX512-BF16/AMX; `--peak_tflops` overrides either.
-
-Threads: torch gets `--torch_threads` (default: the CPUs this process may use, which is also what
-XLA's CPU backend uses). `--xla_flags` is added to XLA_FLAGS before the backend starts, e.g.
-`--xla_flags=--xla_cpu_multi_thread_eigen=false`.
-
-Where the time goes (train step, 2 CPU cores, XLA's per-op profile from `jax.profiler`): before
-the layout work in models_vit.py the attention's batched matmuls in the shapes autodiff produced
-ran outside XLA's fast matmul path and took ~30% of the demo model's step, and the Dense layers'
-weight gradients on [batch, tokens, width] activations were ~2.5x slower than the same matmul
-on flattened rows. Then YNNPACK, which jax 0.10 uses for every CPU matmul, ran Ti/16's attention
-backward matmuls at half the speed of XLA's own dots: vit_jax now keeps matmuls out of it
-(vit_jax/kernels/xla_cpu_flags.py). LayerNorm and the tanh GELU got hand-written backward passes (fewer
-fusions, no materialised broadcasts). Ablations of both sides then put the rest of the gap in the
-attention core (about 74 ms per block of Ti/16's step against torch's fused CPU attention's ~41)
-and in LayerNorm: on a one-device CPU both now run as C++ kernels (vit_jax/kernels/cpu.py;
-`ablate_step.py --variants=full,xla_kernels` compares them with XLA's path).
-On an H200 (ViT-B/16, bf16, batch 256) cuDNN's fused attention (`--attention_kernel=auto`) took
-the train step from 93.5 to 74.4 ms; without any attention core it is 57.3 ms (README).
-
-timm runs eager, and with `--timm_compile` also under torch.compile in a process of its own; on
-CUDA its optimizer is torch's fused AdamW/SGD and fp32 matmuls may use TF32, as XLA's do. The
-parent process starts no JAX backend, so on a GPU each measured process has the memory to itself.
-
-PyTorch and timm are an optional extra (`--timm=auto` uses them when importable); nothing in the
-package or its tests imports them.
+The method in detail, and the figures measured with it: docs/benchmarks.md.
 """
 
+import argparse
+import contextlib
 import dataclasses
 import functools
 import gc
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-import types
 from collections.abc import Callable
 
-from absl import app, flags
+from experiments import common
 
-# The checkout: `git show` reads --baseline_rev's files from it, and the measured processes start
-# there (`python -m experiments.benchmark_model` resolves from the working directory).
+# The checkout: `git archive` reads --baseline_rev's vit_jax from it, and it holds the driver
+# (`experiments`) that every measured process runs.
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-_MODELS = flags.DEFINE_list(
-  "models", ["demo", "Ti/16", "B/16"], "Model presets or aliases, or 'demo' (experiments/demo.py)."
-)
-_BATCH_SIZES = flags.DEFINE_list(
-  "batch_sizes", [], "Batch size per model (same order as --models); empty: backend defaults."
-)
-_DTYPES = flags.DEFINE_list("dtypes", ["float32"], "Computation dtypes.")
-_MODES = flags.DEFINE_list("modes", ["forward", "train"], "forward and/or train.")
-_IMAGE_SIZE = flags.DEFINE_integer("image_size", 224, "Square input resolution.")
-_NUM_CLASSES = flags.DEFINE_integer("num_classes", 1000, "Head width (ImageNet-1k as timm).")
-_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps per variant after compilation.")
-_ITERS = flags.DEFINE_integer("iters", 3, "Back-to-back steps per timed round.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds per process.")
-_PROCESSES = flags.DEFINE_integer(
-  "processes",
-  1,
-  "Processes per implementation, started in turn (jax, timm, jax, timm, ...); the median is "
-  "over every timed round of all of them.",
-)
-_PAIRED = flags.DEFINE_bool(
-  "paired",
-  False,
-  "Take turns instead: one process per implementation, all alive at once, run --iters steps "
-  "each in turn for --repeats rounds; ratios are medians of the rounds' ratios.",
-)
-_PAUSE = flags.DEFINE_float(
-  "pause", 0.2, "--paired: idle seconds before each turn (the other side's threads go to sleep)."
-)
-_OPTIMIZER = flags.DEFINE_enum(
-  "optimizer", "adamw", ["adamw", "sgd"], "Train-step optimizer (sgd = SGD with momentum 0.9)."
-)
-_TIMM = flags.DEFINE_enum("timm", "auto", ["auto", "on", "off"], "Benchmark timm alongside.")
-_TIMM_COMPILE = flags.DEFINE_bool(
-  "timm_compile", False, "Also benchmark timm under torch.compile (a process of its own)."
-)
-_ATTENTION_KERNEL = flags.DEFINE_enum(
-  "attention_kernel",
-  "auto",
-  ["auto", "xla", "cudnn"],
-  "The JAX model's attention core (ops.ATTENTION_KERNELS; 'auto': cuDNN on GPU for bf16).",
-)
-_TORCH_THREADS = flags.DEFINE_integer("torch_threads", 0, "0: the CPUs this process may use.")
-_BASELINE_REV = flags.DEFINE_string(
-  "baseline_rev", None, "Git revision whose models_vit.py/models_resnet.py run as 'before'."
-)
-_BASELINE_DIR = flags.DEFINE_string(
-  "baseline_dir",
-  None,
-  "Instead of --baseline_rev: a tree whose vit_jax/models/vit.py and models_resnet.py run as "
-  "'before'.",
-)
-_XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS before jax starts.")
-_PEAK_TFLOPS = flags.DEFINE_float("peak_tflops", None, "Override the device peak (TFLOP/s).")
-_PROCESS = flags.DEFINE_enum(
-  "process",
-  "all",
-  ["all", "jax", "baseline", "timm", "timm_compile"],
-  "all: run each implementation in its own process and compare; otherwise time only that one "
-  "and print its rows as JSON (used by 'all').",
-)
+_JSON_MARK = "BENCHMARK_ROWS "
 
 # Default batch sizes per backend: small enough for 2 CPU cores to finish in minutes, large
 # enough on accelerators to fill the chip (single device; fits 16 GiB HBM on TPU v5e).
@@ -167,212 +54,65 @@ _DEFAULT_BATCH = {
 }
 _FALLBACK_BATCH = {"cpu": 8, "gpu": 128, "tpu": 64}
 
-# Dense peak FLOP/s per chip (bf16, fp32) by a substring of `device.device_kind`, most specific
-# first. fp32: bf16 peak on TPU (default precision = one bf16 pass), TF32 peak on NVIDIA.
-_PEAKS = [
-  ("TPU v6", 918e12, 918e12),  # v6e (Trillium), "TPU v6 lite".
-  ("TPU v5p", 459e12, 459e12),
-  ("TPU v5 lite", 197e12, 197e12),  # v5e.
-  ("TPU v5e", 197e12, 197e12),
-  ("TPU v5", 459e12, 459e12),  # v5p reports "TPU v5".
-  ("TPU v4", 275e12, 275e12),
-  ("H200", 989e12, 494.5e12),
-  ("H100", 989e12, 494.5e12),  # SXM; the PCIe card is ~25% lower.
-  ("A100", 312e12, 156e12),
-]
+
+def _csv(text: str) -> list[str]:
+  return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+  add = parser.add_argument
+  add("--models", type=_csv, default=["demo", "Ti/16", "B/16"], help="presets, aliases or 'demo'")
+  add("--batch_sizes", type=_csv, default=[], help="per model (empty: the backend's defaults)")
+  add("--dtypes", type=_csv, default=["float32"], help="computation dtypes")
+  add("--modes", type=_csv, default=["forward", "train"], help="forward and/or train")
+  add("--image_size", type=int, default=224, help="square input resolution (demo: 32)")
+  add("--num_classes", type=int, default=1000, help="head width (demo: 10)")
+  add("--warmup", type=int, default=2, help="untimed steps per variant after compilation")
+  add("--iters", type=int, default=3, help="back-to-back steps per timed round")
+  add("--repeats", type=int, default=3, help="timed rounds per process")
+  add("--processes", type=int, default=1, help="processes per side, started in turn, pooled")
+  add("--paired", action="store_true", help="one process per side, taking turns round by round")
+  add("--pause", type=float, default=0.2, help="--paired: idle seconds before each turn")
+  add("--optimizer", default="adamw", choices=["adamw", "sgd"], help="sgd: momentum 0.9")
+  add("--timm", default="auto", choices=["auto", "on", "off"], help="benchmark timm alongside")
+  add("--timm_compile", action="store_true", help="also timm under torch.compile (own process)")
+  add("--attention_kernel", default="auto", choices=["auto", "xla", "cudnn"], help="JAX's core")
+  add("--torch_threads", type=int, default=0, help="0: the CPUs this process may use")
+  add("--baseline_rev", help="a git revision of this checkout whose vit_jax runs as 'before'")
+  add("--baseline_dir", help="or a tree whose vit_jax package runs as 'before'")
+  add("--xla_flags", default="", help="appended to XLA_FLAGS before jax starts (every process)")
+  add("--peak_tflops", type=float, help="the device's peak instead of vit_jax.cost.devices'")
+  add(
+    "--process",
+    default="all",
+    choices=["all", "jax", "baseline", "timm", "timm_compile"],
+    help="all: run and compare the sides; otherwise be that side's process (used by all)",
+  )
+  return parser
 
 
 # ---------------------------------------------------------------------------------------------
-# Device peak and analytic FLOPs.
-# ---------------------------------------------------------------------------------------------
-
-
-# The /proc/cpuinfo flags that decide how fast XLA:CPU's matmuls can be, as Linux names them.
-CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-
-
-@dataclasses.dataclass
-class CpuInfo:
-  """What /proc/cpuinfo says of this machine's CPUs (of the first one listed, for the model)."""
-
-  model: str | None
-  flags: frozenset[str]
-  mhz: list[float]  # every core's current clock
-
-  def describe(self) -> str:
-    """'AMD EPYC 7B13; avx2 fma, no avx512f avx512_bf16 amx_bf16 amx_tile'."""
-    has = [f for f in CPU_FEATURES if f in self.flags]
-    lacks = [f for f in CPU_FEATURES if f not in self.flags]
-    features = " ".join(has) or "none of " + " ".join(CPU_FEATURES)
-    if has and lacks:
-      features += ", no " + " ".join(lacks)
-    return f"{self.model or 'unknown model'}; {features}"
-
-
-def parse_cpuinfo(text: str) -> CpuInfo:
-  """The model name, flags and clocks of a /proc/cpuinfo text (x86: 'model name', 'flags')."""
-  model, cpu_flags, mhz = None, set(), []
-  for line in text.splitlines():
-    key, sep, value = line.partition(":")
-    if not sep:
-      continue
-    key, value = key.strip(), value.strip()
-    if key == "model name" and model is None:
-      model = value
-    elif key == "flags":
-      cpu_flags.update(value.split())
-    elif key == "cpu MHz":
-      mhz.append(float(value))
-  return CpuInfo(model, frozenset(cpu_flags), mhz)
-
-
-def read_cpuinfo(path: str = "/proc/cpuinfo") -> CpuInfo | None:
-  """parse_cpuinfo of `path`; None where it cannot be read (not Linux, a sandbox)."""
-  try:
-    with open(path) as f:
-      return parse_cpuinfo(f.read())
-  except OSError:
-    return None
-
-
-def cpu_description(info: CpuInfo | None) -> str:
-  """One line naming the CPU and its matmul features, for the header beside the figures."""
-  if info is None:
-    machine = platform.processor() or platform.machine() or "unknown"
-    return f"{machine} (/proc/cpuinfo unreadable: model and features unknown)"
-  return info.describe()
-
-
-def _cpu_peak(info: CpuInfo | None = None) -> tuple[float | None, str]:
-  """Estimates the fp32 peak of the CPUs this process may use from /proc/cpuinfo."""
-  info = read_cpuinfo() if info is None else info
-  if info is None:
-    return None, "unknown (no /proc/cpuinfo)"
-  if not info.mhz:
-    return None, "unknown (no clock in /proc/cpuinfo)"
-  if "avx512f" in info.flags:
-    lanes = 16
-  elif "avx2" in info.flags and "fma" in info.flags:
-    lanes = 8
-  else:
-    return None, "unknown (no AVX2+FMA)"
-  cores = len(os.sched_getaffinity(0))
-  ghz = max(info.mhz) / 1e3
-  # Two FMA pipes per core on every AVX2/AVX-512 server core of the last decade (Haswell+, Zen).
-  peak = cores * 2 * lanes * 2 * ghz * 1e9
-  isa = "AVX-512" if lanes == 16 else "AVX2"
-  return peak, f"estimate: {cores} cores x 2 FMA x {lanes} fp32 lanes ({isa}) x 2 x {ghz:.2f} GHz"
-
-
-def device_peak(
-  platform: str, device_kind: str, dtype: str, peak_tflops: float | None = None
-) -> tuple[float | None, str]:
-  """Returns (peak FLOP/s or None, how it was obtained) for a device computing in `dtype`;
-  `peak_tflops` (--peak_tflops) overrides it."""
-  if peak_tflops:
-    return peak_tflops * 1e12, "--peak_tflops"
-  if platform == "cpu":
-    peak, how = _cpu_peak()
-    # bf16 trains slower than fp32 under XLA:CPU even on a CPU with AVX512-BF16 and AMX
-    # (docs: "bf16 on a CPU"), so the fp32 peak is the bound.
-    return peak, how + ("; bf16 bound by the fp32 peak" if dtype != "float32" else "")
-  for key, bf16, fp32 in _PEAKS:
-    if key.lower() in device_kind.lower():
-      return (fp32 if dtype == "float32" else bf16), f"table: {key}"
-  return None, f"unknown device kind {device_kind!r}"
-
-
-def analytic_flops(config, image_size: int, num_classes: int) -> float | None:
-  """Forward FLOPs of one image through a plain ViT (None for ResNet hybrids)."""
-  if config.resnet is not None:
-    return None
-  p, d, m, layers = config.patch_size, config.hidden_size, config.mlp_dim, config.num_layers
-  n = (image_size // p) ** 2
-  t = n + (1 if config.classifier == "token" else 0)
-  per_layer = 2 * t * d * 3 * d + 2 * 2 * t * t * d + 2 * t * d * d + 2 * 2 * t * d * m
-  flops = 2 * n * p * p * 3 * d + layers * per_layer
-  rep = config.representation_size
-  if rep:
-    flops += 2 * d * rep
-  return flops + 2 * (rep or d) * num_classes
-
-
-# ---------------------------------------------------------------------------------------------
-# JAX variants.
-# ---------------------------------------------------------------------------------------------
+# The measured side: one implementation in this process.
 
 
 @dataclasses.dataclass
 class Runner:
   """One benchmarked variant: `run(n)` performs n steps and waits for them."""
 
-  name: str
   run: Callable[[int], None]
   xla_flops: float | None = None  # per step, from XLA's cost analysis
   times: list[float] = dataclasses.field(default_factory=list)
 
 
-def _baseline_label() -> str | None:
+def _baseline_label(args) -> str | None:
   """The baseline's name in the rows: 'jax@<rev>' or 'jax@<folder name>' (None: no baseline)."""
-  if _BASELINE_DIR.value:
-    return "jax@" + os.path.basename(os.path.normpath(_BASELINE_DIR.value))
-  return "jax@" + _BASELINE_REV.value if _BASELINE_REV.value else None
+  if args.baseline_dir:
+    return "jax@" + os.path.basename(os.path.normpath(args.baseline_dir))
+  return "jax@" + args.baseline_rev if args.baseline_rev else None
 
 
-def _load_baseline_module(rev: str | None = None, tree: str | None = None) -> types.ModuleType:
-  """Imports models_vit.py as of git revision `rev` of this checkout, or from the tree `tree`,
-  using models_resnet.py of the same revision or tree."""
-
-  def load(path, name):
-    if tree is not None:
-      origin = os.path.join(tree, path)
-      with open(origin) as f:
-        src = f.read()
-    else:
-      origin = f"{rev}:{path}"
-      src = subprocess.run(
-        ["git", "-C", _REPO, "show", origin], check=True, capture_output=True, text=True
-      ).stdout
-    spec = importlib.util.spec_from_loader(name, loader=None)
-    module = importlib.util.module_from_spec(spec)
-    exec(compile(src, origin, "exec"), module.__dict__)  # noqa: S102
-    return module
-
-  resnet = load("vit_jax/models/resnet.py", "_baseline_models_resnet")
-  vit = load("vit_jax/models/vit.py", "_baseline_models_vit")
-  vit.models_resnet = resnet  # Resolved at call time, so the baseline uses its own ResNet.
-  return vit
-
-
-def _cost_flops(compiled) -> float | None:
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # noqa: BLE001 - some backends do not implement it.
-    return None
-  if isinstance(cost, list | tuple):
-    cost = cost[0] if cost else None
-  return float(cost["flops"]) if cost and "flops" in cost else None
-
-
-def train_step_fn(module, tx):
-  """(params, opt_state, images, labels) -> (params, opt_state, loss): softmax cross-entropy,
-  gradients, one update of the optax transformation `tx`."""
-  import jax
-  import optax
-
-  def train_step(params, opt_state, images, labels):
-    def loss_fn(params):
-      logits = module.apply({"params": params}, images, train=True)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  return train_step
-
-
-def jax_runner(name, module, batch, mode, image_size, num_classes, seed=0) -> Runner:
+def jax_runner(args, module, batch, mode, image_size, num_classes, seed=0) -> Runner:
   """Builds, compiles and warms up the JAX forward or train step of `module`."""
   import jax
   import jax.numpy as jnp
@@ -384,11 +124,7 @@ def jax_runner(name, module, batch, mode, image_size, num_classes, seed=0) -> Ru
   params = jax.jit(lambda: module.init(rng, images[:1], train=False)["params"])()
 
   if mode == "forward":
-
-    @jax.jit
-    def forward(params, images):
-      return module.apply({"params": params}, images, train=False)
-
+    forward = jax.jit(lambda params, images: module.apply({"params": params}, images, train=False))
     compiled = forward.lower(params, images).compile()
 
     def run(n):
@@ -398,13 +134,11 @@ def jax_runner(name, module, batch, mode, image_size, num_classes, seed=0) -> Ru
       jax.block_until_ready(out)
 
   else:
-    if _OPTIMIZER.value == "adamw":
-      tx = optax.adamw(1e-4, weight_decay=0.05)
-    else:
-      tx = optax.sgd(1e-3, momentum=0.9)
+    adamw = args.optimizer == "adamw"
+    tx = optax.adamw(1e-4, weight_decay=0.05) if adamw else optax.sgd(1e-3, momentum=0.9)
     opt_state = jax.jit(tx.init)(params)
 
-    step = jax.jit(train_step_fn(module, tx), donate_argnums=(0, 1))
+    step = jax.jit(common.train_step_fn(module, tx), donate_argnums=(0, 1))
     compiled = step.lower(params, opt_state, images, labels).compile()
     state = [params, opt_state]
 
@@ -414,17 +148,17 @@ def jax_runner(name, module, batch, mode, image_size, num_classes, seed=0) -> Ru
         state[0], state[1], loss = compiled(state[0], state[1], images, labels)
       jax.block_until_ready((state, loss))
 
-  runner = Runner(name, run, _cost_flops(compiled))
-  run(_WARMUP.value)
-  return runner
+  try:  # a baseline's vit_jax may predate vit_jax.cost
+    from vit_jax.cost import flops
+  except ImportError:
+    xla_flops = None
+  else:
+    xla_flops = flops.compiled_flops(compiled)
+  run(args.warmup)
+  return Runner(run, xla_flops)
 
 
-# ---------------------------------------------------------------------------------------------
-# timm variant.
-# ---------------------------------------------------------------------------------------------
-
-
-def timm_runner(config, batch, mode, dtype, image_size, num_classes, compiled=False) -> Runner:
+def timm_runner(args, config, batch, mode, dtype, image_size, num_classes, compiled) -> Runner:
   """timm's VisionTransformer with the same sizes and the tanh GELU, eager (or under
   torch.compile), trained with the torch.optim twin of --optimizer (fused kernels on CUDA)."""
   import torch
@@ -450,9 +184,7 @@ def timm_runner(config, batch, mode, dtype, image_size, num_classes, compiled=Fa
     torch.autocast, device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"
   )
 
-  def sync():
-    if device.type == "cuda":
-      torch.cuda.synchronize()
+  sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
 
   if mode == "forward":
     model.eval()
@@ -466,10 +198,11 @@ def timm_runner(config, batch, mode, dtype, image_size, num_classes, compiled=Fa
   else:
     model.train()
     fused = device.type == "cuda"  # one kernel per update on GPU; not implemented on CPU
-    if _OPTIMIZER.value == "adamw":
-      opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=fused)
-    else:
-      opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, fused=fused)
+    opt = (
+      torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=fused)
+      if args.optimizer == "adamw"
+      else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, fused=fused)
+    )
 
     def run(n):
       for _ in range(n):
@@ -480,221 +213,158 @@ def timm_runner(config, batch, mode, dtype, image_size, num_classes, compiled=Fa
         opt.step()
       sync()
 
-  run(_WARMUP.value)
-  return Runner("timm_compile" if compiled else "timm", run)
+  run(args.warmup)
+  return Runner(run)
 
 
-# ---------------------------------------------------------------------------------------------
-# Main.
-# ---------------------------------------------------------------------------------------------
-
-
-def _want_timm() -> bool:
-  if _TIMM.value == "off":
-    return False
-  try:
-    import timm  # noqa: F401
-    import torch  # noqa: F401
-  except ImportError:
-    if _TIMM.value == "on":
-      raise
-    return False
-  return True
-
-
-def demo_model_config():
-  """experiments/demo.py's model: the `testing` preset widened (32px images, 10 classes)."""
-  from experiments import demo
+def _build(impl, args, config, batch, dtype, mode, image_size, num_classes) -> Runner:
+  if impl.startswith("timm"):
+    compiled = impl == "timm_compile"
+    return timm_runner(args, config, batch, mode, dtype, image_size, num_classes, compiled)
   from vit_jax import models
 
-  config = models.get_model_config("testing")
-  config.update(demo.MODEL)
-  return config
+  # The same call on both JAX sides, each with its own vit_jax; a field that an older tree's
+  # model lacks is left out.
+  wanted = dict(dtype=dtype, attention_kernel=args.attention_kernel)
+  module = models.get_model(config, num_classes, **{k: v for k, v in wanted.items() if k in config})
+  return jax_runner(args, module, batch, mode, image_size, num_classes)
 
 
-def _model(name: str):
-  """(name, model config, image size, classes) of a --models entry."""
-  from vit_jax import models
-
-  if name == "demo":
-    return "demo", demo_model_config(), 32, 10
-  name = models.resolve_name(name)
-  return name, models.get_model_config(name), _IMAGE_SIZE.value, _NUM_CLASSES.value
-
-
-def _time(runner: Runner) -> None:
-  for _ in range(_REPEATS.value):
-    t0 = time.perf_counter()
-    runner.run(_ITERS.value)
-    runner.times.append((time.perf_counter() - t0) / _ITERS.value)
-
-
-def _variants(impl: str) -> list[tuple[dict, Callable[[], Runner]]]:
-  """(row fields, build) for every (model, dtype, mode) of one implementation, in this process;
-  `build()` constructs, compiles and warms up that variant's Runner."""
-  from vit_jax import models
-
-  baseline = (
-    _load_baseline_module(_BASELINE_REV.value, _BASELINE_DIR.value) if impl == "baseline" else None
-  )
-  device = None
+def _start(impl: str, args):
+  """Starts this process's framework and says what it runs; returns (backend, JAX device)."""
   if impl.startswith("timm"):
     import timm
     import torch
 
     # No JAX backend in this process: on a GPU it would take most of the memory torch needs.
-    backend = "gpu" if torch.cuda.is_available() else "cpu"
-
-    cpus = len(os.sched_getaffinity(0))
-    torch.set_num_threads(_TORCH_THREADS.value or cpus)
+    torch.set_num_threads(args.torch_threads or len(os.sched_getaffinity(0)))
     # fp32 matmuls in TF32 on NVIDIA GPUs, as XLA's default precision does on the JAX side.
     torch.set_float32_matmul_precision("high")
     print(
       f"  torch {torch.__version__}, timm {timm.__version__}, {torch.get_num_threads()} threads",
       flush=True,
     )
-  else:
-    import jax
+    return ("gpu" if torch.cuda.is_available() else "cpu"), None
+  import jax
 
-    device = jax.devices()[0]
-    print(f"  jax {jax.__version__} on {device.device_kind} ({device.platform})", flush=True)
-    backend = device.platform
+  import vit_jax
 
-  def build(config, batch, dtype, mode, image_size, num_classes) -> Runner:
-    if impl.startswith("timm"):
-      return timm_runner(
-        config, batch, mode, dtype, image_size, num_classes, impl == "timm_compile"
-      )
-    module = models.get_model(
-      config, num_classes, dtype=dtype, attention_kernel=_ATTENTION_KERNEL.value
-    )
-    if baseline is not None:
-      # The fields the baseline's VisionTransformer has (older revisions have fewer).
-      known = {f.name for f in dataclasses.fields(baseline.VisionTransformer)}
-      fields = {
-        f.name: getattr(module, f.name)
-        for f in dataclasses.fields(module)
-        if f.name not in ("parent", "name") and f.name in known
-      }
-      module = baseline.VisionTransformer(**fields)
-    return jax_runner(impl, module, batch, mode, image_size, num_classes)
+  device = jax.devices()[0]
+  print(f"  jax {jax.__version__} on {device.device_kind} ({device.platform})", flush=True)
+  xla_flags = os.environ.get("XLA_FLAGS", "")
+  print(f"  vit_jax {os.path.realpath(vit_jax.__file__)}; XLA_FLAGS={xla_flags!r}", flush=True)
+  return device.platform, device
 
+
+def _variants(impl: str, args) -> list[tuple[dict, Callable[[], Runner]]]:
+  """(row fields, build) for every (model, dtype, mode) of one implementation, in this process;
+  `build()` constructs, compiles and warms up that variant's Runner."""
+  from vit_jax import models
+
+  backend, device = _start(impl, args)
   variants = []
-  for i, entry in enumerate(_MODELS.value):
-    name, config, image_size, num_classes = _model(entry)
-    if _BATCH_SIZES.value:
-      batch = int(_BATCH_SIZES.value[i])
+  for i, entry in enumerate(args.models):
+    # This process's vit_jax: a baseline's own presets in a baseline process.
+    if entry == "demo":
+      name, config, image_size, num_classes = "demo", common.demo_model_config(), 32, 10
+    else:
+      name = models.resolve_name(entry)
+      config = models.get_model_config(name)
+      image_size, num_classes = args.image_size, args.num_classes
+    if args.batch_sizes:
+      batch = int(args.batch_sizes[i])
     else:
       batch = _DEFAULT_BATCH.get(backend, {}).get(name, _FALLBACK_BATCH.get(backend, 8))
-    if impl.startswith("timm") and config.resnet is not None:
-      continue
-    for dtype in _DTYPES.value:
-      for mode in _MODES.value:
-        fields = dict(
-          model=name,
-          batch=batch,
-          dtype=dtype,
-          mode=mode,
-          image_size=image_size,
-          num_classes=num_classes,
-          impl=impl if impl != "baseline" else _baseline_label(),
-          device=None if device is None else [device.platform, device.device_kind],
+    if impl.startswith("timm") and (config.get("resnet") is not None or "block_units" in config):
+      continue  # timm has no R50+ViT hybrid or BiT of these fields
+    forward = None  # the model FLOPs of every side's rows: counted on this tree's model
+    if impl == "jax":
+      from vit_jax.cost import flops
+
+      module = models.get_model(config, num_classes)
+      forward = flops.forward_flops(module, (image_size, image_size))
+    label = impl if impl != "baseline" else _baseline_label(args)
+    where = None if device is None else [device.platform, device.device_kind]
+    model_fields = dict(model=name, batch=batch, impl=label, device=where, forward_flops=forward)
+    for dtype in args.dtypes:
+      for mode in args.modes:
+        fields = dict(model_fields, dtype=dtype, mode=mode)
+        build = functools.partial(
+          _build, impl, args, config, batch, dtype, mode, image_size, num_classes
         )
-        args = (config, batch, dtype, mode, image_size, num_classes)
-        variants.append((fields, functools.partial(build, *args)))
+        variants.append((fields, build))
   return variants
 
 
-def _rounds(times: list[float]) -> str:
-  """Every timed round, in order (a drifting machine shows as a trend; paired rounds line up)."""
-  return "rounds (ms): " + " ".join(f"{t * 1e3:.6g}" for t in times)
-
-
-def _measure(impl: str) -> list[dict]:
-  """Times every (model, dtype, mode) with one implementation, in this process."""
-  results = []
-  for fields, build in _variants(impl):
-    runner = build()
-    _time(runner)
-    results.append(dict(fields, times=runner.times, xla_flops=runner.xla_flops))
-    print(
-      f"  {fields['model']} {fields['dtype']} {fields['mode']}: "
-      f"{fields['batch'] / statistics.median(runner.times):.2f} img/s; {_rounds(runner.times)}"
-    )
-  return results
-
-
-def _serve(impl: str) -> None:
-  """--paired's measured side: announces its variants, then obeys the parent's commands on
-  stdin, one per line: `build I` (variant I becomes the current one; the previous one is
-  dropped) and `run` (one timed round of the current variant: --iters steps). Each answer is one
-  _JSON_MARK line on stdout."""
+def _serve(impl: str, args) -> None:
+  """A measuring process: announces its variants, then obeys the parent's commands on stdin, one
+  per line: `build I` (variant I becomes the current one; the previous one is dropped) and `run`
+  (one timed round of the current variant: --iters steps). Each answer is one _JSON_MARK line on
+  stdout."""
 
   def answer(value):
     print(_JSON_MARK + json.dumps(value), flush=True)
 
-  variants = _variants(impl)
+  variants = _variants(impl, args)
   answer([fields for fields, _ in variants])
   runner = None
   for line in sys.stdin:
-    command, *args = line.split()
+    command, *rest = line.split()
     if command == "build":
       runner = None
       gc.collect()
-      runner = variants[int(args[0])][1]()
+      runner = variants[int(rest[0])][1]()
       answer({"xla_flops": runner.xla_flops})
     elif command == "run":
       t0 = time.perf_counter()
-      runner.run(_ITERS.value)
-      answer((time.perf_counter() - t0) / _ITERS.value)
+      runner.run(args.iters)
+      answer((time.perf_counter() - t0) / args.iters)
     else:
       raise ValueError(f"unknown command {line.strip()!r}")
 
 
-def _process_args(impl: str) -> list[str]:
-  """The command line that re-invokes this script as the process of one implementation."""
-  flag_names = (
-    "models batch_sizes dtypes modes image_size num_classes warmup iters repeats optimizer "
-    "torch_threads baseline_rev baseline_dir attention_kernel"
-  ).split()
-  args = [sys.executable, "-m", "experiments.benchmark_model", f"--process={impl}"]
-  for flag in flag_names:
-    value = flags.FLAGS[flag].value
-    if value is not None:
-      args.append(f"--{flag}={','.join(value) if isinstance(value, list) else value}")
-  return args
+# ---------------------------------------------------------------------------------------------
+# The parent: one process per implementation, and the comparison.
 
 
-def _run_process(impl: str) -> list[dict]:
-  """Re-invokes this script with --process=impl; returns its rows."""
-  print(f"\n== {impl} (own process)", flush=True)
-  proc = subprocess.run(_process_args(impl), stdout=subprocess.PIPE, text=True, cwd=_REPO)
-  if proc.returncode:
-    # One side failing (a missing kernel, out of memory) leaves the others' figures standing.
-    print(f"  {impl} failed (exit status {proc.returncode}); its stderr is above", flush=True)
-  rows = []
-  for line in proc.stdout.splitlines():
-    if line.startswith(_JSON_MARK):
-      rows.extend(json.loads(line[len(_JSON_MARK) :]))
+@contextlib.contextmanager
+def _baseline_tree(args):
+  """A temporary folder holding only the baseline's `vit_jax` (None without a baseline): from
+  --baseline_rev, or a link to --baseline_dir's; the driver (`experiments`) stays this one."""
+  if not _baseline_label(args):
+    yield None
+    return
+  with tempfile.TemporaryDirectory(prefix="vit_jax_baseline_") as tree:
+    if args.baseline_dir:
+      package = os.path.join(os.path.abspath(args.baseline_dir), "vit_jax")
+      if not os.path.isfile(os.path.join(package, "__init__.py")):
+        raise SystemExit(f"--baseline_dir={args.baseline_dir} has no vit_jax package")
+      os.symlink(package, os.path.join(tree, "vit_jax"))
     else:
-      print(line, flush=True)
-  return rows
+      archive = subprocess.run(
+        ["git", "-C", _REPO, "archive", args.baseline_rev, "vit_jax"], capture_output=True
+      )
+      if archive.returncode:
+        raise SystemExit(f"--baseline_rev={args.baseline_rev}: {archive.stderr.decode().strip()}")
+      subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    yield tree
 
 
 class _Side:
-  """One implementation's process in --paired mode (this script with --process=impl --paired)."""
+  """One implementation's process: this script, the parent's options, --process=impl. With
+  `python -P` only PYTHONPATH decides what it imports: for `baseline` the baseline's tree first
+  (its vit_jax), then this checkout (`experiments`, and vit_jax for the other sides)."""
 
-  def __init__(self, impl: str):
+  def __init__(self, impl: str, argv: list[str], env: dict, tree: str | None, paired: bool):
+    print(f"\n== {impl} (own process{', taking turns' if paired else ''})", flush=True)
     self.impl = impl
-    # Both sides hold their model at once: on a GPU JAX must not take most of the memory.
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    path = [p for p in (tree if impl == "baseline" else None, _REPO, env.get("PYTHONPATH")) if p]
+    env = dict(env, PYTHONPATH=os.pathsep.join(path))
+    if paired:  # both sides hold their model at once: on a GPU JAX must not take most memory
+      env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    cmd = [sys.executable, "-P", "-m", "experiments.benchmark_model", *argv, f"--process={impl}"]
     self.proc = subprocess.Popen(
-      _process_args(impl) + ["--paired"],
-      stdin=subprocess.PIPE,
-      stdout=subprocess.PIPE,
-      text=True,
-      env=env,
-      cwd=_REPO,
+      cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=_REPO
     )
     self.variants = self._answer()
 
@@ -706,8 +376,11 @@ class _Side:
     raise RuntimeError(f"{self.impl} failed (exit status {self.proc.wait()}); its stderr is above")
 
   def ask(self, command: str):
-    self.proc.stdin.write(command + "\n")
-    self.proc.stdin.flush()
+    try:
+      self.proc.stdin.write(command + "\n")
+      self.proc.stdin.flush()
+    except BrokenPipeError:
+      pass  # it has ended: _answer says how
     return self._answer()
 
   def close(self) -> None:
@@ -715,52 +388,68 @@ class _Side:
     self.proc.wait()
 
 
-def _paired(impls: list[str]) -> dict[str, list[dict]]:
-  """Rows of every implementation, timed in turns: one process per implementation stays alive,
-  and for each variant round r runs --iters steps of jax, then of each other side (reversed on
-  odd rounds), with --pause seconds of quiet before each turn. So the two sides of a ratio are
-  timed seconds apart, never at once, and a machine whose speed drifts tilts neither."""
-  sides = {}
-  for impl in impls:
-    print(f"\n== {impl} (own process, taking turns)", flush=True)
+def _take_turns(sides: dict[str, _Side], args, measured: dict[str, list[dict]]) -> None:
+  """For each variant of the first side: built in every side, then --repeats rounds of --iters
+  steps, side after side (reversed on odd rounds; --paired: after --pause seconds of quiet), so
+  the sides of a ratio run seconds apart, never at once, and a drifting machine tilts neither."""
+
+  def ask(impl: str, command: str):
+    """The side's answer; None where it failed (it is dropped: the others' figures stand)."""
     try:
-      sides[impl] = _Side(impl)
+      return sides[impl].ask(command)
     except RuntimeError as e:
-      print(f"  {e}", flush=True)  # the others' figures still stand
-  measured = {impl: [] for impl in impls}
-  if "jax" not in sides:
-    return measured
-  for fields in sides["jax"].variants:
+      print(f"  {e}", flush=True)
+      del sides[impl]
+      return None
+
+  for fields in next(iter(sides.values())).variants if sides else []:
     rows = {}
     for impl, side in list(sides.items()):
       index = [i for i, f in enumerate(side.variants) if _variant(f) == _variant(fields)]
-      if not index:
-        continue  # timm has no R50+ViT hybrid
-      try:
-        built = side.ask(f"build {index[0]}")
-      except RuntimeError as e:
-        print(f"  {e}", flush=True)
-        del sides[impl]
-        continue
-      rows[impl] = dict(side.variants[index[0]], times=[], xla_flops=built["xla_flops"])
-    order = list(rows)
-    for r in range(_REPEATS.value):
-      for impl in order if r % 2 == 0 else order[::-1]:
-        time.sleep(_PAUSE.value)
-        rows[impl]["times"].append(sides[impl].ask("run"))
+      built = ask(impl, f"build {index[0]}") if index else None  # timm has no hybrid
+      if built:
+        rows[impl] = dict(side.variants[index[0]], times=[], xla_flops=built["xla_flops"])
+    for r in range(args.repeats):
+      for impl in list(rows) if r % 2 == 0 else list(rows)[::-1]:
+        if args.paired:
+          time.sleep(args.pause)
+        step = ask(impl, "run")
+        if step is None:
+          del rows[impl]
+        else:
+          rows[impl]["times"].append(step)
     for impl, row in rows.items():
-      measured[impl].append(row)
+      _merge_rounds(measured[impl], row)
+      # Every timed round, in order (drift shows as a trend; paired rounds line up).
+      rounds = " ".join(f"{t * 1e3:.6g}" for t in row["times"])
+      img_s = row["batch"] / statistics.median(row["times"])
       print(
-        f"  {impl} {row['model']} {row['dtype']} {row['mode']}: "
-        f"{row['batch'] / statistics.median(row['times']):.2f} img/s; {_rounds(row['times'])}",
+        f"  {impl} {row['model']} {row['dtype']} {row['mode']}: {img_s:.2f} img/s; "
+        f"rounds (ms): {rounds}",
         flush=True,
       )
-  for side in sides.values():
-    side.close()
+
+
+def _measure(impls: list[str], argv: list[str], env: dict, tree: str | None, args) -> dict:
+  """Every implementation's rows: --paired, one process each, all alive, taking turns; else
+  --processes processes each, one at a time (jax, timm, jax, timm, ...), rounds pooled."""
+  measured = {impl: [] for impl in impls}
+  if args.paired:
+    groups = [impls]
+  else:
+    groups = [[impl] for _ in range(args.processes) for impl in impls]
+  for group in groups:
+    sides = {}
+    for impl in group:
+      try:
+        sides[impl] = _Side(impl, argv, env, tree, args.paired)
+      except RuntimeError as e:
+        print(f"  {e}", flush=True)
+    if "jax" in sides or not args.paired:  # the ratios are against jax
+      _take_turns(sides, args, measured)
+    for side in sides.values():
+      side.close()
   return measured
-
-
-_JSON_MARK = "BENCHMARK_ROWS "
 
 
 def _variant(row: dict) -> tuple:
@@ -768,80 +457,58 @@ def _variant(row: dict) -> tuple:
   return tuple(row[k] for k in ("model", "batch", "dtype", "mode"))
 
 
-def _merge_rounds(rows: list[dict], new_rows: list[dict]) -> None:
-  """Adds another process's rows to `rows`: the timed rounds of the same variant are pooled."""
-  for new in new_rows:
-    same = [r for r in rows if _variant(r) == _variant(new)]
-    if same:
-      same[0]["times"] = same[0]["times"] + new["times"]
-    else:
-      rows.append(dict(new))
-
-
-def main(argv):
-  del argv
-  if _BASELINE_REV.value and _BASELINE_DIR.value:
-    raise app.UsageError("--baseline_rev and --baseline_dir: one baseline at a time")
-  if _BASELINE_DIR.value:
-    # The measured processes start in the repository root: a relative path is from here.
-    flags.FLAGS.baseline_dir = os.path.abspath(_BASELINE_DIR.value)
-  if _XLA_FLAGS.value:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _XLA_FLAGS.value).strip()
-  import vit_jax  # noqa: F401, PLC0415 (adds its XLA:CPU defaults to XLA_FLAGS: xla_cpu_flags)
-
-  if _PROCESS.value != "all" and _PAIRED.value:
-    _serve(_PROCESS.value)
-    return
-  if _PROCESS.value != "all":
-    rows = _measure(_PROCESS.value)
-    print(_JSON_MARK + json.dumps(rows), flush=True)
-    return
-  # This process starts no JAX backend (on a GPU it would hold memory the measured processes
-  # need); the JAX processes report their device in their rows.
-  cpus = len(os.sched_getaffinity(0))
-  print(f"{cpus} CPUs: {cpu_description(read_cpuinfo())}")
-  print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-  if _PAIRED.value:
-    how = (
-      f"{_REPEATS.value} rounds, each {_ITERS.value} steps per implementation in turn in its own "
-      f"process ({_PAUSE.value} s pause before each turn); ratio: median of the rounds' ratios"
-    )
+def _merge_rounds(rows: list[dict], new: dict) -> None:
+  """Adds a row to `rows`; the timed rounds of a variant measured before are pooled with it."""
+  same = [r for r in rows if _variant(r) == _variant(new)]
+  if same:
+    same[0]["times"] = same[0]["times"] + new["times"]
   else:
-    how = (
-      f"{_REPEATS.value} rounds x {_ITERS.value} steps in each of {_PROCESSES.value} "
-      "process(es) per implementation, started in turn (median round)"
-    )
-  print(
-    f"JAX attention_kernel {_ATTENTION_KERNEL.value}, optimizer {_OPTIMIZER.value}, "
-    f"warmup {_WARMUP.value}, {how}"
+    rows.append(dict(new))
+
+
+def _want_timm(args) -> bool:
+  found = all(importlib.util.find_spec(name) for name in ("timm", "torch"))
+  if args.timm == "on" and not found:
+    raise SystemExit("--timm=on, but timm or torch is not importable")
+  return found and args.timm != "off"
+
+
+def _compare(argv: list[str], args, env: dict) -> None:
+  """The parent: every implementation's process, then the table and the summary."""
+  from vit_jax.cost import devices, flops  # no JAX backend: that is the measured processes'
+
+  print(f"{len(os.sched_getaffinity(0))} CPUs: {devices.cpu_description(devices.read_cpuinfo())}")
+  given = (env.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
+  print(f"XLA_FLAGS={given!r}, to which each JAX process's vit_jax adds its defaults")
+  how = (
+    f"{args.repeats} rounds, each {args.iters} steps per implementation in turn in its own "
+    f"process ({args.pause} s pause before each turn); ratio: median of the rounds' ratios"
+    if args.paired
+    else f"{args.repeats} rounds x {args.iters} steps in each of {args.processes} "
+    "process(es) per implementation, started in turn (median round)"
   )
-  timm = ["timm"] + (["timm_compile"] if _TIMM_COMPILE.value else []) if _want_timm() else []
-  impls = ["jax"] + (["baseline"] if _baseline_label() else []) + timm
-  if _PAIRED.value:
-    measured = _paired(impls)
-  else:
-    measured = {impl: [] for impl in impls}
-    for _ in range(_PROCESSES.value):
-      for impl in impls:
-        _merge_rounds(measured[impl], _run_process(impl))
+  print(
+    f"JAX attention_kernel {args.attention_kernel}, optimizer {args.optimizer}, "
+    f"warmup {args.warmup}, {how}"
+  )
+  timm = ["timm"] + (["timm_compile"] if args.timm_compile else []) if _want_timm(args) else []
+  impls = ["jax"] + (["baseline"] if _baseline_label(args) else []) + timm
+  with _baseline_tree(args) as tree:
+    measured = _measure(impls, argv, env, tree, args)
   rows = []
   for ref in measured["jax"]:
     group = [ref] + [
       r for impl in impls[1:] for r in measured[impl] if _variant(r) == _variant(ref)
     ]
-    name, config, image_size, num_classes = _model(ref["model"])
-    fwd_flops = analytic_flops(config, image_size, num_classes)
-    peak, peak_how = device_peak(*ref["device"], ref["dtype"], _PEAK_TFLOPS.value)
+    peak, peak_how = devices.device_peak(*ref["device"], ref["dtype"], args.peak_tflops)
     batch, mode = ref["batch"], ref["mode"]
-    model_flops = fwd_flops * batch * (3 if mode == "train" else 1) if fwd_flops else None
+    passes = flops.TRAIN_PASSES if mode == "train" else 1
+    model_flops = ref["forward_flops"] * batch * passes if ref["forward_flops"] else None
     for r in group:
       step_s = statistics.median(r["times"])
+      paired = args.paired and r is not ref
       row = dict(
-        model=name,
-        batch=batch,
-        dtype=ref["dtype"],
-        mode=mode,
-        impl=r["impl"],
+        r,
         img_s=batch / step_s,
         step_ms=step_s * 1e3,
         spread=(max(r["times"]) - min(r["times"])) / step_s,
@@ -849,16 +516,14 @@ def main(argv):
         tflops=model_flops / step_s / 1e12 if model_flops else None,
         xla_tflops=r["xla_flops"] / step_s / 1e12 if r["xla_flops"] else None,
         peak=model_flops / step_s / peak if model_flops and peak else None,
-        vs=ratio(r["times"], ref["times"], _PAIRED.value) if r is not ref else None,
-        vs_quartiles=(
-          ratio_quartiles(r["times"], ref["times"]) if r is not ref and _PAIRED.value else None
-        ),
+        vs=ratio(r["times"], ref["times"], args.paired) if r is not ref else None,
+        vs_quartiles=ratio_quartiles(r["times"], ref["times"]) if paired else None,
         vs_best=(min(r["times"]) / min(ref["times"])) if r is not ref else None,
       )
       rows.append(row)
       _print_row(row, header=len(rows) == 1)
     print(f"  peak {peak / 1e12:.3g} TFLOP/s ({peak_how})" if peak else f"  peak {peak_how}")
-  _print_summary(rows)
+  _print_summary(rows, args.paired)
 
 
 def ratio(times: list[float], ref_times: list[float], paired: bool) -> float:
@@ -896,19 +561,14 @@ def _print_row(row, header=False):
   )
 
 
-def _print_summary(rows):
+def _print_summary(rows, paired: bool):
   """One line per (model, dtype, mode): JAX images/s and its ratio to each other variant."""
   print(
     "\nSummary: images/s of the median round (of the best round); ratio = JAX's over the"
     " other's, >1 means JAX is faster"
-    + ("; --paired: median of the rounds' ratios" if _PAIRED.value else "")
+    + ("; --paired: median of the rounds' ratios" if paired else "")
   )
-  keys = []
-  for r in rows:
-    k = _variant(r)
-    if k not in keys:
-      keys.append(k)
-  for k in keys:
+  for k in dict.fromkeys(map(_variant, rows)):
     group = [r for r in rows if _variant(r) == k]
     parts = [f"{group[0]['impl']} {group[0]['img_s']:.2f} ({group[0]['best_img_s']:.2f})"]
     for r in group[1:]:
@@ -922,5 +582,30 @@ def _print_summary(rows):
     print(f"  {k[0]} b{k[1]} {k[2]:8} {k[3]:7}: " + ", ".join(parts))
 
 
+def main(argv: list[str] | None = None) -> None:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  parser = _parser()
+  args = parser.parse_args(argv)
+  if args.baseline_rev and args.baseline_dir:
+    parser.error("--baseline_rev and --baseline_dir: one baseline at a time")
+  # What every measured process starts from: the environment as given, before --xla_flags and
+  # before any vit_jax adds its XLA:CPU defaults (each process's own vit_jax does that).
+  env = dict(os.environ)
+  if args.process == "all":
+    _compare(argv, args, env)
+    return
+  if args.process == "baseline":
+    # Only the baseline tree's vit_jax: an editable install's finder (setuptools') would fill in
+    # the modules that tree lacks from this checkout.
+    sys.meta_path[:] = [
+      f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
+    ]
+  if args.xla_flags:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
+  import vit_jax  # noqa: F401 (adds its XLA:CPU defaults to XLA_FLAGS before JAX starts)
+
+  _serve(args.process, args)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  main()

@@ -2,7 +2,7 @@
 
 import re
 
-from experiments import ablate_step, demo
+from experiments import ablate_step, common
 
 
 def test_variants_patch_the_step_and_restore_the_model(capsys):
@@ -41,4 +41,4 @@ def test_variants_patch_the_step_and_restore_the_model(capsys):
 
 def test_demo_model_config_is_the_demos():
   config = ablate_step.model_config("demo")
-  assert {k: config[k] for k in demo.MODEL} == demo.MODEL
+  assert {k: config[k] for k in common.DEMO_MODEL} == common.DEMO_MODEL

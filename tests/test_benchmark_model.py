@@ -1,4 +1,5 @@
-"""experiments/benchmark_model.py: the paired (turn-taking) comparison, its ratios, the CPU header."""
+"""experiments/benchmark_model.py: the paired (turn-taking) comparison against a baseline tree of
+its own vit_jax, its ratios, the CPU header."""
 
 import os
 import re
@@ -11,6 +12,7 @@ import jax
 import pytest
 
 from experiments import benchmark_model
+from vit_jax.cost import devices
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +46,8 @@ flags\t\t: fpu sse2 avx fma avx2 avx512f avx512bw avx512_bf16 amx_tile
 
 
 def test_cpu_header_names_the_model_and_its_matmul_features(monkeypatch):
-  info = benchmark_model.parse_cpuinfo(CPUINFO)
+  # The header the benchmark prints (vit_jax.cost.devices.cpu_description) and its CPU peak.
+  info = devices.parse_cpuinfo(CPUINFO)
   assert info.model == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
   assert info.mhz == [2699.998, 3100.5]
   # avx512bw is not one of the features reported; amx_bf16 is absent from these flags.
@@ -52,18 +55,33 @@ def test_cpu_header_names_the_model_and_its_matmul_features(monkeypatch):
     "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz; avx2 fma avx512f avx512_bf16 amx_tile, "
     "no amx_bf16"
   )
-  avx2_only = benchmark_model.parse_cpuinfo("model name : AMD EPYC 7B12\nflags : sse2 fma avx2\n")
+  avx2_only = devices.parse_cpuinfo("model name : AMD EPYC 7B12\nflags : sse2 fma avx2\n")
   assert avx2_only.describe() == "AMD EPYC 7B12; avx2 fma, no avx512f avx512_bf16 amx_bf16 amx_tile"
   # An aarch64 machine lists neither a model name nor these flags.
-  arm = benchmark_model.parse_cpuinfo("processor : 0\nFeatures : fp asimd\nCPU part : 0xd0c\n")
+  arm = devices.parse_cpuinfo("processor : 0\nFeatures : fp asimd\nCPU part : 0xd0c\n")
   assert arm.describe() == "unknown model; none of avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile"
   # The peak estimate reads the same parse: AVX-512, the fastest core's clock, the usable CPUs.
   monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-  peak, how = benchmark_model._cpu_peak(info)
+  peak, how = devices.cpu_peak(info)
   assert peak == pytest.approx(2 * 2 * 16 * 2 * 3.1005e9)
   assert "AVX-512" in how
-  assert benchmark_model.read_cpuinfo("/nonexistent/cpuinfo") is None
-  assert "/proc/cpuinfo unreadable" in benchmark_model.cpu_description(None)
+  assert devices.read_cpuinfo("/nonexistent/cpuinfo") is None
+  assert "/proc/cpuinfo unreadable" in devices.cpu_description(None)
+
+
+def _benchmark(*args: str) -> str:
+  """The stdout of `python -m experiments.benchmark_model` timing the forward pass of the tiny
+  `testing` model at 16px, without timm, with `args` added."""
+  proc = subprocess.run(
+    [sys.executable, "-m", "experiments.benchmark_model", "--models=testing", "--image_size=16"]
+    + ["--num_classes=10", "--batch_sizes=2", "--modes=forward", "--timm=off", *args],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=REPO,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc.stdout
 
 
 def _rounds(out: str, impl: str) -> list[float]:
@@ -75,41 +93,28 @@ def _rounds(out: str, impl: str) -> list[float]:
 
 
 def test_paired_mode_takes_turns_between_processes(tmp_path):
-  # The working tree against a copy of its own models (a tree, no git needed): two JAX processes
-  # alive at once, taking turns.
+  # The working tree against a copy of its whole vit_jax package (a tree, no git needed): two
+  # JAX processes alive at once, each importing its own vit_jax, taking turns.
   baseline = tmp_path / "before"
-  (baseline / "vit_jax").mkdir(parents=True)
-  for name in ("models_vit.py", "models_resnet.py"):
-    shutil.copy(os.path.join(REPO, "vit_jax", name), baseline / "vit_jax" / name)
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "experiments.benchmark_model",
-      "--models=testing",
-      "--image_size=16",
-      "--num_classes=10",
-      "--batch_sizes=2",
-      "--modes=forward",
-      "--timm=off",
-      f"--baseline_dir={baseline}",
-      "--paired",
-      "--pause=0",
-      "--repeats=3",
-      "--iters=2",
-    ],
-    capture_output=True,
-    text=True,
-    timeout=600,
-    cwd=REPO,
+  shutil.copytree(
+    os.path.join(REPO, "vit_jax"),
+    baseline / "vit_jax",
+    ignore=shutil.ignore_patterns("__pycache__"),
   )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = proc.stdout
+  out = _benchmark(
+    f"--baseline_dir={baseline}", "--paired", "--pause=0", "--repeats=3", "--iters=2"
+  )
   assert re.search(r"^\d+ CPUs: .+; ", out, re.M), out  # the header names the CPU
   assert "== jax (own process, taking turns)" in out
   assert "== baseline (own process, taking turns)" in out
-  # Each process reports its backend once (whatever jax's version: 0.x or later).
+  # Each process reports its backend once (whatever jax's version: 0.x or later), and the
+  # vit_jax it imported: this checkout's for the jax side, the copy's for the baseline.
   assert out.count(f"jax {jax.__version__} on ") == 2, out
+  imported = re.findall(r"^  vit_jax (\S+); XLA_FLAGS=", out, re.M)
+  assert imported == [
+    os.path.realpath(os.path.join(REPO, "vit_jax", "__init__.py")),
+    os.path.realpath(baseline / "vit_jax" / "__init__.py"),
+  ], out
   summary = re.search(
     r"testing b2 float32  forward: jax [\d.]+ \([\d.]+\), jax@before [\d.]+ \([\d.]+\) "
     r"ratio x([\d.]+) \(rounds' ratios IQR ([\d.]+)-([\d.]+)\)",
@@ -124,3 +129,23 @@ def test_paired_mode_takes_turns_between_processes(tmp_path):
   quartiles = statistics.quantiles(ratios, n=4)
   expected = (statistics.median(ratios), quartiles[0], quartiles[2])
   assert [float(x) for x in summary.groups()] == pytest.approx(expected, abs=1.5e-3)
+
+
+def test_one_process_at_a_time_against_a_git_revision():
+  # --baseline_rev: the revision's vit_jax package exported (git archive) to a temporary tree;
+  # the sides run one after the other, each with the same options (--xla_flags included, added
+  # once, to which each process's vit_jax adds its defaults).
+  flag = "--xla_cpu_enable_fast_math=false"
+  out = _benchmark("--repeats=2", "--iters=1", "--baseline_rev=HEAD", f"--xla_flags={flag}")
+  assert "== jax (own process)" in out and "== baseline (own process)" in out, out
+  imported = re.findall(r"^  vit_jax (\S+); XLA_FLAGS='(.*)'$", out, re.M)
+  assert imported[0][0] == os.path.realpath(os.path.join(REPO, "vit_jax", "__init__.py")), out
+  baseline_file = imported[1][0]
+  assert os.path.basename(os.path.dirname(os.path.dirname(baseline_file))).startswith(
+    "vit_jax_baseline_"
+  ), out
+  assert not os.path.exists(baseline_file)  # the temporary tree is gone
+  for _, xla_flags in imported:
+    assert xla_flags.split().count(flag) == 1, out
+  assert len(_rounds(out, "jax")) == len(_rounds(out, "baseline")) == 2
+  assert re.search(r"testing b2 float32  forward: jax [\d.]+ \([\d.]+\), jax@HEAD ", out), out
