@@ -108,7 +108,7 @@ def vit_b16_images_per_s(batch: int, steps: int) -> float | None:
   return steps * batch / (time.perf_counter() - start)
 
 
-def main():
+def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--threads", default="1,2", help="tf.data thread counts to measure")
   parser.add_argument("--batches", type=int, default=20, help="timed batches per measurement")
@@ -116,7 +116,7 @@ def main():
   parser.add_argument("--images", type=int, default=512, help="JPEGs written to the shards")
   parser.add_argument("--vit_batch", type=int, default=8, help="ViT-B/16 train batch size")
   parser.add_argument("--vit_steps", type=int, default=3, help="timed ViT-B/16 steps")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
 
   print(f"cores: {os.cpu_count()}")
   with tempfile.TemporaryDirectory() as directory:

@@ -19,15 +19,16 @@ import statistics
 import tempfile
 import time
 
+from experiments import common
+
 
 def demo_config(batch_size: int, steps: int, log_every: int):
   from configs import pretrain
-  from experiments import demo
 
   config = pretrain.get_config("dataset=fashion_mnist,loss=softmax")
-  for key, value in demo.MODEL.items():
+  for key, value in common.DEMO_MODEL.items():
     config.model[key] = value
-  config.model.representation_size = demo.MODEL["hidden_size"]
+  config.model.representation_size = common.DEMO_MODEL["hidden_size"]
   config.batch_size = batch_size
   config.total_steps = steps
   config.log_every_steps = log_every
@@ -90,13 +91,13 @@ def trainer(config) -> float:
   return statistics.mean(rates[1:])
 
 
-def main():
+def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--batch_size", type=int, default=128)
   parser.add_argument("--steps", type=int, default=250)
   parser.add_argument("--log_every", type=int, default=50)
   parser.add_argument("--bare_iters", type=int, default=40)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   config = demo_config(args.batch_size, args.steps, args.log_every)
   bare = bare_step(config, args.bare_iters)
   print(f"bare step: {bare:.1f} images/s ({args.bare_iters} steps, batch {args.batch_size})")

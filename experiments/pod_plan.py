@@ -1,11 +1,12 @@
 r"""The paper's pretraining configs compiled for TPU slices: memory, FLOPs, implied TPUv3-core-days.
 
-  python -m experiments.pod_plan --out_dir=experiments/results/pod_plan
+  python -m experiments.pod_plan          # writes experiments/results/pod_plan/
 
 needs libtpu (`pip install -e ".[tpu]"`) and no TPU. For each (model, topology) it compiles the
 trainer's step of `configs/pretrain.py:dataset=jft,model=<model>` (batch 4096, with
 `model.scan=True`) with vit_jax.tools.plan; when a configuration does not fit, the planner's
-search picks the fastest proposed setting that leaves a tenth of the HBM free. Writes results.json and table.md (the README's table).
+search picks the fastest proposed setting that leaves a tenth of the HBM free. Writes results.json
+and table.md (docs/pod_planning.md's table) to --out_dir (default experiments/results/pod_plan/).
 
 Memory and FLOPs are the TPU compiler's. Step times and core-days are estimates at an assumed
 fraction of peak (--efficiency); the column "efficiency implied by the paper" is the fraction
@@ -13,21 +14,12 @@ that would reproduce the paper's TPUv3-core-days (ViT paper Table 2: H/14 2.5k, 
 JFT-300M), for the epochs assumed below.
 """
 
-import json
+import argparse
 import os
 import time
 
-from absl import app, flags
-
+from experiments import common
 from vit_jax.tools import plan as planner  # sets the libtpu environment before JAX loads
-
-_OUT = flags.DEFINE_string("out_dir", "experiments/results/pod_plan", "results.json, table.md")
-_EFFICIENCY = flags.DEFINE_float(
-  "efficiency", 0.5, "Assumed fraction of peak FLOP/s for the implied step time and core-days."
-)
-_MAX_TRIALS = flags.DEFINE_integer(
-  "max_trials", 4, "At most this many compilations when a configuration does not fit."
-)
 
 JFT_IMAGES = 303_000_000
 # Epochs of the paper's JFT-300M pretraining runs behind Table 2 (as we read App. B, Table 6).
@@ -39,7 +31,7 @@ TOPOLOGIES = ("v3:16x16", "v4:8x8x8", "v5p:8x8x8", "v5e:16x16", "v6e:16x16")
 RUNS = [(model, topology) for topology in TOPOLOGIES for model in ("B/16", "L/16", "H/14")]
 
 
-def run_one(model: str, topology: str) -> dict:
+def run_one(model: str, topology: str, efficiency: float, max_trials: int) -> dict:
   from configs import pretrain  # noqa: PLC0415 (imports JAX: after the planner's environment)
 
   config = pretrain.get_config(f"dataset=jft,model={model}")
@@ -47,10 +39,10 @@ def run_one(model: str, topology: str) -> dict:
   # compile on a 2-core machine instead of 16+ for an unrolled B/16 on a 512-device slice).
   config.model.scan = True
   start = time.perf_counter()
-  base = planner.plan(config, topology, efficiency=_EFFICIENCY.value)
+  base = planner.plan(config, topology, efficiency=efficiency)
   chosen, overrides = base, {}
   if not base.fits:
-    found = planner.search(config, topology, base, _MAX_TRIALS.value, efficiency=_EFFICIENCY.value)
+    found = planner.search(config, topology, base, max_trials, efficiency=efficiency)
     if found:
       overrides, chosen = found[0]
   steps = EPOCHS[model] * JFT_IMAGES / int(config.batch_size)
@@ -107,20 +99,34 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv):
-  del argv
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument(
+    "--out_dir", default=common.results_dir("pod_plan"), help="results.json, table.md"
+  )
+  parser.add_argument(
+    "--efficiency",
+    type=float,
+    default=0.5,
+    help="Assumed fraction of peak FLOP/s for the implied step time and core-days.",
+  )
+  parser.add_argument(
+    "--max_trials",
+    type=int,
+    default=4,
+    help="At most this many compilations when a configuration does not fit.",
+  )
+  args = parser.parse_args(argv)
   if not planner.libtpu_available():
     raise SystemExit(planner.install_hint())
-  os.makedirs(_OUT.value, exist_ok=True)
   rows = []
   for model, topology in RUNS:
-    rows.append(run_one(model, topology))
-    with open(os.path.join(_OUT.value, "results.json"), "w") as f:
-      json.dump(rows, f, indent=2, default=str)
-    with open(os.path.join(_OUT.value, "table.md"), "w") as f:
+    rows.append(run_one(model, topology, args.efficiency, args.max_trials))
+    common.write_json(os.path.join(args.out_dir, "results.json"), rows, default=str)
+    with open(os.path.join(args.out_dir, "table.md"), "w") as f:
       f.write(table(rows))
   print(table(rows))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()
