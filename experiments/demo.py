@@ -10,65 +10,25 @@ bundled datasets (the `builtin` source: uint8 arrays in memory, so nothing is de
   2. fine-tune it on Animal-MNIST (configs/finetune.py, `model_init` = the pretrain workdir);
   3. linear-probe its frozen pre-logits on MNIST-5k (configs/linear_probe.py);
   4. fine-tune the same architecture on Animal-MNIST from scratch, with the same budget;
-  5. raw-pixel baselines on the same splits (experiments/pixel_baselines.py: logistic
-     regression and kNN-3 on pixels / 255),
+  5. raw-pixel baselines on the same splits (experiments/common.py: logistic regression and
+     kNN-3 on pixels / 255),
 then print one table: each stage's dataset, accuracy, its baselines and wall time, and the gain
 that pretraining bought on Animal-MNIST.
 
-Everything lives under `--workdir` (default /tmp/vit_demo): pretrain/, finetune/, probe/,
-scratch/ and results.json. Stage workdirs are removed first, so a rerun measures from scratch.
+The stages' workdirs live under `--workdir` (default /tmp/vit_demo): pretrain/, finetune/,
+probe/ and scratch/, removed first, so a rerun measures from scratch. results.json goes to
+`--out` (default experiments/results/demo/; with --quick, <workdir>/results/).
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import time
 
-from experiments import pixel_baselines, stages
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATASETS = ("fashion_mnist", "animal_mnist", "mnist_5k")
-
-# The demo's ViT: the 'testing' preset (patch 4 on 32px: 64 tokens + class token) made wider and
-# deeper so that pretraining has something to learn; overridden on every training stage alike.
-MODEL = dict(hidden_size=64, mlp_dim=256, num_heads=4, num_layers=4)
+from experiments import common
 
 
-@dataclasses.dataclass(frozen=True)
-class Budget:
-  """Sizes of one demo profile."""
-
-  pretrain_steps: int
-  finetune_steps: int
-  batch_size: int
-  eval_every: int
-  max_train_examples: int | None  # train on `train[:N]` (N of a fixed shuffle; None: all)
-  max_test_examples: int | None  # evaluate on `test[:N]` (None: the whole test split)
-
-
-# Measured on 2 CPU cores (batch 128, ~2.1 steps/s): fine-tuning the 1000-step pretrained model
-# on Animal-MNIST for 600 steps reached 84.9% at lr 0.03 and 89.7% at lr 0.1, still rising;
-# 1000 steps at lr 0.1 (the finetune preset) is what this budget affords.
-FULL = Budget(
-  pretrain_steps=1000,
-  finetune_steps=1000,
-  batch_size=128,
-  eval_every=500,
-  max_train_examples=None,
-  max_test_examples=None,
-)
-QUICK = Budget(
-  pretrain_steps=30,
-  finetune_steps=20,
-  batch_size=32,
-  eval_every=0,
-  max_train_examples=2000,
-  max_test_examples=500,
-)
-
-
-def split_flags(budget: Budget) -> list[str]:
+def split_flags(budget: common.DemoBudget) -> list[str]:
   """The stage's own dataset, cut to the profile's sizes (builtin slices of a fixed shuffle)."""
   flags = []
   if budget.max_train_examples:
@@ -81,21 +41,22 @@ def split_flags(budget: Budget) -> list[str]:
 def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", default="/tmp/vit_demo")
+  parser.add_argument("--out", help="results.json's folder (default: see the module docstring)")
   parser.add_argument("--quick", action="store_true", help="tiny budgets (~2 minutes, for CI)")
   parser.add_argument("--verbose", action="store_true", help="show every log line of the stages")
   args = parser.parse_args(argv)
-  budget = QUICK if args.quick else FULL
+  budget = common.DEMO_QUICK if args.quick else common.DEMO_FULL
   os.makedirs(args.workdir, exist_ok=True)
   work = {k: os.path.join(args.workdir, k) for k in ("pretrain", "finetune", "probe", "scratch")}
   total_start = time.perf_counter()
 
-  model = [f"--config.model.{k}={v}" for k, v in MODEL.items()]
+  model = [f"--config.model.{k}={v}" for k, v in common.DEMO_MODEL.items()]
   train_common = model + [f"--config.batch_size={budget.batch_size}", "--config.log_every_steps=50"]
   if args.quick:
     train_common += ["--config.log_every_steps=10", "--config.eval_batch_size=250"]
   every = budget.eval_every
 
-  pretrain, pretrain_s = stages.run_stage(
+  pretrain, pretrain_s = common.run_stage(
     "1. pretrain on Fashion-MNIST",
     # Softmax: one label per image here (the paper's sigmoid suits multi-label ImageNet-21k/JFT,
     # and with its -10 head bias it needs far more than this budget to get going).
@@ -104,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     + train_common
     + [
       # The pretrain config sizes the pre-logits from the preset's width, before our override.
-      f"--config.model.representation_size={MODEL['hidden_size']}",
+      f"--config.model.representation_size={common.DEMO_MODEL['hidden_size']}",
       f"--config.total_steps={budget.pretrain_steps}",
       f"--config.schedule.warmup_steps={max(budget.pretrain_steps // 20, 1)}",
       f"--config.evals.val.every_steps={every}",
@@ -126,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
       f"--config.checkpoint.every_steps={budget.finetune_steps}",
     ]
   )
-  finetune, finetune_s = stages.run_stage(
+  finetune, finetune_s = common.run_stage(
     "2. fine-tune the pretrained model on Animal-MNIST",
     finetune_args + [f"--config.model_init={work['pretrain']}"],
     work["finetune"],
@@ -135,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
   # `runlocal` on the probe keeps the backbone (its architecture and resolution come from the
   # pretrain workdir's config.json) and one l2 value; --quick probes 256 examples of each split.
   probe_splits = ("train[:256]", "test[:256]") if args.quick else ("train", "test")
-  _, probe_s = stages.run_stage(
+  _, probe_s = common.run_stage(
     "3. linear probe of the pretrained pre-logits on MNIST-5k",
     [
       "--config=configs/linear_probe.py:dataset=mnist_5k" + (",runlocal" if args.quick else ""),
@@ -149,14 +110,14 @@ def main(argv: list[str] | None = None) -> dict:
   )
   with open(os.path.join(work["probe"], "linear_probe.json")) as f:
     probe = json.load(f)
-  scratch, scratch_s = stages.run_stage(
+  scratch, scratch_s = common.run_stage(
     "4. fine-tune the same model on Animal-MNIST from scratch (same budget)",
     finetune_args + ["--config.init_from_scratch=true"],
     work["scratch"],
     verbose=args.verbose,
   )
 
-  print("\n== 5. raw-pixel baselines on the same splits (experiments/pixel_baselines.py)")
+  print("\n== 5. raw-pixel baselines on the same splits (experiments/common.py)")
   start = time.perf_counter()
   # The splits the stages read (split_flags; the probe's probe_splits).
   train, test = "train", "test"
@@ -166,11 +127,9 @@ def main(argv: list[str] | None = None) -> dict:
     test = f"test[:{budget.max_test_examples}]"
   base = {
     # 100 L-BFGS iterations on Fashion-MNIST's 60k (~15 s; 1000 take minutes).
-    "fashion_mnist": pixel_baselines.baselines(
-      "fashion_mnist", train, test_split=test, max_iter=100
-    ),
-    "animal_mnist": pixel_baselines.baselines("animal_mnist", train, test_split=test),
-    "mnist_5k": pixel_baselines.baselines("mnist_5k", probe_splits[0], test_split=probe_splits[1]),
+    "fashion_mnist": common.pixel_baselines("fashion_mnist", train, test_split=test, max_iter=100),
+    "animal_mnist": common.pixel_baselines("animal_mnist", train, test_split=test),
+    "mnist_5k": common.pixel_baselines("mnist_5k", probe_splits[0], test_split=probe_splits[1]),
   }
   base_s = time.perf_counter() - start
   total_s = time.perf_counter() - total_start
@@ -237,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     f"{'pixels logreg / kNN-3':<22} {'wall':>7}"
   )
   for stage, dataset, steps, acc, pix, seconds in rows:
-    wall = stages.fmt_seconds(seconds) if seconds is not None else ""
+    wall = common.fmt_seconds(seconds) if seconds is not None else ""
     print(f"{stage:<26} {dataset:<14} {steps!s:>6}  {acc:<26} {pix:<22} {wall:>7}")
   gain = 100 * (ft_acc - scratch_acc)
   print(
@@ -252,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
   )
   if args.quick:
     print("(--quick: budgets far too small for these numbers to mean anything.)")
-  print(f"Total wall time {stages.fmt_seconds(total_s)}.")
+  print(f"Total wall time {common.fmt_seconds(total_s)}.")
   results = dict(
     quick=args.quick,
     pretrain=pretrain,
@@ -270,8 +229,9 @@ def main(argv: list[str] | None = None) -> dict:
     ),
     gain_points=gain,
   )
-  with open(os.path.join(args.workdir, "results.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  out = common.out_dir(args.out, "demo", args.workdir, args.quick)
+  common.write_json(os.path.join(out, "results.json"), results)
+  print(f"results.json in {out}")
   return results
 
 

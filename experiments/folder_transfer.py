@@ -11,16 +11,17 @@ vit_jax.input_pipeline) is fine-tuned on exactly as the demo fine-tunes on Anima
   1. from the demo's pretrained ViT (`--pretrained`, default the pretrain stage of
      experiments/demo.py: run the demo first), then
   2. the same from scratch, with the same budget (unless --no_scratch);
-  3. raw-pixel baselines (experiments/pixel_baselines.py: logistic regression and kNN-3 on the
-     folder's pixels / 255, as stored; resized to the model's resolution only when the images
-     differ in size) on the same train and test split,
+  3. raw-pixel baselines (experiments/common.py: logistic regression and kNN-3 on the folder's
+     pixels / 255, as stored; resized to the model's resolution only when the images differ in
+     size) on the same train and test split,
 and one table is printed. Without `--folder`, a bundled dataset (`--builtin`, default `digits`:
 scikit-learn's 1,797 8×8 handwritten digits, its fixed stratified split: 1,618 train / 179 test)
 is written as PNGs to `<workdir>/<name>` first.
 
 The recipe's horizontal flips are left out (`--pp_train`): digits and letters are not mirror
 symmetric; pass the demo's `decode|resize|flip_lr|value_range(-1, 1)` for natural images.
-Results go to `<workdir>/results.json` (default workdir /tmp/vit_folder_transfer).
+The runs' workdirs live under `--workdir` (default /tmp/vit_folder_transfer); results.json goes to
+`--out` (default experiments/results/folder_transfer/; with --quick, <workdir>/results/).
 """
 
 import argparse
@@ -30,7 +31,7 @@ import time
 
 import numpy as np
 
-from experiments import demo, pixel_baselines, stages
+from experiments import common
 
 NO_FLIP = "decode|resize|value_range(-1, 1)"
 
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
   )
   parser.add_argument("--pretrained", default="/tmp/vit_demo/pretrain")
   parser.add_argument("--workdir", default="/tmp/vit_folder_transfer")
+  parser.add_argument("--out", help="results.json's folder (default: see the module docstring)")
   parser.add_argument("--pp_train", default=NO_FLIP, help="training preprocessing")
   parser.add_argument("--no_scratch", action="store_true", help="skip the from-scratch run")
   parser.add_argument("--quick", action="store_true", help="tiny budgets (~1 minute, for CI)")
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
       f"--pretrained={args.pretrained} is not a pretrain workdir (no config.json); run "
       "experiments/demo.py first, or pass the workdir of a configs/pretrain.py run"
     )
-  budget = demo.QUICK if args.quick else demo.FULL
+  budget = common.DEMO_QUICK if args.quick else common.DEMO_FULL
   os.makedirs(args.workdir, exist_ok=True)
   folder = args.folder or write_builtin_folder(
     args.builtin, os.path.join(args.workdir, args.builtin)
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
   # The demo's fine-tuning stage (experiments/demo.py), on the folder.
   finetune = (
     ["--config=configs/finetune.py:dataset=animal_mnist,holdout=false"]
-    + [f"--config.model.{k}={v}" for k, v in demo.MODEL.items()]
+    + [f"--config.model.{k}={v}" for k, v in common.DEMO_MODEL.items()]
     + [
       "--config.dataset.source=folder",
       f"--config.dataset.data_dir={folder}",
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
   if not args.no_scratch:
     kinds.append(("scratch", ["--config.init_from_scratch=true"]))
   for kind, extra in kinds:
-    metrics, seconds = stages.run_stage(
+    metrics, seconds = common.run_stage(
       f"fine-tune on {folder} ({kind})",
       finetune + extra,
       os.path.join(args.workdir, kind),
@@ -135,11 +137,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     runs[kind] = dict(test_accuracy=metrics["val/accuracy"], seconds=seconds, step=metrics["step"])
 
-  print("\n== raw-pixel baselines on the same split (experiments/pixel_baselines.py)")
+  print("\n== raw-pixel baselines on the same split (experiments/common.py)")
   start = time.perf_counter()
   with open(os.path.join(args.pretrained, "config.json")) as f:
     image_size = json.load(f)["dataset"]["image_size"]
-  base = pixel_baselines.scores(
+  base = common.pixel_scores(
     *read_folder(folder, "train", image_size), *read_folder(folder, "test", image_size)
   )
   base_seconds = time.perf_counter() - start
@@ -150,10 +152,10 @@ def main(argv: list[str] | None = None) -> dict:
   for kind, run in runs.items():
     print(
       f"{'ViT ' + kind:<22} {budget.finetune_steps:>6} {run['test_accuracy']:>7.1%} "
-      f"{stages.fmt_seconds(run['seconds']):>7}"
+      f"{common.fmt_seconds(run['seconds']):>7}"
     )
   print(
-    f"{'pixels logreg':<22} {'':>6} {base['logreg']:>7.1%} {stages.fmt_seconds(base_seconds):>7}"
+    f"{'pixels logreg':<22} {'':>6} {base['logreg']:>7.1%} {common.fmt_seconds(base_seconds):>7}"
   )
   print(f"{'pixels kNN-3':<22} {'':>6} {base['knn3']:>7.1%}")
   pretrained = runs["pretrained"]["test_accuracy"]
@@ -176,8 +178,9 @@ def main(argv: list[str] | None = None) -> dict:
     baselines=base,
     seconds=time.perf_counter() - total_start,
   )
-  with open(os.path.join(args.workdir, "results.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  out = common.out_dir(args.out, "folder_transfer", args.workdir, args.quick)
+  common.write_json(os.path.join(out, "results.json"), results)
+  print(f"results.json in {out}")
   return results
 
 

@@ -15,22 +15,19 @@ JFT. Here, on the offline data:
   3. fit raw-pixel logistic regression and kNN-3 (scikit-learn) on the same splits.
 Fashion-MNIST is grey, so MPP predicts 8 grey levels here, not 512 colours.
 
-Writes to --out (default <workdir>/results): results.json, table.md (markdown) and plot.png (a
-bar plot). Stage workdirs live under --workdir (default /tmp/vit_mpp_study) and are removed
-first, so a rerun measures from scratch. Every stage runs in this process through
-vit_jax.train.run, on all local devices.
+Writes to --out (default experiments/results/mpp_study/; with --quick, <workdir>/results/):
+results.json, table.md (markdown) and plot.png (a bar plot). Stage workdirs live under --workdir
+(default /tmp/vit_mpp_study) and are removed first, so a rerun measures from scratch. Every stage
+runs in this process through vit_jax.train.run, on all local devices.
 """
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import time
 
-from experiments import pixel_baselines
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from experiments import common
 
 DOWNSTREAM = ("animal_mnist", "mnist_5k")
 INITS = ("scratch", "mpp", "supervised")
@@ -50,11 +47,11 @@ class Profile:
   max_test_examples: int | None  # evaluate on `test[:N]`, a builtin slice (None: all of test)
 
 
-# The demo's ViT (experiments/demo.py): patch 4 on 32px, 64 wide, 4 layers.
+# The demo's ViT (experiments/common.py): patch 4 on 32px, 64 wide, 4 layers.
 FULL = Profile(
-  model=dict(hidden_size=64, mlp_dim=256, num_heads=4, num_layers=4),
+  model=common.DEMO_MODEL,
   image_size=32,
-  pretrain_steps=1000,  # the demo's pretraining budget (experiments/demo.py)
+  pretrain_steps=common.DEMO_FULL.pretrain_steps,  # the demo's pretraining budget
   pretrain_batch=128,
   finetune_steps=200,
   finetune_batch=128,
@@ -177,10 +174,10 @@ def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="tiny budgets (CI)")
   parser.add_argument("--workdir", default="/tmp/vit_mpp_study")
-  parser.add_argument("--out", default=None, help="results directory (default <workdir>/results)")
+  parser.add_argument("--out", help="the results' folder (default: see the module docstring)")
   args = parser.parse_args(argv)
   profile = QUICK if args.quick else FULL
-  out = args.out or os.path.join(args.workdir, "results")
+  out = common.out_dir(args.out, "mpp_study", args.workdir, args.quick)
 
   from absl import logging
 
@@ -210,13 +207,11 @@ def main(argv: list[str] | None = None) -> dict:
       results["finetune"][dataset][init] = metrics["val/accuracy"]
       print(f"finetune {dataset} from {init}: {metrics['val/accuracy']:.4f}", flush=True)
     n = profile.max_train_examples
-    results["baselines"][dataset] = pixel_baselines.baselines(
+    results["baselines"][dataset] = common.pixel_baselines(
       dataset, f"train[:{n}]" if n else "train", test_split=scored_split(profile)
     )
 
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  common.write_json(os.path.join(out, "results.json"), results)
   table = _table(results)
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(table)

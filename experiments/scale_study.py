@@ -22,10 +22,12 @@ BiT ResNets and catches up or overtakes them as the set grows, for less compute.
   5. raw-pixel baselines (scikit-learn logistic regression and kNN-3 on pixels / 255) on exactly
      the same training examples and test split as each transfer number.
 
-Outputs in --workdir (default /tmp/vit_scale_study): `results.json`, `results.md` (the table),
-`accuracy_vs_data.png` and `accuracy_vs_compute.png`. Every stage's command is printed. The
-study is resumable: a finished run leaves `metrics.json` in its workdir and is skipped on a rerun;
-an interrupted training stage resumes from its last checkpoint.
+Outputs in --out (default experiments/results/scale_study/; with --quick, <workdir>/results/):
+`results.json`, `results.md` (the table), `accuracy_vs_data.png` and `accuracy_vs_compute.png`.
+The stages' workdirs live under --workdir (default /tmp/vit_scale_study), with the study's state
+(`results.json`: what is done and measured). Every stage's command is printed. The study is
+resumable: a finished run leaves `metrics.json` in its workdir and is skipped on a rerun; an
+interrupted training stage resumes from its last checkpoint.
 """
 
 import argparse
@@ -35,7 +37,7 @@ import os
 import time
 from typing import Any
 
-from experiments import pixel_baselines, stages
+from experiments import common
 
 UPSTREAM = "fashion_mnist"
 UPSTREAM_TRAIN = 60_000
@@ -48,10 +50,7 @@ PP_EVAL = "decode|resize|value_range(-1, 1)"
 # (patch 4 on 32px: 64 tokens + class token, width 64, 4 layers); the BiT is BiT-R26x1 (base
 # width 32, the least GroupNorm's 32 groups allow). Their train steps' FLOPs are in the table.
 FAMILIES = {
-  "ViT": dict(
-    preset="testing",
-    flags=dict(hidden_size=64, mlp_dim=256, num_heads=4, num_layers=4),
-  ),
+  "ViT": dict(preset="testing", flags=common.DEMO_MODEL),
   "BiT": dict(preset="R26x1", flags={}),
 }
 
@@ -317,7 +316,7 @@ def run_study(workdir: str, profile: Profile) -> dict[str, Any]:
     for fraction in profile.fractions:
       key = f"{family}/1of{fraction}"
       pre_dir = os.path.join(workdir, "pretrain", family, f"1of{fraction}")
-      metrics, _ = stages.run_stage(
+      metrics, _ = common.run_stage(
         f"pretrain {family} on {UPSTREAM} 1/{fraction}",
         pretrain_args(family, fraction, profile),
         pre_dir,
@@ -349,7 +348,7 @@ def run_study(workdir: str, profile: Profile) -> dict[str, Any]:
         minival, dirs = {}, {}
         for lr in profile.learning_rates:
           dirs[lr] = os.path.join(workdir, "finetune", family, f"1of{fraction}", dataset, str(lr))
-          ft, _ = stages.run_stage(
+          ft, _ = common.run_stage(
             f"fine-tune {family} 1/{fraction} on {dataset}, lr {lr}",
             finetune_args(family, pre_dir, dataset, lr, profile),
             dirs[lr],
@@ -375,13 +374,13 @@ def run_study(workdir: str, profile: Profile) -> dict[str, Any]:
     entry[f"{profile.shots}shot"] = _cached(
       cache,
       f"baseline/{dataset}/{profile.shots}shot",
-      lambda d=dataset: pixel_baselines.baselines(d, "train", fewshot.training_rows(d)),
+      lambda d=dataset: common.pixel_baselines(d, "train", fewshot.training_rows(d)),
     )
     if dataset in profile.finetune_datasets:
       entry["finetune"] = _cached(
         cache,
         f"baseline/{dataset}/finetune",
-        lambda d=dataset: pixel_baselines.baselines(d, FINETUNE_TRAIN),
+        lambda d=dataset: common.pixel_baselines(d, FINETUNE_TRAIN),
       )
   results["seconds_this_invocation"] = time.perf_counter() - start
   save()
@@ -431,7 +430,7 @@ def markdown_table(results: dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot(results: dict[str, Any], workdir: str) -> list[str]:
+def plot(results: dict[str, Any], out: str) -> list[str]:
   """The paper's two views: transfer accuracy vs pretraining set size, and vs compute."""
   import matplotlib
 
@@ -468,7 +467,7 @@ def plot(results: dict[str, Any], workdir: str) -> list[str]:
     ax.set_title(f"transfer to {dataset}")
     ax.legend(fontsize=7)
   fig.tight_layout()
-  paths.append(os.path.join(workdir, "accuracy_vs_data.png"))
+  paths.append(os.path.join(out, "accuracy_vs_data.png"))
   fig.savefig(paths[-1], dpi=120)
   plt.close(fig)
 
@@ -503,7 +502,7 @@ def plot(results: dict[str, Any], workdir: str) -> list[str]:
     ax.set_title(f"{dataset}: transfer vs compute")
     ax.legend(fontsize=7)
   fig.tight_layout()
-  paths.append(os.path.join(workdir, "accuracy_vs_compute.png"))
+  paths.append(os.path.join(out, "accuracy_vs_compute.png"))
   fig.savefig(paths[-1], dpi=120)
   plt.close(fig)
   return paths
@@ -512,19 +511,22 @@ def plot(results: dict[str, Any], workdir: str) -> list[str]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", default="/tmp/vit_scale_study")
+  parser.add_argument("--out", help="the results' folder (default: see the module docstring)")
   parser.add_argument("--quick", action="store_true", help="tiny budgets (tests, CI)")
   args = parser.parse_args(argv)
   profile = QUICK if args.quick else FULL
+  out = common.out_dir(args.out, "scale_study", args.workdir, args.quick)
   start = time.perf_counter()
   results = run_study(args.workdir, profile)
+  common.write_json(os.path.join(out, "results.json"), results, sort_keys=True)
   table = markdown_table(results)
-  with open(os.path.join(args.workdir, "results.md"), "w") as f:
+  with open(os.path.join(out, "results.md"), "w") as f:
     f.write(table)
-  paths = plot(results, args.workdir)
+  paths = plot(results, out)
   print("\n" + table)
   print(
     f"wrote results.json, results.md, {', '.join(map(os.path.basename, paths))} in "
-    f"{args.workdir} ({time.perf_counter() - start:.0f}s)"
+    f"{out} ({time.perf_counter() - start:.0f}s)"
   )
   return results
 

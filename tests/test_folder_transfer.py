@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import folder_transfer
+from experiments import common, folder_transfer
 from vit_jax.input_pipeline import builtin, sources
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +50,7 @@ def test_quick_folder_transfer_end_to_end(tmp_path):
   env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
   env.pop("XLA_FLAGS", None)
   # A seconds-long pretraining run of the demo's architecture.
-  model = [f"--config.model.{k}={v}" for k, v in folder_transfer.demo.MODEL.items()]
+  model = [f"--config.model.{k}={v}" for k, v in common.DEMO_MODEL.items()]
   pretrain = subprocess.run(
     [sys.executable, "-m", "vit_jax.main"]
     + ["--config=configs/pretrain.py:dataset=fashion_mnist,loss=softmax,runlocal"]
@@ -65,7 +65,8 @@ def test_quick_folder_transfer_end_to_end(tmp_path):
   assert pretrain.returncode == 0, pretrain.stderr[-3000:]
   out = subprocess.run(
     [sys.executable, "-m", "experiments.folder_transfer", "--quick"]
-    + [f"--pretrained={tmp_path / 'pre'}", f"--workdir={tmp_path / 'ft'}"],
+    + [f"--pretrained={tmp_path / 'pre'}", f"--workdir={tmp_path / 'ft'}"]
+    + [f"--out={tmp_path / 'out'}"],
     capture_output=True,
     text=True,
     env=env,
@@ -74,7 +75,7 @@ def test_quick_folder_transfer_end_to_end(tmp_path):
   )
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert out.stdout.count("python -m vit_jax.main") == 2
-  results = json.loads((tmp_path / "ft" / "results.json").read_text())
+  results = json.loads((tmp_path / "out" / "results.json").read_text())
   assert set(results["runs"]) == {"pretrained", "scratch"}
   # Each reported accuracy is its workdir's on the folder's test images, recomputed here with
   # predict (PIL's resize where the trainer used TensorFlow's: a rounding apart, which can flip

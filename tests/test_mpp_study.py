@@ -26,6 +26,7 @@ def test_quick_study_writes_results_table_and_plot(tmp_path):
       "experiments.mpp_study",
       "--quick",
       f"--workdir={tmp_path}",
+      f"--out={tmp_path / 'results'}",
     ],
     capture_output=True,
     text=True,

@@ -80,12 +80,14 @@ def test_quick_study_end_to_end_and_resume(tmp_path):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)  # as a user runs it: one CPU device
   cmd = [sys.executable, "-m", "experiments.scale_study", "--quick"]
-  cmd.append(f"--workdir={tmp_path}")
+  cmd += [f"--workdir={tmp_path}", f"--out={tmp_path / 'out'}"]
   out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert out.stdout.count("python -m vit_jax.main") == 4  # 2 pretrain + 2 fine-tune, printed
 
-  results = json.loads((tmp_path / "results.json").read_text())
+  results = json.loads((tmp_path / "out" / "results.json").read_text())
+  # The outputs are the study's state in the workdir, which a rerun resumes from.
+  assert json.loads((tmp_path / "results.json").read_text()) == results
   runs = results["runs"]
   assert set(runs) == {"ViT/1of16", "BiT/1of16"}  # 3,750 pretraining images
   for run in runs.values():
@@ -117,13 +119,13 @@ def test_quick_study_end_to_end_and_resume(tmp_path):
   assert baselines["animal_mnist"]["2shot"]["train_examples"] == 20  # the evaluator's 2 per class
   assert baselines["animal_mnist"]["finetune"]["train_examples"] == 8820  # train[:98%]
   assert 0.5 < baselines["animal_mnist"]["finetune"]["knn3"] <= 1
-  table = (tmp_path / "results.md").read_text()
+  table = (tmp_path / "out" / "results.md").read_text()
   assert table.count("\n| ViT |") == 2 and table.count("\n| BiT |") == 2  # 2 downstream sets
   for name in ("accuracy_vs_data.png", "accuracy_vs_compute.png"):
-    assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "out" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
   again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
   assert again.returncode == 0, again.stderr[-3000:]
   assert "python -m vit_jax.main" not in again.stdout
   assert again.stdout.count("finished earlier") == 4
-  assert json.loads((tmp_path / "results.json").read_text())["runs"] == runs
+  assert json.loads((tmp_path / "out" / "results.json").read_text())["runs"] == runs
