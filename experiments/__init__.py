@@ -1,5 +1,20 @@
 """The paper's findings and the project's benchmarks at small scale, one module per experiment.
 
-Each runs from the repository root as `python -m experiments.<name>`; shared pieces
-(`stages`, `pixel_baselines`) are imported as `from experiments import ...`.
+Each runs from the repository root as `python -m experiments.<name> [--help]`:
+
+  demo, folder_transfer              what pretraining buys (docs/demo.md)
+  scale_study, mpp_study, inside_vit the paper's findings in miniature (docs/experiments/,
+                                     docs/analysis.md)
+  pod_plan                           the paper's configs compiled for TPU slices
+                                     (docs/pod_planning.md)
+  benchmark_model, ablate_step,      throughput against timm, what each part of the step costs,
+  bench_trainer, bench_input_pipeline  the trainer and the input pipeline (docs/benchmarks.md)
+
+What several of them share is in `common` (the demo's model and budgets, running
+`python -m vit_jax.main` stages, the raw-pixel baselines, a train step); an experiment imports
+only `experiments.common` and vit_jax, never another experiment. Each writes its results
+(results.json, tables, figures) to experiments/results/<name>/ unless told otherwise (--out;
+pod_plan: --out_dir), a --quick run to <workdir>/results/ so that tiny budgets never replace a
+kept result; the workdirs of its training stages, with their checkpoints, go to /tmp. The
+benchmarks print their figures and write nothing.
 """

@@ -1,4 +1,4 @@
-r"""Inside the demo's ViT: the figures of the README's "Inside the ViT" (paper §4.5, Fig. 6–7).
+r"""Inside the demo's ViT: the figures of docs/analysis.md (paper §4.5, Fig. 6–7).
 
   python -m experiments.inside_vit                           # the demo's /tmp/vit_demo/pretrain
   python -m experiments.inside_vit --workdir=/tmp/analysis_pt --num_images=500
@@ -6,14 +6,14 @@ r"""Inside the demo's ViT: the figures of the README's "Inside the ViT" (paper �
 Runs `vit_jax.analysis` (the same code as `python -m vit_jax.analysis`) on a pretraining
 workdir with Fashion-MNIST test images exported as PNG files (the first `--num_images` of the
 official test split, so the model never trained on them), then copies the four figures and
-`analysis.json` into `--out` (default docs/figures/analysis) and prints what was measured.
+`analysis.json` into `--out` (default experiments/results/inside_vit/) and prints what was
+measured.
 
 No photographs: the demo's model reads 32x32 inputs, where a photograph is a few blobs; with
 a checkpoint of 224px or more, pass photos to `python -m vit_jax.analysis` directly.
 """
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -23,7 +23,7 @@ import time
 import numpy as np
 from PIL import Image
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from experiments import common
 
 FIGURES = ("filters_pca", "posemb_similarity", "attention_distance", "attention_rollout")
 
@@ -50,7 +50,7 @@ def export_fashion_mnist(folder: str, count: int) -> list[str]:
 def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", default="/tmp/vit_demo/pretrain", help="a pretrain workdir")
-  parser.add_argument("--out", default=os.path.join(REPO, "docs", "figures", "analysis"))
+  parser.add_argument("--out", default=common.results_dir("inside_vit"))
   parser.add_argument("--num_images", type=int, default=1000)
   parser.add_argument("--batch_size", type=int, default=64)
   args = parser.parse_args(argv)
@@ -80,8 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
   result["figures"] = {name: f"{name}.png" for name in FIGURES}
   result["checkpoint"] = args.workdir
   result["command"] = "python -m experiments.inside_vit " + " ".join(argv or sys.argv[1:])
-  with open(os.path.join(args.out, "analysis.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  common.write_json(os.path.join(args.out, "analysis.json"), result)
 
   distance = np.asarray(result["mean_attention_distance"])
   print(f"\n{result['model']} from {args.workdir}: {result['images']['count']} images")

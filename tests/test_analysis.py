@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from experiments import inside_vit
 from vit_jax import checkpoint, models
 from vit_jax.analysis import capture, metrics, report
 from vit_jax.checkpoint import train_state
@@ -353,8 +354,6 @@ def test_hybrid_distance_on_its_token_grid_and_no_filter_figure(tmp_path):
 
 
 def test_inside_vit_experiment_writes_the_readme_figures(tmp_path):
-  from experiments import inside_vit
-
   config = models.get_model_config("testing")
   model = models.get_model(config, 10)
   params = model.init(jax.random.key(3), jnp.zeros((1, 32, 32, 3)), train=False)["params"]
