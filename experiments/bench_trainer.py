@@ -4,7 +4,7 @@ r"""What the trainer loses around its step: trainer images/s against the bare co
   python -m experiments.bench_trainer --steps=300 --batch_size=128
 
 1. The bare step: the trainer's own jitted step (`vit_jax.train.build` → `jit_step`) of the
-   demo's pretraining config (experiments/demo.py's model, Fashion-MNIST, batch 128, AdamW with
+   demo's pretraining config (common.DEMO_MODEL, Fashion-MNIST, batch 128, AdamW with
    the config's masks and clipping), on one fixed batch already on the device, timed over
    back-to-back calls.
 2. The trainer: `vit_jax.train.run` on the same config for `--steps` steps (input pipeline,
