@@ -96,36 +96,18 @@ def make_train_iterator(
   )
 
 
-def make_eval_iterator(
-  dataset_config,
-  split: str | None = None,
-  *,
-  global_batch_size: int,
-  mesh=None,
-  data_axes=("data",),
-  process_index: int | None = None,
-  process_count: int | None = None,
-) -> EvalIterable:
-  """Re-iterable eval batches covering `split` (default eval_split) exactly once; see EvalIterable.
+def make_eval_iterator(dataset_config, split: str | None = None, **kwargs) -> EvalIterable:
+  """Re-iterable eval batches covering `split` (default eval_split) exactly once.
 
   Args:
     dataset_config: from `dataset_config()`.
     split: split to evaluate; None = dataset_config.eval_split.
-    global_batch_size: examples per batch over all hosts.
-    mesh: jax.sharding.Mesh, or None for numpy batches.
-    data_axes: mesh axis name(s) the batch dimension is sharded over.
-    process_index: this host's index (default jax.process_index()).
-    process_count: number of hosts (default jax.process_count()).
+    **kwargs: EvalIterable's keyword arguments: global_batch_size (examples per batch over all
+      hosts; required), mesh (jax.sharding.Mesh, or None for numpy batches), data_axes (mesh
+      axis name(s) the batch dimension is sharded over), process_index and process_count
+      (default jax.process_index() / jax.process_count()).
 
   Returns:
     An EvalIterable (len() = batches per pass; .num_examples).
   """
-  return EvalIterable(
-    dataset_config,
-    split,
-    global_batch_size=global_batch_size,
-    mesh=mesh,
-    data_axes=data_axes,
-    process_index=process_index,
-    process_count=process_count,
-  )
+  return EvalIterable(dataset_config, split, **kwargs)
