@@ -18,7 +18,6 @@ fitted on exactly the examples the model was trained on and scored on the same t
 import dataclasses
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -108,25 +107,14 @@ def write_json(path: str, value: Any, **kwargs) -> None:
 # ---------------------------------------------------------------------------------------------
 # `python -m vit_jax.main` stages.
 
-# Metric lines of the trainer's log ('[step] k=v, ...'), and the lines worth showing.
-_METRICS = re.compile(r"logging_writer\.py:\d+\] \[(\d+)\] (.*)$")
-_SHOW = ("loss=", "accuracy=", "shot=", "ETA", "Error", "error", "Traceback")
 DONE = "metrics.json"  # written into a stage's workdir when it finished
+# What a finished stage leaves in its workdir: the last value of every metric (vit_jax.main).
+FINAL_METRICS = "final_metrics.json"
 
 
-def parse_metrics(line: str, into: dict[str, float]) -> bool:
-  """Adds the metrics of a trainer log line to `into` (and 'step'); False if it has none."""
-  m = _METRICS.search(line)
-  if not m:
-    return False
-  for item in m.group(2).split(", "):
-    key, _, value = item.partition("=")
-    try:
-      into[key.strip()] = float(value)
-    except ValueError:
-      pass
-  into["step"] = float(m.group(1))
-  return True
+def _shown(line: str) -> bool:
+  """The lines of a stage's terminal worth repeating: progress, evaluations, warnings, errors."""
+  return " | " in line or any(s in line for s in ("WARNING", "ERROR", "error", "Traceback"))
 
 
 def run_stage(
@@ -141,7 +129,7 @@ def run_stage(
     resume: a stage that finished before (its workdir holds metrics.json) is not run again: its
       saved metrics and wall time are returned; an interrupted one continues from its last
       checkpoint. Otherwise the workdir is removed first, so the stage measures from scratch.
-    verbose: show every log line, not just metrics, ETA and errors.
+    verbose: show every terminal line of the stage, not just progress, results and errors.
 
   Raises:
     SystemExit: the stage failed; its log's last lines are printed to stderr.
@@ -159,7 +147,6 @@ def run_stage(
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   start = time.perf_counter()
-  metrics: dict[str, float] = {}
   tail: list[str] = []
   with subprocess.Popen(
     cmd + ["--alsologtostderr"],
@@ -173,14 +160,14 @@ def run_stage(
     for line in proc.stdout:
       line = line.rstrip()
       tail = (tail + [line])[-40:]
-      is_metrics = parse_metrics(line, metrics)
-      if verbose or ((is_metrics or "ETA" in line) and any(s in line for s in _SHOW)):
-        shown = line if verbose else line.split("] ", 1)[-1]
-        print(f"  {time.perf_counter() - start:6.0f}s  {shown[:150]}", flush=True)
+      if verbose or _shown(line):
+        print(f"  {time.perf_counter() - start:6.0f}s  {line[:150]}", flush=True)
   seconds = time.perf_counter() - start
   if proc.returncode:
     print("\n".join(tail), file=sys.stderr)
     raise SystemExit(f"stage '{title}' failed (exit {proc.returncode}); log tail above")
+  with open(os.path.join(workdir, FINAL_METRICS)) as f:
+    metrics = json.load(f)
   metrics["wall_seconds"] = seconds
   with open(done, "w") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)

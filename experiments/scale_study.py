@@ -497,7 +497,7 @@ def plot(results: dict[str, Any], out: str) -> list[str]:
     ax.axhline(few["knn3"], color="gray", ls=":", label=f"pixels kNN-3, {shots}-shot")
     ax.axhline(few["logreg"], color="gray", ls="-.", label=f"pixels logreg, {shots}-shot")
     ax.set_xscale("log")
-    ax.set_xlabel("pretraining compute (FLOPs, XLA's count × steps)")
+    ax.set_xlabel("pretraining compute (model FLOPs × steps)")
     ax.set_ylabel(f"{dataset} {shots}-shot linear top-1")
     ax.set_title(f"{dataset}: transfer vs compute")
     ax.legend(fontsize=7)

@@ -2,8 +2,8 @@
 
 `setup(workdir)` sends the process's whole stderr (absl log lines of every library, TensorFlow's
 and XLA's native messages, tracebacks of background threads) to a log file, and puts a filtered
-stream on the terminal: this project's own log lines, clu's metric and progress lines, and every
-warning or error. Library chatter (Orbax's per-save lines, TensorFlow's raw read errors, asyncio
+stream on the terminal: this project's own log lines (the progress line of vit_jax.logging_util,
+evaluation results, checkpoints), and every warning or error. Library chatter (Orbax's per-save lines, TensorFlow's raw read errors, asyncio
 tracebacks after a failure) stays in the file. `fail(error)` ends a failed run with one line on
 the terminal; the traceback goes to the file.
 
@@ -20,11 +20,9 @@ import time
 from absl import logging as absl_logging
 
 # Log records from these source paths reach the terminal below WARNING: the project itself
-# (its progress and evaluation lines) and, for now, clu's metric lines.
-_SHOWN_SOURCES = (
-  os.path.dirname(os.path.abspath(__file__)),
-  os.sep + os.path.join("clu", "metric_writers", "logging_writer.py"),
-)
+# (the progress line, evaluation results, checkpoints). clu's metric dump and every library's
+# info lines stay in the log file (TensorBoard has the metrics).
+_SHOWN_SOURCES = (os.path.dirname(os.path.abspath(__file__)),)
 # Libraries whose warnings are chatter on a terminal (Orbax: "Metadata file does not exist"
 # when a stage reads another stage's checkpoint): below ERROR they stay in the log file.
 _QUIET_SOURCES = (os.sep + "orbax" + os.sep,)
@@ -42,6 +40,18 @@ class _TerminalFilter(logging.Filter):
     if record.levelno >= logging.WARNING:
       return True
     return any(s in path for s in _SHOWN_SOURCES)
+
+
+class _TerminalFormatter(logging.Formatter):
+  """'13:21:39 step 15/20 (75%) | loss 2.2505 | ...'; warnings and errors say so."""
+
+  def format(self, record: logging.LogRecord) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+    level = "" if record.levelno < logging.WARNING else f"{record.levelname} "
+    text = f"{stamp} {level}{record.getMessage()}"
+    if record.exc_info and record.levelno >= logging.ERROR:
+      text += "\n" + self.formatException(record.exc_info)
+    return text
 
 
 def log_path(workdir: str, process_index: int = 0) -> str:
@@ -64,7 +74,7 @@ def setup(workdir: str, process_index: int = 0) -> str:
   os.close(log_fd)
   _terminal = os.fdopen(terminal_fd, "w", buffering=1)
   handler = logging.StreamHandler(_terminal)
-  handler.setFormatter(absl_logging.PythonFormatter())
+  handler.setFormatter(_TerminalFormatter())
   handler.addFilter(_TerminalFilter())
   logging.getLogger().addHandler(handler)
   print(f"vit_jax: full log in {path}", file=_terminal)

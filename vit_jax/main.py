@@ -95,7 +95,7 @@ def _run_and_record(config, workdir: str) -> dict:
   from vit_jax import workdir as workdir_lib
 
   metrics = run(config, workdir)
-  if jax.process_index() == 0 and isinstance(metrics, dict):
+  if jax.process_index() == 0 and isinstance(metrics, dict) and metrics:
     workdir_lib.save_final_metrics(workdir, metrics)
   return metrics
 

@@ -409,8 +409,9 @@ def run(
         metrics["learning_rate"] = float(learning_rate)
         metrics.update(throughput(step))
         metrics["skipped_examples_this_host"] = float(train_iter.num_skipped)
-        writer.write_scalars(step, metrics)
+        writer.write_scalars(step, dict(metrics))  # a copy: the writer is asynchronous
         progress.step(step, metrics)
+        metrics["step"] = float(step)
         window = jax.device_put(empty_window(), replicated)
 
       preempted = checkpointer.reached_preemption(step)

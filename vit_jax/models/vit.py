@@ -12,12 +12,12 @@ Attention weights are sown into the `intermediates` collection when the caller m
 
 Layout for speed, not for the parameters (which keep the checkpoint format): the Dense layers run
 as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, the attention core
-in heads-major layout with a hand-written backward pass (`_attention`; instead, on NVIDIA GPUs in
-bf16 cuDNN's fused attention and on a one-device CPU in float32 the C++ kernel of
-`vit_jax/kernels/cpu.py`: `attention_kernel`), and the LayerNorms and the tanh GELU with
-one each (`_layer_norm`, `_gelu_tanh`; the LayerNorms, like the attention, in C++ on a
-one-device CPU: `layer_norm_kernel`); see the profile in experiments/benchmark_model.py's
-docstring.
+in heads-major layout with a hand-written backward pass (`ops.attention`; instead, on NVIDIA
+GPUs in bf16 cuDNN's fused attention and on a one-device CPU in float32 the C++ kernel of
+`vit_jax/kernels/cpu.py`: `attention_kernel`), and the LayerNorms and the tanh GELU with one
+each (`ops.layer_norm`, `ops.gelu_tanh`; the LayerNorms, like the attention, in C++ on a
+one-device CPU: `layer_norm_kernel`). The numerics and the choice of kernel live in
+vit_jax.models.ops; what each part costs is in docs/benchmarks.md.
 
 This file must not import TensorFlow.
 """
