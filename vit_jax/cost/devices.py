@@ -57,12 +57,15 @@ HBM_BYTES = {
 }
 
 
+def _row(table: dict, device_kind: str) -> str | None:
+  """The key of `table` that is the longest prefix of `device_kind` (None if none)."""
+  return next((p for p in sorted(table, key=len, reverse=True) if device_kind.startswith(p)), None)
+
+
 def _by_kind(table: dict, device_kind: str):
   """The entry of the longest prefix of `device_kind` (None if none)."""
-  for prefix, value in sorted(table.items(), key=lambda kv: -len(kv[0])):
-    if device_kind.startswith(prefix):
-      return value
-  return None
+  row = _row(table, device_kind)
+  return None if row is None else table[row]
 
 
 def peak_flops(device_kind: str, dtype: str = "bfloat16") -> float | None:
