@@ -18,11 +18,26 @@ Used by configs/pretrain.py, configs/finetune.py and configs/linear_probe.py; th
 their signatures are a stable interface between them.
 """
 
+import difflib
 from typing import Any
 
 import ml_collections
 
 from vit_jax import models, optim
+
+
+def did_you_mean(value: str, known: Any) -> str:
+  """'; did you mean 'x'?' for the closest of `known` to `value`, or ''."""
+  close = difflib.get_close_matches(str(value), [str(k) for k in known], n=1)
+  return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_choice(config: str, key: str, value: str, known: Any) -> None:
+  """Raises ValueError naming `config`'s argument `key`=`value` unless it is one of `known`."""
+  if value not in known:
+    raise ValueError(
+      f"{config} {key}={value!r} is not one of {sorted(known)}{did_you_mean(value, known)}"
+    )
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -44,7 +59,10 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
     key, has_value, value = item.partition("=")
     key = key.strip()
     if key not in defaults:
-      raise ValueError(f"unknown config argument {key!r}; known: {sorted(defaults)}")
+      raise ValueError(
+        f"unknown config argument {key!r}{did_you_mean(key, defaults)} (known: "
+        f"{', '.join(sorted(defaults))})"
+      )
     default = defaults[key]
     if not has_value:
       if not isinstance(default, bool):

@@ -124,8 +124,7 @@ def _dataset_fields(dataset: str, preset: dict, train_split: str) -> dict:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The fine-tuning config; see the module docstring for arguments and commands."""
   arg = common.parse_arg(arg, dataset="cifar10", model="", lr=0.0, holdout=True, runlocal=False)
-  if arg.dataset not in _PRESETS:
-    raise ValueError(f"finetune dataset={arg.dataset!r}; expected one of {sorted(_PRESETS)}")
+  common.check_choice("finetune", "dataset", arg.dataset, _PRESETS)
   preset = _PRESETS[arg.dataset]
   demo = arg.dataset == "animal_mnist"
   train_split, minival_split = splits(arg.dataset, arg.holdout)

@@ -228,10 +228,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = common.parse_arg(
     arg, dataset="imagenet21k", model="", epochs=0, lr=0.0, loss="", runlocal=False
   )
-  if arg.dataset not in (*RECIPES, "fashion_mnist"):
-    raise ValueError(
-      f"pretrain dataset={arg.dataset!r}; expected one of {sorted((*RECIPES, 'fashion_mnist'))}"
-    )
+  common.check_choice("pretrain", "dataset", arg.dataset, (*RECIPES, "fashion_mnist"))
   demo = arg.dataset == "fashion_mnist"
   model_name = arg.model or ("testing" if demo else "B/16")
   if demo:

@@ -63,10 +63,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = common.parse_arg(
     arg, dataset="jft", model="", target="mean_color", steps=0, lr=0.0, runlocal=False
   )
-  if arg.dataset not in RECIPES:
-    raise ValueError(f"pretrain_mpp dataset={arg.dataset!r}; expected one of {sorted(RECIPES)}")
-  if arg.target not in mpp.TARGETS:
-    raise ValueError(f"pretrain_mpp target={arg.target!r}; expected one of {mpp.TARGETS}")
+  common.check_choice("pretrain_mpp", "dataset", arg.dataset, RECIPES)
+  common.check_choice("pretrain_mpp", "target", arg.target, mpp.TARGETS)
   demo = arg.dataset == "fashion_mnist"
   steps, lr, warmup, batch, weight_decay = RECIPES[arg.dataset]
   if demo:

@@ -3,9 +3,9 @@
 `setup(workdir)` sends the process's whole stderr (absl log lines of every library, TensorFlow's
 and XLA's native messages, tracebacks of background threads) to a log file, and puts a filtered
 stream on the terminal: this project's own log lines (the progress line of vit_jax.logging_util,
-evaluation results, checkpoints), and every warning or error. Library chatter (Orbax's per-save lines, TensorFlow's raw read errors, asyncio
-tracebacks after a failure) stays in the file. `fail(error)` ends a failed run with one line on
-the terminal; the traceback goes to the file.
+evaluation results, checkpoints), and every warning or error but Orbax's. Library chatter (Orbax's
+lines, TensorFlow's raw read errors, asyncio tracebacks after a failure) stays in the file.
+`fail(error)` ends a failed run with one line on the terminal; the traceback goes to the file.
 
 The log file is `<workdir>/logs/<time>-p<process>.log` for a local workdir, or in the temporary
 directory for a remote (gs://) one. This file must not import TensorFlow.
@@ -23,8 +23,10 @@ from absl import logging as absl_logging
 # (the progress line, evaluation results, checkpoints). clu's metric dump and every library's
 # info lines stay in the log file (TensorBoard has the metrics).
 _SHOWN_SOURCES = (os.path.dirname(os.path.abspath(__file__)),)
-# Libraries whose warnings are chatter on a terminal (Orbax: "Metadata file does not exist"
-# when a stage reads another stage's checkpoint): below ERROR they stay in the log file.
+# Libraries whose lines stay in the log file at every level: Orbax warns "Metadata file does not
+# exist" when a stage reads another stage's checkpoint, and logs every failure of a background
+# save thread (a full disk: dozens of tracebacks) before it reaches the trainer as an exception,
+# which `fail` reports in one line.
 _QUIET_SOURCES = (os.sep + "orbax" + os.sep,)
 
 _terminal = None  # the filtered stream, once set up
@@ -35,7 +37,7 @@ class _TerminalFilter(logging.Filter):
     if not getattr(record, "terminal", True):  # logging.info(..., extra={"terminal": False})
       return False
     path = os.path.abspath(record.pathname)
-    if record.levelno < logging.ERROR and any(s in path for s in _QUIET_SOURCES):
+    if any(s in path for s in _QUIET_SOURCES):
       return False
     if record.levelno >= logging.WARNING:
       return True
@@ -54,15 +56,15 @@ class _TerminalFormatter(logging.Formatter):
     return text
 
 
-def log_path(workdir: str, process_index: int = 0) -> str:
-  """Where `setup` writes the log of this process."""
+def log_path(workdir: str | None, process_index: int = 0) -> str:
+  """Where `setup` writes the log of this process (workdir None: the temporary directory)."""
   name = f"{time.strftime('%Y%m%d-%H%M%S')}-p{process_index}.log"
-  if "://" in workdir:
+  if workdir is None or "://" in workdir:
     return os.path.join(tempfile.gettempdir(), f"vit_jax-{name}")
   return os.path.join(workdir, "logs", name)
 
 
-def setup(workdir: str, process_index: int = 0) -> str:
+def setup(workdir: str | None, process_index: int = 0) -> str:
   """Routes stderr to the log file and filtered lines to the terminal; returns the log's path."""
   global _terminal
   path = log_path(workdir, process_index)
@@ -81,10 +83,23 @@ def setup(workdir: str, process_index: int = 0) -> str:
   return path
 
 
-def fail(error: BaseException, path: str | None) -> None:
-  """Logs `error` with its traceback (file) and prints one line naming it (terminal)."""
+def write_line(text: str) -> None:
+  """Writes one line to the terminal without taking any lock (safe inside a signal handler)."""
+  stream = _terminal or sys.stderr
+  try:
+    os.write(stream.fileno(), (text + "\n").encode())
+  except (OSError, ValueError):
+    pass
+
+
+def fail(
+  error: BaseException, path: str | None, message: str | None = None, kind: str | None = None
+) -> None:
+  """Logs `error` with its traceback (file) and prints one line naming it (terminal): `kind`
+  (default: the error's type) and `message` (default: the error's first line)."""
   absl_logging.error("run failed", exc_info=error, extra={"terminal": False})
-  message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+  if message is None:
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
   where = f" (full log: {path})" if path else ""
-  line = f"vit_jax: error: {type(error).__name__}: {message}{where}"
+  line = f"vit_jax: error: {kind or type(error).__name__}: {message}{where}"
   print(line, file=_terminal or sys.stderr, flush=True)

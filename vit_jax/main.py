@@ -78,16 +78,19 @@ def initialize_distributed(
 
 
 def run(config, workdir: str):
-  """Runs the stage `config.stage`; returns its final metrics."""
+  """Runs the stage `config.stage` holding the workdir's lock; returns its final metrics."""
+  from vit_jax import workdir as workdir_lib
+
   if config.stage not in STAGES:
     raise ValueError(f"config.stage={config.stage!r}; expected one of {STAGES}")
-  if config.stage == "linear_probe":
-    from vit_jax import linear_probe
+  with workdir_lib.lock(workdir):
+    if config.stage == "linear_probe":
+      from vit_jax import linear_probe
 
-    return linear_probe.run(config, workdir)
-  from vit_jax import train
+      return linear_probe.run(config, workdir)
+    from vit_jax import train
 
-  return train.run(config, workdir)
+    return train.run(config, workdir)
 
 
 def _run_and_record(config, workdir: str) -> dict:
@@ -100,18 +103,82 @@ def _run_and_record(config, workdir: str) -> dict:
   return metrics
 
 
+def _flag_value(argv: list[str], name: str) -> str | None:
+  """The value of `--name=value` or `--name value` in `argv`, before flags are parsed."""
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      return arg.split("=", 1)[1]
+    if arg == f"--{name}" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _flag_error(error: BaseException, argv: list[str]) -> tuple[BaseException, str]:
+  """The exception to name and its one line, for a bad --config (or another flag)."""
+  if isinstance(error, KeyError) and error.args:
+    # ml_collections: a misspelt `--config.<field>`, its message "'field'\nDid you mean ...".
+    name, _, hint = str(error.args[0]).partition("\n")
+    flag = next(
+      (a.split("=")[0] for a in argv if a.startswith("--config.") and name.strip("'") in a), None
+    )
+    return error, f"{flag or '--config'}: the config has no field {name}" + (
+      f"; {hint}" if hint else ""
+    )
+  chain = []
+  while error is not None and len(chain) < 10:
+    chain.append(error)
+    error = error.__cause__ or error.__context__
+  # The outermost message without a traceback in it: absl's "flag --x=v: ..." where that is
+  # one line, the config file's own exception where absl wraps a traceback around it.
+  clean = [e for e in chain if "Traceback" not in str(e) and str(e).strip()]
+  named = clean[0] if clean else chain[0]
+  return named, str(named).strip().splitlines()[0]
+
+
+def _setup_console(workdir: str | None, process: int) -> str:
+  """The log file (vit_jax.console) in the workdir, or in the temporary directory when the
+  workdir cannot be written; raises (after setting up the latter) for an unwritable workdir."""
+  from vit_jax import console
+
+  try:
+    return console.setup(workdir, process)
+  except OSError as e:
+    log = console.setup(None, process)
+    console.fail(e, log, message=f"cannot write to --workdir={workdir}: {e.strerror or e}")
+    sys.exit(1)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, ending a bad --config or flag with one line (the traceback in the log)."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 - flags.Error, or the config file's own exception
+    from vit_jax import console
+
+    workdir = _flag_value(argv, "workdir")
+    log = _setup_console(workdir, int(_flag_value(argv, "process_id") or 0)) if workdir else None
+    named, line = _flag_error(e, argv)
+    console.fail(e, log, message=line, kind=type(named).__name__)
+    sys.exit(1)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from vit_jax import console
+  from vit_jax import console, stopping
 
   process = _PROCESS_ID.value or 0
-  log = None if _VERBOSE.value else console.setup(_WORKDIR.value, process)
+  log = None if _VERBOSE.value else _setup_console(_WORKDIR.value, process)
   try:
     initialize_distributed(
       _DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value
     )
     config = _CONFIG.value
+    try:
+      config.get("stage")
+    except OSError as e:  # ml_collections reports a config file that failed to load only now
+      reason = str(e).strip().splitlines()[-1].strip()
+      raise FileNotFoundError(f"--config={_flag_value(sys.argv, 'config')}: {reason}") from e
     logging.info("config:\n%s", config, extra={"terminal": False})
     logging.info(
       "%s: model %s on %s, %s steps, workdir %s",
@@ -122,10 +189,14 @@ def main(argv):
       _WORKDIR.value,
     )
     _run_and_record(config, _WORKDIR.value)
+  except stopping.Stopped as e:
+    logging.warning("%s", e, extra={"terminal": False})
+    console.write_line(f"vit_jax: {e}")
+    sys.exit(e.exit_status)
   except Exception as e:  # noqa: BLE001 - every failure ends with one line, details in the log
     console.fail(e, log)
     sys.exit(1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

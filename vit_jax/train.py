@@ -25,9 +25,11 @@ Non-finite losses: each step records on device the first step whose loss or grad
 not finite; the host reads that one scalar whenever it fetches metrics and before every
 checkpoint, so a bad step stops the run (FloatingPointError naming the step) and is never saved.
 
-Preemption: on TPU VMs (with jax.distributed) a preemption notice makes every process save the
-current step and return; the restarted job resumes there. Killed without notice, it resumes from
-the latest complete checkpoint and replays the same steps.
+Stopping: SIGTERM or SIGINT (vit_jax.stopping), and on TPU VMs (with jax.distributed) a
+preemption notice, make every process save the same step and raise `stopping.Stopped`; the rerun
+resumes there without replaying a step. A second signal exits at once. Killed without notice, a
+run resumes from the latest complete checkpoint and replays the same steps; a latest checkpoint
+that does not restore is moved aside and the one before it used (vit_jax.checkpoint.train_state).
 """
 
 from collections.abc import Callable
@@ -51,6 +53,7 @@ from vit_jax import (
   objectives,
   optim,
   sharding,
+  stopping,
 )
 from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoint import train_state
@@ -302,6 +305,11 @@ def run(
     workdir: checkpoints, `config.json` and TensorBoard files; a run resumes from it.
     devices: the devices of the mesh (default: all of them).
   """
+  with stopping.StopOnSignal() as stop:
+    return _run(config, workdir, devices, stop)
+
+
+def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, float]:
   # ----------------------------------------------------------------------------------------------
   # Setup.
   if config.stage == "finetune" and not config.model_init and not config.init_from_scratch:
@@ -337,12 +345,10 @@ def run(
     keep=config.checkpoint.keep,
     asynchronous=config.checkpoint.asynchronous,
   )
-  latest = checkpointer.latest_step()
+  restored = checkpointer.restore_latest(train_state.abstract_tree(abstract, state_shardings))
   data_state = None
-  if latest is not None:
-    state, data_state = checkpointer.restore(
-      latest, train_state.abstract_tree(abstract, state_shardings)
-    )
+  if restored is not None:
+    _, state, data_state = restored
   else:
     state = jax.jit(init_state, out_shardings=state_shardings)(init_key)
     if config.model_init:
@@ -392,6 +398,7 @@ def run(
   progress = logging_util.Progress(total_steps, start_step)
   throughput = None
   metrics: dict[str, float] = {}
+  step, failed = start_step, True
   try:
     for step in range(start_step + 1, total_steps + 1):
       with jax.profiler.StepTraceAnnotation("train", step_num=step):
@@ -414,15 +421,20 @@ def run(
         metrics["step"] = float(step)
         window = jax.device_put(empty_window(), replicated)
 
+      stopped = stop.reached(step)
       preempted = checkpointer.reached_preemption(step)
-      if step == total_steps or preempted or checkpointer.should_save(step):
+      if step == total_steps or stopped or preempted or checkpointer.should_save(step):
         _check_finite(window, checkpointer)
         data_state = _gather_data_state(train_iter.get_state())
         with throughput.paused(window):
-          checkpointer.save(step, state, data_state, force=step == total_steps or preempted)
-      if preempted:
-        logging.warning("preempted at step %d: checkpoint saved, stopping", step)
-        break
+          force = step == total_steps or stopped or preempted
+          checkpointer.save(step, state, data_state, force=force)
+      if (stopped or preempted) and step < total_steps:
+        checkpointer.wait()
+        reason = stop.signal_name if stopped else "a preemption notice"
+        raise stopping.Stopped(
+          reason, stop.exit_status or 143, step, total_steps, str(checkpointer.directory)
+        )
 
       for evaluator in evals:
         if (evaluator.every_steps and step % evaluator.every_steps == 0) or step == total_steps:
@@ -431,13 +443,30 @@ def run(
             results.update(evaluator.run(state["params"]))
           writer.write_scalars(step, results)
           metrics.update(results)
+    failed = False
+  except Exception as e:
+    if train_state.out_of_space(e) and not isinstance(e, train_state.CheckpointSaveError):
+      # The metrics writer (or anything else writing to the workdir) met a full disk first.
+      raise checkpointer.no_space(f"writing to it after step {step}") from e
+    raise
   finally:
     # A failed run still completes the saves it started (the last good checkpoint stays whole).
-    checkpointer.wait()
-    checkpointer.close()
-    train_iter.close()
-    writer.flush()
+    _close(failed, checkpointer.wait, checkpointer.close, train_iter.close, writer.flush)
   return metrics
+
+
+def _close(failed: bool, *closers: Callable[[], Any]) -> None:
+  """Calls every closer; their errors are raised after a success, logged after a failure (the
+  error that ended the run is the one to report)."""
+  errors = []
+  for close in closers:
+    try:
+      close()
+    except Exception as e:  # noqa: BLE001 - see the docstring
+      errors.append(e)
+      logging.error("while closing: %s", e, exc_info=e, extra={"terminal": False})
+  if errors and not failed:
+    raise errors[0]
 
 
 def _report_compiled(compiled, state, built: TrainStep, batch, batch_size: int):

@@ -9,10 +9,19 @@ any moment leaves only complete steps behind; `latest_step` ignores the rest.
 Restoring takes an abstract state (`jax.ShapeDtypeStruct`s carrying the target shardings), so
 a checkpoint written on one mesh restores onto any other.
 
+Faults: a step that does not restore (a truncated or missing data file) is named with the file
+and moved aside to `<workdir>/broken_checkpoints/<step>` (never deleted) once an older step
+restores, so that it is not picked again; a save that fails ends the run with one line, and a
+full disk also removes the unfinished step directory and says how much space a step takes.
+
 This file must not import TensorFlow (`.npz` paths with a scheme go through vit_jax.checkpoint).
 """
 
+import errno
 import os
+import re
+import shutil
+import time
 from typing import Any
 
 import jax
@@ -25,6 +34,12 @@ from vit_jax.checkpoint import npz
 
 _STATE, _DATA = "state", "data"
 CHECKPOINT_DIR = "checkpoints"
+BROKEN_DIR = "broken_checkpoints"
+_TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step (or item) still being written
+
+
+class CheckpointSaveError(OSError):
+  """A checkpoint could not be written (the message says which step, where, and why)."""
 
 
 class Checkpointer:
@@ -43,7 +58,10 @@ class Checkpointer:
       cleanup_tmp_directories=True,
     )
     self.every_steps = max(int(every_steps), 1)
-    self.directory = epath.Path(workdir) / CHECKPOINT_DIR
+    self.workdir = epath.Path(workdir)
+    self.directory = self.workdir / CHECKPOINT_DIR
+    self._writing: int | None = None  # the step of the save in flight
+    self._step_bytes = 0  # the state's size, for the message of a full disk
     self._manager = ocp.CheckpointManager(
       self.directory,
       options=options,
@@ -71,17 +89,122 @@ class Checkpointer:
     return step % self.every_steps == 0
 
   def save(self, step: int, state: Any, data_state: Any, force: bool = False) -> bool:
-    """Starts writing `state` (a pytree of global arrays) and `data_state` (JSON) at `step`."""
-    saved = self._manager.save(
-      step,
-      args=ocp.args.Composite(
-        **{_STATE: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(data_state)}
-      ),
-      force=force,
-    )
+    """Starts writing `state` (a pytree of global arrays) and `data_state` (JSON) at `step`.
+
+    Raises:
+      CheckpointSaveError: this save or the asynchronous one before it failed.
+    """
+    try:
+      # Orbax reports here the failure of the previous asynchronous save, if any.
+      saved = self._manager.save(
+        step,
+        args=ocp.args.Composite(
+          **{_STATE: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(data_state)}
+        ),
+        force=force,
+      )
+    except Exception as e:
+      self._save_failed(e, self._writing if self._writing is not None else step)
     if saved:
+      self._writing = step
+      self._step_bytes = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(state))
       logging.info("checkpoint: saving step %d to %s", step, self.directory)
     return saved
+
+  def _save_failed(self, error: BaseException, step: int) -> None:
+    """Raises CheckpointSaveError for the failed save of `step`, after removing its remains."""
+    if out_of_space(error):
+      raise self.no_space(f"saving checkpoint step {step}") from error
+    raise CheckpointSaveError(
+      f"saving checkpoint step {step} to {self.directory} failed: {_first_line(error)}"
+    ) from error
+
+  def no_space(self, doing: str) -> CheckpointSaveError:
+    """The error for a full disk met while `doing` ('saving checkpoint step 20'), once the
+    unfinished step directories are removed: the workdir, the space a step takes and the space
+    free, and the step a rerun continues from."""
+    try:
+      self._manager.wait_until_finished()  # a save still in flight fails or ends first
+    except Exception:  # noqa: BLE001 - that save is unfinished, and removed below
+      pass
+    removed = self._remove_unfinished()
+    committed = committed_steps(self.directory)
+    kept = f"step {max(committed)} is intact" if committed else "no step was saved before"
+    full = CheckpointSaveError(
+      f"no space left on the device of {self.workdir} while {doing}: a checkpoint step takes "
+      f"about {_megabytes(self._step_size())}, {_megabytes(_free_bytes(self.workdir))} are "
+      f"free; {'the unfinished step was removed, ' if removed else ''}{kept}. Free space and "
+      f"rerun the same command to continue"
+    )
+    full.errno = errno.ENOSPC
+    return full
+
+  def _step_size(self) -> int | None:
+    """Bytes of a step: of the state last saved, else on disk of the latest committed step."""
+    if self._step_bytes:
+      return self._step_bytes
+    steps = committed_steps(self.directory)
+    if not steps or "://" in os.fspath(self.directory):
+      return None
+    files = (self.directory / str(steps[-1])).rglob("*")
+    return sum(p.stat().st_size for p in files if p.is_file())
+
+  def _remove_unfinished(self) -> bool:
+    """Removes the temporary directories of unfinished steps (process 0); whether any was."""
+    if jax.process_index() != 0 or not self.directory.is_dir():
+      return False
+    unfinished = [p for p in self.directory.iterdir() if _TMP_MARK in p.name]
+    for path in unfinished:
+      path.rmtree(missing_ok=True)
+    return bool(unfinished)
+
+  def restore_latest(self, abstract_state: Any) -> tuple[int, Any, Any] | None:
+    """(step, state, data_state) of the newest step that restores, or None without any step.
+
+    A newer step that fails to restore on any process is named with the failure and, once an
+    older one restores, moved aside to `<workdir>/broken_checkpoints/` (not deleted).
+
+    Raises:
+      RuntimeError: there are steps and none of them restores (all left in place).
+    """
+    broken: list[tuple[int, str]] = []
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        state, data_state = self.restore(step, abstract_state)
+        reason = ""
+      except Exception as e:  # noqa: BLE001 - named, then the previous step is tried
+        state = data_state = None
+        reason = _first_line(e)
+      if _on_every_process(not reason):
+        for bad, why in broken:
+          where = self._move_aside(bad)
+          logging.warning(
+            "checkpoint step %d does not restore (%s); moved aside to %s, resuming from step %d",
+            bad,
+            why,
+            where,
+            step,
+          )
+        if broken:
+          self._manager.reload()
+        return step, state, data_state
+      broken.append((step, reason or "another process could not read its part"))
+      logging.warning("checkpoint step %d in %s does not restore: %s", step, self.directory, reason)
+    if broken:
+      step, why = broken[0]
+      raise RuntimeError(f"no checkpoint in {self.directory} restores; step {step}: {why}")
+    return None
+
+  def _move_aside(self, step: int) -> epath.Path:
+    """Moves step directory `step` to `<workdir>/broken_checkpoints/` (process 0); the target."""
+    target = self.workdir / BROKEN_DIR / str(step)
+    if target.exists():
+      target = target.parent / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if jax.process_index() == 0:
+      target.parent.mkdir(parents=True, exist_ok=True)
+      (self.directory / str(step)).rename(target)
+    _on_every_process(True)  # a barrier: no process lists the steps before the move
+    return target
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
     """Restores (state, data_state) of `step` onto `abstract_state`'s shapes and shardings."""
@@ -95,11 +218,68 @@ class Checkpointer:
     return restored[_STATE], restored[_DATA]
 
   def wait(self) -> None:
-    """Blocks until pending asynchronous saves are complete."""
-    self._manager.wait_until_finished()
+    """Blocks until pending asynchronous saves are complete.
+
+    Raises:
+      CheckpointSaveError: the save in flight failed.
+    """
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:
+      self._save_failed(e, self._writing if self._writing is not None else -1)
+    self._writing = None
 
   def close(self) -> None:
     self._manager.close()
+
+
+def _first_line(error: BaseException) -> str:
+  """The most telling line of `error`'s chain: the innermost cause that names a file, else its
+  own first line (TensorStore's outer message only repeats an array index)."""
+  chain, seen = [], error
+  while seen is not None and len(chain) < 20:
+    chain.append(seen)
+    seen = seen.__cause__ or seen.__context__
+  for e in reversed(chain):
+    for line in str(e).splitlines():
+      if re.search(r"(file|database) ", line) and os.sep in line:
+        return line.strip()
+  text = str(error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
+
+
+def out_of_space(error: BaseException) -> bool:
+  """Whether `error` or one of its causes is a full disk (ENOSPC, also as TensorStore says it)."""
+  seen = error
+  for _ in range(20):
+    if seen is None:
+      return False
+    if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+      return True
+    if "No space left on device" in str(seen) or "os_error_code='28'" in str(seen):
+      return True
+    seen = seen.__cause__ or seen.__context__
+  return False
+
+
+def _free_bytes(path: epath.Path) -> int | None:
+  try:
+    return shutil.disk_usage(os.fspath(path)).free
+  except (OSError, TypeError, ValueError):  # an object store
+    return None
+
+
+def _megabytes(n: int | None) -> str:
+  return "an unknown amount" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def _on_every_process(ok: bool) -> bool:
+  """Whether `ok` holds on every process (a collective on several processes)."""
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils
+
+  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
 
 
 def abstract_tree(tree: Any, shardings: Any) -> Any:

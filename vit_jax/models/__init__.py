@@ -8,6 +8,7 @@ there. Each preset is defined once, here, and
 the configs in `configs/` refer to it by name. This file must not import TensorFlow.
 """
 
+import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -165,7 +166,12 @@ def resolve_name(name: str) -> str:
     return name
   if name in ALIASES:
     return ALIASES[name]
-  raise KeyError(f"unknown model {name!r}; known: {sorted(MODEL_CONFIGS)} or {sorted(ALIASES)}")
+  known = [*MODEL_CONFIGS, *ALIASES]
+  close = difflib.get_close_matches(name, known, n=1)
+  hint = f"; did you mean {close[0]!r}?" if close else ""
+  raise KeyError(
+    f"unknown model {name!r}{hint} (known: {sorted(MODEL_CONFIGS)} or {sorted(ALIASES)})"
+  )
 
 
 def get_model_config(name: str) -> ml_collections.ConfigDict:

@@ -1,0 +1,275 @@
+"""What a pod run meets, through the real entry point: signals, a broken latest checkpoint, a
+full disk, a second launch on the same workdir, and config mistakes.
+
+Each run is `python -m vit_jax.main` in a child process (a signal sent by a patched data
+iterator at a fixed batch, so the step is deterministic); the final parameters of interrupted
+and resumed runs are compared bitwise with an uninterrupted run of the same command.
+"""
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import textwrap
+
+import jax
+import local_cluster  # tests/
+import numpy as np
+import pytest
+
+from vit_jax import workdir as workdir_lib
+from vit_jax.checkpoint import train_state
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TOTAL = 40
+ARGS = [
+  "--config=configs/pretrain.py:dataset=fashion_mnist,runlocal",
+  f"--config.total_steps={TOTAL}",
+  "--config.checkpoint.every_steps=10",
+  "--config.checkpoint.keep=10",
+  "--config.log_every_steps=10",
+  "--config.evals.val.every_steps=0",  # evaluators at the end only
+  "--config.evals.fewshot_animal_mnist.every_steps=0",
+  "--config.evals.fewshot_mnist_5k.every_steps=0",
+]
+
+# `python -m vit_jax.main` whose data iterator sends this process `FAULT_SIGNAL` (a signal's
+# name) when it fetches batch FAULT_AT (counted from the start of this process), and again
+# right after the save of step FAULT_SECOND_AT starts (a second signal during the save).
+_CHILD = textwrap.dedent(
+  """
+  import os, signal, sys
+  from absl import app
+  from vit_jax import input_pipeline, main
+  from vit_jax.checkpoint import train_state
+  sig = getattr(signal, os.environ.get("FAULT_SIGNAL", "SIGTERM"))
+  at, second = int(os.environ.get("FAULT_AT", 0)), int(os.environ.get("FAULT_SECOND_AT", 0))
+  fetch, count = input_pipeline.TrainIterator.__next__, [0]
+  def signalling_next(self):
+    count[0] += 1
+    if count[0] == at:
+      os.kill(os.getpid(), sig)
+    return fetch(self)
+  input_pipeline.TrainIterator.__next__ = signalling_next
+  save = train_state.Checkpointer.save
+  def signalling_save(self, step, *args, **kwargs):
+    out = save(self, step, *args, **kwargs)
+    if step == second:
+      os.kill(os.getpid(), sig)
+    return out
+  train_state.Checkpointer.save = signalling_save
+  sys.argv[0] = "vit_jax.main"
+  app.run(main.main, flags_parser=main.parse_flags)
+  """
+)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  """The children's environment: one process, one device, a shared compilation cache."""
+  return dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    TF_CPP_MIN_LOG_LEVEL="2",
+  )
+
+
+def _main(env, workdir, extra=(), **fault) -> tuple[int, str]:
+  """Runs the entry point (with `fault`: FAULT_AT=..., ...) into `workdir`; (status, last
+  terminal line)."""
+  child_env = dict(env, **{f"FAULT_{k.upper()}": str(v) for k, v in fault.items()})
+  proc = subprocess.run(
+    [sys.executable, "-c", _CHILD, *ARGS, f"--workdir={workdir}", *extra],
+    env=child_env,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  lines = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if line.strip()]
+  vit_lines = [line for line in lines if line.startswith("vit_jax: ")]
+  last = vit_lines[-1] if vit_lines else "\n".join(lines[-30:])
+  print(f"exit {proc.returncode}: {last}")  # shown with -s: the closing note's figures
+  return proc.returncode, last
+
+
+def _assert_same_params(workdir, reference):
+  for (path, x), (_, y) in zip(
+    jax.tree_util.tree_leaves_with_path(train_state.restore_params(workdir)),
+    jax.tree_util.tree_leaves_with_path(train_state.restore_params(reference)),
+    strict=True,
+  ):
+    np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.fixture(scope="module")
+def reference(env, tmp_path_factory):
+  """The uninterrupted run's workdir."""
+  workdir = tmp_path_factory.mktemp("reference")
+  code, last = _main(env, workdir)
+  assert code == 0, last
+  assert train_state.committed_steps(workdir)[-1] == TOTAL
+  return workdir
+
+
+def _largest_data_file(step_dir: pathlib.Path) -> pathlib.Path:
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and "/d/" in str(p)]
+  return max(files, key=lambda p: p.stat().st_size)
+
+
+def test_signals_and_a_broken_checkpoint_resume_exactly(env, reference, tmp_path):
+  workdir = tmp_path / "run"
+  # SIGTERM while step 25 runs: that step is saved, exit 143, one line saying where.
+  code, last = _main(env, workdir, at=25)
+  assert code == 143, last
+  assert last.startswith(f"vit_jax: stopped by SIGTERM at step 25 of {TOTAL}; saved to "), last
+  assert train_state.committed_steps(workdir) == [10, 20, 25]
+  assert not (workdir / workdir_lib.LOCK_FILE).exists()  # released
+
+  # Resumed without replaying: Ctrl-C (SIGINT) at the 3rd batch (step 28), and a second SIGINT
+  # while step 28 is being written: exits at once (130), step 28 never committed.
+  code, last = _main(env, workdir, signal="SIGINT", at=3, second_at=28)
+  assert code == 130, last
+  assert "second signal (SIGINT): exiting now without saving" in last, last
+  assert train_state.committed_steps(workdir) == [10, 20, 25]
+
+  # Stopped at step 31 (step 30 saved on the way), then a data file of step 31 truncated.
+  code, last = _main(env, workdir, at=6)
+  assert code == 143 and "at step 31 of" in last, last
+  assert train_state.committed_steps(workdir) == [10, 20, 25, 30, 31]
+  broken = _largest_data_file(workdir / "checkpoints" / "31")
+  with open(broken, "r+b") as f:
+    f.truncate(100)
+
+  # The rerun names the broken step, moves it aside (kept), resumes from 30, and finishes with
+  # the parameters of the uninterrupted run.
+  code, last = _main(env, workdir)
+  assert code == 0, last
+  moved = workdir / train_state.BROKEN_DIR / "31"
+  assert (moved / "state").is_dir() and (moved / broken.relative_to(broken.parents[3])).exists()
+  assert 31 not in train_state.committed_steps(workdir)
+  log = max((workdir / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime).read_text()
+  assert "checkpoint step 31 does not restore" in log and "resuming from step 30" in log
+  _assert_same_params(workdir, reference)
+
+
+def _mount_tmpfs(path: pathlib.Path, size: str) -> bool:
+  path.mkdir(parents=True, exist_ok=True)
+  if os.geteuid() != 0:
+    return False
+  result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)])
+  return result.returncode == 0
+
+
+def test_full_disk_ends_in_one_line_and_resumes_once_freed(env, reference, tmp_path):
+  disk = tmp_path / "disk"
+  if not _mount_tmpfs(disk, "24m"):
+    pytest.skip("a small disk needs a tmpfs, and mounting one needs root here")
+  try:
+    workdir = disk / "run"
+    code, last = _main(env, workdir, at=15)
+    assert code == 143, last
+    assert train_state.committed_steps(workdir) == [10, 15]
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    filler = disk / "filler"
+    with open(filler, "wb") as f:  # leaves 64 KiB: less than a step (about 450 KiB)
+      f.truncate(free - 64 * 1024)
+      os.posix_fallocate(f.fileno(), 0, free - 64 * 1024)
+
+    code, last = _main(env, workdir)
+    assert code == 1, last
+    # What meets the full disk first, the asynchronous save of step 20 or the metrics writer
+    # after it, is a race; the line names the workdir and the step a rerun continues from.
+    assert f"CheckpointSaveError: no space left on the device of {workdir} while " in last, last
+    assert "MiB are free; the unfinished step was removed, step 15 is intact" in last, last
+    assert train_state.committed_steps(workdir) == [10, 15]
+    assert not [p for p in (workdir / "checkpoints").iterdir() if "tmp" in p.name]
+
+    filler.unlink()
+    code, last = _main(env, workdir)
+    assert code == 0, last
+    _assert_same_params(workdir, reference)
+  finally:
+    subprocess.run(["umount", "-l", str(disk)])
+
+
+def test_a_second_launch_on_a_held_workdir_refuses(env, tmp_path):
+  workdir = tmp_path / "held"
+  with workdir_lib.lock(str(workdir)):  # a live run of this process holds it
+    code, last = _main(env, workdir)
+  assert code == 1, last
+  assert f"WorkdirLocked: {workdir} is in use by another run: pid {os.getpid()} on " in last
+  assert not (workdir / "checkpoints").exists()
+
+
+def test_a_stale_lock_is_taken_over(tmp_path, caplog):
+  dead = subprocess.run(
+    [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+  )
+  pid = int(dead.stdout)  # exited: its pid names no live process (or another process's start)
+  path = tmp_path / workdir_lib.LOCK_FILE
+  path.write_text(f'{{"host": "{socket.gethostname()}", "pid": {pid}, "process_start": "1"}}')
+  with workdir_lib.lock(str(tmp_path)):
+    assert f'"pid": {os.getpid()}' in path.read_text()
+  assert not path.exists()
+  assert "is no longer running" in caplog.text
+
+
+@pytest.mark.parametrize(
+  "extra, expected",
+  [
+    (
+      ["--config=configs/pretrain.py:dataset=fashion_mnst,runlocal"],
+      "ValueError: pretrain dataset='fashion_mnst' is not one of [",
+    ),
+    (["--config.modle.name=B/16"], "--config.modle.name: the config has no field 'modle'"),
+    (["--config=configs/pretrain.py:datset=x"], "unknown config argument 'datset'; did you mean"),
+  ],
+)
+def test_config_mistakes_are_one_line(env, tmp_path, extra, expected):
+  code, last = _main(env, tmp_path / "w", extra)
+  assert code == 1, last
+  assert last.startswith("vit_jax: error: ") and expected in last, last
+  assert "(full log: " in last
+
+
+def test_an_unwritable_workdir_is_one_line(env, tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("not a directory")
+  code, last = _main(env, blocker / "w")
+  assert code == 1, last
+  assert last.startswith(f"vit_jax: error: NotADirectoryError: cannot write to --workdir={blocker}")
+
+
+def test_sigterm_on_one_of_two_processes_stops_both_at_the_same_step(env, tmp_path):
+  """The signal reaches process 1 only (at its 15th batch): the processes agree on a step, both
+  save it and exit 143 with the same line."""
+  workdir = tmp_path / "two"
+
+  def command(port, i):
+    return [
+      "env",
+      f"FAULT_AT={15 if i == 1 else 0}",
+      sys.executable,
+      "-c",
+      _CHILD,
+      *ARGS,
+      f"--workdir={workdir}",
+      f"--coordinator_address=127.0.0.1:{port}",
+      "--num_processes=2",
+      f"--process_id={i}",
+    ]
+
+  results = local_cluster.launch(command, cwd=REPO, env=env)
+  lines = []
+  for code, out in results:
+    stopped = [line for line in out.splitlines() if line.startswith("vit_jax: stopped by")]
+    assert code == 143 and stopped, out[-3000:]
+    lines.append(stopped[-1])
+  assert lines[0] == lines[1], lines
+  step = int(lines[0].split(" at step ")[1].split()[0])
+  assert 15 < step < TOTAL  # the step after the largest one a process had reached
+  assert train_state.committed_steps(workdir)[-1] == step
