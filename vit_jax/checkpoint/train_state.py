@@ -140,14 +140,13 @@ class Checkpointer:
     return full
 
   def _step_size(self) -> int | None:
-    """Bytes of a step: of the state last saved, else on disk of the latest committed step."""
-    if self._step_bytes:
-      return self._step_bytes
+    """Bytes of a step: on disk of the latest committed step (local workdirs), else of the
+    state last saved (in memory; on disk a step also holds metadata)."""
     steps = committed_steps(self.directory)
     if not steps or "://" in os.fspath(self.directory):
-      return None
-    files = (self.directory / str(steps[-1])).rglob("*")
-    return sum(p.stat().st_size for p in files if p.is_file())
+      return self._step_bytes or None
+    walk = os.walk(os.fspath(self.directory / str(steps[-1])))
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in walk for f in files)
 
   def _remove_unfinished(self) -> bool:
     """Removes the temporary directories of unfinished steps (process 0); whether any was."""
