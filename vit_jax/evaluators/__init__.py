@@ -201,6 +201,7 @@ __all__ = [
   "FewShotEvaluator",
   "LinearProbeEvaluator",
   "build",
+  "downstream_dataset",
   "predict_fn",
   "representation_fn",
 ]
