@@ -42,9 +42,10 @@ paper's few-shot linear evaluation (Fig. 3-4: 1, 5, 10, 25 shots, closed-form ri
 pre-logits) on *downstream* datasets, one evaluator each (`evals.fewshot_<name>`): ImageNet,
 CIFAR-100 and Oxford-IIIT Pets (tfds) for the pod presets, Animal-MNIST and MNIST-5k for the demo.
 Each evaluator reads its downstream training split once and keeps only the few-shot sample, from
-its own `data_dir`, never the pretraining shards' directory: tfds's default (`~/tensorflow_datasets`
-or `$TFDS_DATA_DIR`) unless set, e.g. `--config.evals.fewshot_cifar100.dataset.data_dir=gs://$BUCKET/tfds`
-(likewise `fewshot_imagenet`, `fewshot_pets`).
+its own `data_dir`, never the pretraining shards' directory: tfds's default
+(`~/tensorflow_datasets` or `$TFDS_DATA_DIR`) unless set, e.g.
+`--config.evals.fewshot_cifar100.dataset.data_dir=gs://$BUCKET/tfds` (likewise
+`fewshot_imagenet`, `fewshot_pets`).
 
 Commands (TPU VM; on a multi-host slice run the same line on every worker, e.g.
 `gcloud compute tpus tpu-vm ssh $TPU --worker=all --command="cd vit_jax && ..."`):

@@ -31,11 +31,12 @@ The trainer builds them from the stage config with `build`:
 
 Fields of each entry: `type`; `every_steps`; `dataset` (overrides of
 `input_pipeline.dataset_config`, default the stage's dataset; an entry naming another dataset
-reads it from its own `data_dir`, tfds's default unless set, never the stage's); `split` (classification; ''
-or None: the dataset's `eval_split`, read when the evaluators are built, so that a command-line
-override of it counts), `train_split` / `test_split` (fewshot, linear; default the dataset's
-`train_split` and `eval_split`); `batch_size`; every other field is passed to
-the evaluator's constructor (`loss`, `shots`, `l2_reg`, `seed`, `ridge_l2_regs`, ...).
+reads it from its own `data_dir`, tfds's default unless set, never the stage's: see
+`downstream_dataset`); `split` (classification; '' or None: the dataset's `eval_split`, read when
+the evaluators are built, so that a command-line override of it counts), `train_split` /
+`test_split` (fewshot, linear; default the dataset's `train_split` and `eval_split`);
+`batch_size`; every other field is passed to the evaluator's constructor (`loss`, `shots`,
+`l2_reg`, `seed`, `ridge_l2_regs`, ...).
 
 Representations come from `model.apply(..., train=False, return_representation=True)` (the
 pre-logits, or the pooled token when the model has none). Data is read with the input
