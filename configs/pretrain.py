@@ -41,7 +41,11 @@ Evaluation during pretraining: validation top-1 on the pretraining set's held-ou
 paper's few-shot linear evaluation (Fig. 3-4: 1, 5, 10, 25 shots, closed-form ridge on the frozen
 pre-logits) on *downstream* datasets, one evaluator each (`evals.fewshot_<name>`): ImageNet,
 CIFAR-100 and Oxford-IIIT Pets (tfds) for the pod presets, Animal-MNIST and MNIST-5k for the demo.
-Each evaluator reads its downstream training split once and keeps only the few-shot sample.
+Each evaluator reads its downstream training split once and keeps only the few-shot sample, from
+its own `data_dir`, never the pretraining shards' directory: tfds's default
+(`~/tensorflow_datasets` or `$TFDS_DATA_DIR`) unless set, e.g.
+`--config.evals.fewshot_cifar100.dataset.data_dir=gs://$BUCKET/tfds` (likewise
+`fewshot_imagenet`, `fewshot_pets`).
 
 Commands (TPU VM; on a multi-host slice run the same line on every worker, e.g.
 `gcloud compute tpus tpu-vm ssh $TPU --worker=all --command="cd vit_jax && ..."`):
@@ -49,7 +53,10 @@ Commands (TPU VM; on a multi-host slice run the same line on every worker, e.g.
   python -m vit_jax.main --config=configs/pretrain.py:dataset=imagenet21k,model=B/16 \
       --workdir=gs://$BUCKET/vit_b16_i21k
   python -m vit_jax.main --config=configs/pretrain.py:dataset=jft,model=L/16,epochs=7 \
-      --config.dataset.data_dir=gs://$BUCKET/jft_shards --workdir=gs://$BUCKET/vit_l16_jft
+      --config.dataset.data_dir=gs://$BUCKET/jft_shards --workdir=gs://$BUCKET/vit_l16_jft \
+      --config.evals.fewshot_imagenet.dataset.data_dir=gs://$BUCKET/tfds \
+      --config.evals.fewshot_cifar100.dataset.data_dir=gs://$BUCKET/tfds \
+      --config.evals.fewshot_pets.dataset.data_dir=gs://$BUCKET/tfds
   python -m vit_jax.main --config=configs/pretrain.py:dataset=imagenet2012,model=B/16 \
       --workdir=gs://$BUCKET/vit_b16_i1k
 
@@ -68,6 +75,7 @@ raw-pixel baselines on the same splits.
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from vit_jax import config_files, models
 
@@ -192,6 +200,20 @@ _DEMO_DOWNSTREAM = {
 }
 
 
+def add_fewshot_evals(
+  config: ml_collections.ConfigDict, downstream: dict[str, dict], every_steps: int
+) -> None:
+  """Adds `evals.fewshot_<name>` per downstream dataset (dataset_config fields), in place.
+
+  Each reads its dataset from its own `dataset.data_dir` (None: tfds's default), never from the
+  pretraining set's directory; `--config.evals.fewshot_<name>.dataset.data_dir=...` moves it.
+  """
+  for name, fields in downstream.items():
+    entry = common.fewshot_eval(config, fields, every_steps=every_steps)
+    entry.dataset.data_dir = config_dict.placeholder(str)  # a fresh one: a str, overridable
+    config.evals[f"fewshot_{name}"] = entry
+
+
 def recipe(dataset: str, model: str, epochs: int = 0, lr: float = 0.0) -> dict:
   """Table 3's settings for `model` on `dataset` (epochs / lr > 0 override the table).
 
@@ -279,8 +301,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       )
     )
   )
-  for name, fields in downstream.items():
-    config.evals[f"fewshot_{name}"] = common.fewshot_eval(config, fields, every_steps=every)
+  add_fewshot_evals(config, downstream, every)
   if arg.runlocal:
     common.runlocal(config)
   return config

@@ -95,8 +95,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.eval_batch_size = 256 if demo else 1024
   every = 200 if demo else 10_000
   config.evals = ml_collections.ConfigDict()
-  for name, fields in downstream.items():
-    config.evals[f"fewshot_{name}"] = common.fewshot_eval(config, fields, every_steps=every)
+  pretrain.add_fewshot_evals(config, downstream, every)
   if arg.runlocal:
     common.runlocal(config)
   return config

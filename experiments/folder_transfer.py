@@ -54,14 +54,16 @@ def write_builtin_folder(name: str, root: str) -> str:
 
 def read_folder(root: str, split: str, image_size: int) -> tuple[np.ndarray, np.ndarray]:
   """The images (uint8, RGB) and labels of `root/<split>/<class>/*`, classes in sorted order (as
-  the `folder` source numbers them); resized to `image_size` only if their sizes differ."""
+  the `folder` source numbers them); resized to `image_size` only if their sizes differ. An
+  unreadable file is skipped with one warning line (vit_jax.predict.read_images)."""
   from PIL import Image
 
+  from vit_jax import predict
   from vit_jax.input_pipeline import sources
 
   extensions = sources.IMAGE_EXTENSIONS  # what the `folder` source reads
   classes = sources.folder_class_names(root)
-  images, labels = [], []
+  label_of = {}
   split_dir = os.path.join(root, split)
   for label, name in enumerate(classes):
     class_dir = os.path.join(split_dir, name)
@@ -69,11 +71,15 @@ def read_folder(root: str, split: str, image_size: int) -> tuple[np.ndarray, np.
       continue
     for filename in sorted(os.listdir(class_dir)):
       if os.path.splitext(filename)[1].lower() in extensions:
-        with Image.open(os.path.join(class_dir, filename)) as image:
-          images.append(image.convert("RGB"))
-        labels.append(label)
-  if not images:
+        label_of[os.path.join(class_dir, filename)] = label
+  if not label_of:
     raise SystemExit(f"no images under {split_dir}/<class>/ ({', '.join(extensions)})")
+  try:  # an unreadable file is skipped with one warning, as the trainer skips it
+    paths, images = predict.read_images(list(label_of))
+  except ValueError as e:
+    raise SystemExit(f"{split_dir}: {e}") from e
+  images = [image.convert("RGB") for image in images]
+  labels = [label_of[path] for path in paths]
   if len({image.size for image in images}) > 1:
     images = [image.resize((image_size, image_size), Image.BILINEAR) for image in images]
   return np.stack([np.asarray(image) for image in images]), np.asarray(labels)

@@ -39,6 +39,24 @@ def test_images_of_different_sizes_are_resized_to_the_model_resolution(tmp_path)
   assert (images[..., 0] == 255).all() and (images[..., 1:] == 0).all()
 
 
+def test_an_unreadable_image_is_skipped_with_one_warning(tmp_path, caplog):
+  from PIL import Image
+
+  os.makedirs(tmp_path / "train" / "a")
+  os.makedirs(tmp_path / "train" / "b")
+  Image.new("RGB", (8, 8), (0, 255, 0)).save(tmp_path / "train" / "b" / "0.png")
+  (tmp_path / "train" / "a" / "0.png").write_bytes(b"\x89PNG truncated")
+  images, labels = folder_transfer.read_folder(str(tmp_path), "train", image_size=8)
+  assert images.shape == (1, 8, 8, 3) and labels.tolist() == [1]
+  (warning,) = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
+  assert warning.startswith(
+    f"skipped 1 of 2 images that could not be read: {tmp_path}/train/a/0.png"
+  )
+  (tmp_path / "train" / "b" / "0.png").write_text("gone")
+  with pytest.raises(SystemExit, match="none of the 2 images could be read"):
+    folder_transfer.read_folder(str(tmp_path), "train", image_size=8)
+
+
 def test_missing_pretrained_workdir_is_one_clear_line(tmp_path):
   with pytest.raises(SystemExit, match="--pretrained=.*nowhere is not a pretrain workdir"):
     folder_transfer.main([f"--pretrained={tmp_path / 'nowhere'}", f"--workdir={tmp_path}"])

@@ -1,5 +1,6 @@
 """Each data source end to end: TFRecord (single/multi-label), tfds (mock), image folder, builtin."""
 
+import os
 import subprocess
 import sys
 
@@ -152,6 +153,35 @@ def test_image_folder(tmp_path):
   assert batch["image"].shape == (4, 12, 12, 3) and batch["mask"].sum() == 4
   with pytest.raises(ValueError, match="test"):
     input_pipeline.make_eval_iterator(config, "test", global_batch_size=2)
+
+
+def test_image_folder_takes_slices_as_the_builtin_datasets_do(tmp_path):
+  from vit_jax.input_pipeline import sources
+
+  classes = ["ant", "bee", "cat", "dog"]
+  testing.write_image_folder(str(tmp_path), "train", classes, per_class=25)
+  config = input_pipeline.dataset_config(source="folder", data_dir=str(tmp_path))
+
+  def files(split):
+    return [p.decode() for p in sources.FolderSource(config, split, 0, 1).paths.numpy()]
+
+  everything = files("train")
+  head, tail = files("train[:98%]"), files("train[98%:]")
+  # Disjoint and together the split, each in the folder's order.
+  assert len(head) == 98 and len(tail) == 2 and sorted(head + tail) == sorted(everything)
+  assert head == sorted(head, key=everything.index)
+  assert (
+    set(files("train[:40]")) <= set(files("train[:80]")) and files("train[:100%]") == everything
+  )
+  # A range of a shuffle, not of the class-sorted listing: the first 40 hold every class.
+  assert {os.path.basename(os.path.dirname(p)) for p in files("train[:40]")} == set(classes)
+  config.train_split, config.eval_split = "train[:98%]", "train[98%:]"
+  info = input_pipeline.get_dataset_info(config)
+  assert info.num_examples == {"train[:98%]": 98, "train[98%:]": 2} and info.num_classes == 4
+  labels, _ = _eval_examples(config, batch=2)
+  assert len(labels) == 2
+  with pytest.raises(ValueError, match=r"Image folder .*train.*: slice 'train\[100:\]' of 100"):
+    files("train[100:]")
 
 
 @pytest.mark.parametrize(

@@ -119,6 +119,30 @@ def test_command_line_prints_top_classes_with_names(tmp_path):
   assert all(any(f"{n} (" in line for n in NAMES) for line in lines[1:4])
 
 
+def test_command_line_skips_an_unreadable_image_and_classifies_the_others(tmp_path):
+  _, params = _trained_params()
+  path = str(tmp_path / "model.npz")
+  checkpoint.save(params, path)
+  (good,) = _images(tmp_path, 1)
+  bad = tmp_path / "broken.jpg"
+  bad.write_bytes(b"not an image")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  run = [sys.executable, "-m", "vit_jax.predict", f"--checkpoint={path}"]
+  out = subprocess.run(run + [str(bad), good], capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr[-2000:]
+  lines = out.stdout.strip().splitlines()
+  assert lines[0] == good and len(lines) == 4  # the good image and its three classes
+  (warning,) = [line for line in out.stderr.splitlines() if "could not be read" in line]
+  assert f"skipped 1 of 2 images that could not be read: {bad} (cannot identify" in warning
+  out = subprocess.run(run + [str(bad)], capture_output=True, text=True, env=env)
+  assert out.returncode == 1 and out.stdout == ""
+  assert (
+    out.stderr.strip()
+    .splitlines()[-1]
+    .startswith(f"predict: none of the 1 images could be read: {bad} (cannot identify image file")
+  )
+
+
 def test_other_image_size_resizes_posemb_and_sigmoid_heads_get_sigmoid(tmp_path):
   model, params = _trained_params(image_size=16)
   workdir = tmp_path / "run"

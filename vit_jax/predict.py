@@ -12,11 +12,13 @@ the parameter shapes and the image size from the position embeddings (or `--imag
 
 Images are preprocessed as in evaluation — the saved `pp_eval` spec (`decode|resize|
 central_crop|value_range` ops), or resize to the model's size — with PIL and numpy; TensorFlow is
-imported only to look up a dataset's class names when no other source has them.
+imported only to look up a dataset's class names when no other source has them. An unreadable
+image is skipped with one warning line naming it (`read_images`); the others are classified.
 """
 
 import math
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -214,6 +216,48 @@ def _dataset_class_names(dataset: ml_collections.ConfigDict | None) -> list[str]
   return list(info.class_names) if info.class_names else None
 
 
+# What PIL raises for a file that is no readable image (truncated, another format, too large).
+UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def why_unreadable(error: BaseException) -> str:
+  """The first line of what PIL said about an unreadable file."""
+  return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def skipped_line(skipped: Sequence[tuple[str, str]], total: int) -> str:
+  """One line counting and naming the unreadable images: (path, why) pairs of `total`."""
+  listed = "; ".join(f"{p} ({why})" for p, why in skipped)
+  return f"skipped {len(skipped)} of {total} images that could not be read: {listed}"
+
+
+def read_images(paths: Sequence[str]) -> tuple[list[str], list[Image.Image]]:
+  """Opens and decodes image files; unreadable ones are skipped with one warning line.
+
+  Returns:
+    (the paths that were read, their decoded images), in the order of `paths`.
+
+  Raises:
+    ValueError: none of them could be read (one line naming the first).
+  """
+  read, images, skipped = [], [], []
+  for path in paths:
+    try:
+      image = Image.open(path)
+      image.load()  # decodes now (a truncated file fails here) and closes the file
+    except UNREADABLE as e:
+      skipped.append((path, why_unreadable(e)))
+      continue
+    read.append(path)
+    images.append(image)
+  if not images:
+    path, why = skipped[0]
+    raise ValueError(f"none of the {len(paths)} images could be read: {path} ({why})")
+  if skipped:
+    logging.warning("%s", skipped_line(skipped, len(paths)))
+  return read, images
+
+
 def read_class_names(path: str) -> list[str]:
   with open(path) as f:
     return [line.strip() for line in f if line.strip()]
@@ -238,7 +282,10 @@ def main(argv: Sequence[str]) -> None:
   classifier = Classifier(
     FLAGS.checkpoint, model=FLAGS.model, image_size=FLAGS.image_size, class_names=names
   )
-  images = [Image.open(p) for p in paths]
+  try:
+    paths, images = read_images(paths)
+  except ValueError as e:
+    sys.exit(f"predict: {e}")  # one line, exit status 1
   probs = classifier.probabilities(images, FLAGS.batch_size)
   for path, p in zip(paths, probs, strict=True):
     idx = np.argsort(-p, kind="stable")[: min(FLAGS.top_k, classifier.num_classes)]

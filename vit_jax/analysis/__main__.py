@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from absl import app, flags, logging
 
+from vit_jax import predict
 from vit_jax.analysis import report
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Workdir, step directory or .npz.")
@@ -62,7 +63,7 @@ def main(argv: Sequence[str]) -> None:
   print(f"{result['model']}: {images['count']} images analysed, {images['skipped_count']} skipped")
   if images["skipped"]:
     skipped = [(s["path"], s["error"]) for s in images["skipped"]]
-    print(report.skipped_line(skipped, images["count"] + len(skipped)))
+    print(predict.skipped_line(skipped, images["count"] + len(skipped)))
   if "mean_attention_distance_per_layer" in result:
     per_layer = ", ".join(f"{d:.1f}" for d in result["mean_attention_distance_per_layer"])
     print(f"mean attention distance per layer (pixels): {per_layer}")

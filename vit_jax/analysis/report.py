@@ -73,24 +73,14 @@ def _batches(
     try:
       arrays.append(_read(path, image_size, pp))
       names.append(path)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-      skipped.append((path, str(e).splitlines()[0] if str(e) else type(e).__name__))
+    except predict.UNREADABLE as e:
+      skipped.append((path, predict.why_unreadable(e)))
       continue
     if len(arrays) == batch_size:
       yield names, np.stack(arrays)
       names, arrays = [], []
   if arrays:
     yield names, np.stack(arrays)
-
-
-def skipped_line(skipped: Sequence[tuple[str, str]], total: int) -> str:
-  """One line counting and naming the unreadable images."""
-  listed = "; ".join(f"{p} ({why})" for p, why in skipped)
-  return f"skipped {len(skipped)} of {total} images that could not be read: {listed}"
-
-
-# ---------------------------------------------------------------------------------------------
-# The analysis.
 
 
 def _attention(
@@ -132,7 +122,7 @@ def _attention(
       )
       last_log = now
   if skipped:
-    logging.warning("%s", skipped_line(skipped, len(paths)))
+    logging.warning("%s", predict.skipped_line(skipped, len(paths)))
   if not names:
     raise ValueError(f"none of the {len(paths)} images could be read")
   return dict(

@@ -33,9 +33,17 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> dict[str, Any
       or one step directory `checkpoints/<step>`.
     num_heads: attention heads of a PyTorch-layout file (see vit_jax.checkpoint.npz.load).
   """
-  if npz.is_params_file(path) or os.fspath(path).endswith(npz.PICKLE_SUFFIXES):
+  if npz.is_params_file(path):
     return npz.load(path, num_heads)  # (it refuses pickles with a message saying so)
-  return train_state.restore_params(path)
+  directory = epath.Path(path)
+  if not directory.exists():
+    raise FileNotFoundError(f"{path}: no such file or directory")
+  if not directory.is_dir():
+    raise ValueError(
+      f"{path}: not a checkpoint; expected an .npz or .safetensors file, or an Orbax workdir "
+      "or step directory"
+    )
+  return train_state.restore_params(path)  # (a directory without a committed step: it says so)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +173,7 @@ def load_backbone(
   Returns:
     (model config, params as a nested dict of numpy arrays, the saved stage config or None).
   """
-  params = train_state.restore_params(path)
+  params = load(path)
   stage_config = saved_config(path)
   if model_config is None:
     if stage_config is not None and "model" in stage_config:

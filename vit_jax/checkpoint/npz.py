@@ -24,6 +24,8 @@ import logging
 import os
 import tempfile
 import uuid
+import zipfile
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +46,8 @@ PARAM_FILE_SUFFIXES = (".npz", ".safetensors")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # What a Hugging Face or timm model directory holds next to its weights.
 CONFIG_FILE = "config.json"
+# How a zip file starts (a first entry, or an empty archive): every `.npz` is one.
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,8 +115,12 @@ def _is_remote(path) -> bool:
 
 
 def is_params_file(path: str | os.PathLike) -> bool:
-  """Whether `path` names a file `load` reads (`.npz` or `.safetensors`), not a directory."""
-  return os.fspath(path).endswith(PARAM_FILE_SUFFIXES)
+  """Whether `path` names a file of parameters, not an Orbax directory.
+
+  `.npz` and `.safetensors` files `load` reads; PyTorch pickles (`PICKLE_SUFFIXES`) it refuses
+  by name, so that every caller routing a path here says so instead of looking for Orbax steps.
+  """
+  return os.fspath(path).endswith(PARAM_FILE_SUFFIXES + PICKLE_SUFFIXES)
 
 
 def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
@@ -133,14 +141,16 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
     `stack_encoder_blocks`.
 
   Raises:
-    ValueError: the file holds pickled (object) arrays, names with no faithful mapping, or an
-      architecture this ViT cannot represent.
+    ValueError: the file is a pickle (by its name), not the archive its name says, truncated
+      or corrupt, holds pickled (object) arrays, names with no faithful mapping, or an
+      architecture this ViT cannot represent; the message names the file.
   """
   path = os.fspath(path)
   if path.endswith(PICKLE_SUFFIXES):
     raise ValueError(
-      f"{path} is a pickle, which this loader never unpickles: save the state dict as "
-      "safetensors (safetensors.torch.save_file(model.state_dict(), 'model.safetensors'))"
+      f"{path}: a pickle, which this loader never unpickles (loading a pickle can run "
+      "arbitrary code); export the state dict as safetensors: "
+      "safetensors.torch.save_file(model.state_dict(), 'model.safetensors')"
     )
   flat = _read_safetensors(path) if path.endswith(".safetensors") else _read_npz(path)
   if timm_hf.layout_of(flat) is not None:
@@ -161,19 +171,28 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
 def _read_npz(path: str) -> dict[str, np.ndarray]:
   opener = _gfile().GFile if _is_remote(path) else open
   with opener(path, "rb") as f:
-    npz = np.load(f, allow_pickle=False)
-    if not isinstance(npz, np.lib.npyio.NpzFile):
-      raise ValueError(f"{path} is not an .npz archive of named parameters")
+    head = f.read(8)
+    if not head.startswith(_ZIP_MAGIC):
+      what = (
+        "it is a single .npy array" if head.startswith(b"\x93NUMPY") else f"it starts with {head!r}"
+      )
+      raise ValueError(f"{path}: not an .npz archive (a zip of arrays); {what}")
+    f.seek(0)
     flat = {}
-    with npz:
-      for name in npz.files:
-        try:
-          flat[name] = npz[name]
-        except ValueError as e:
-          raise ValueError(
-            f"{path}: array {name!r} cannot be read without unpickling ({e}); checkpoints must "
-            "hold plain numeric arrays, and this loader never unpickles"
-          ) from e
+    try:
+      with np.load(f, allow_pickle=False) as npz:
+        for name in npz.files:
+          try:
+            flat[name] = npz[name]
+          except ValueError as e:
+            if "allow_pickle" not in str(e):  # numpy refusing an object array
+              raise ValueError(f"{path}: truncated or corrupt .npz: array {name!r}: {e}") from e
+            raise ValueError(
+              f"{path}: array {name!r} cannot be read without unpickling; checkpoints must "
+              "hold plain numeric arrays, and this loader never unpickles"
+            ) from e
+    except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+      raise ValueError(f"{path}: truncated or corrupt .npz: {e}") from e
   return flat
 
 

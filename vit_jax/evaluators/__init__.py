@@ -30,11 +30,13 @@ The trainer builds them from the stage config with `build`:
         writer.write_scalars(step, ev.run(params))
 
 Fields of each entry: `type`; `every_steps`; `dataset` (overrides of
-`input_pipeline.dataset_config`, default the stage's dataset); `split` (classification; ''
-or None: the dataset's `eval_split`, read when the evaluators are built, so that a command-line
-override of it counts), `train_split` / `test_split` (fewshot, linear; default the dataset's
-`train_split` and `eval_split`); `batch_size`; every other field is passed to
-the evaluator's constructor (`loss`, `shots`, `l2_reg`, `seed`, `ridge_l2_regs`, ...).
+`input_pipeline.dataset_config`, default the stage's dataset; an entry naming another dataset
+reads it from its own `data_dir`, tfds's default unless set, never the stage's: see
+`downstream_dataset`); `split` (classification; '' or None: the dataset's `eval_split`, read when
+the evaluators are built, so that a command-line override of it counts), `train_split` /
+`test_split` (fewshot, linear; default the dataset's `train_split` and `eval_split`);
+`batch_size`; every other field is passed to the evaluator's constructor (`loss`, `shots`,
+`l2_reg`, `seed`, `ridge_l2_regs`, ...).
 
 Representations come from `model.apply(..., train=False, return_representation=True)` (the
 pre-logits, or the pooled token when the model has none). Data is read with the input
@@ -116,6 +118,19 @@ def num_classes_of(dataset: Mapping[str, Any]) -> int:
   return input_pipeline.get_dataset_info(input_pipeline.dataset_config(**dict(dataset))).num_classes
 
 
+def downstream_dataset(stage: Any, entry: Any) -> dict[str, Any]:
+  """The dataset config fields of an evaluator: the stage's, overridden by the entry's.
+
+  An entry naming another dataset (a downstream set) never reads from the stage's `data_dir`
+  (the pretraining shards' directory): only from its own, None (tfds's default) unless it sets
+  one.
+  """
+  stage, entry = _as_dict(stage), _as_dict(entry)
+  if entry.get("name", stage.get("name")) != stage.get("name"):
+    stage.pop("data_dir", None)
+  return {**stage, **entry}
+
+
 def _as_dict(x: Any) -> dict[str, Any]:
   if x is None:
     return {}
@@ -163,7 +178,7 @@ def build(
     kind = kwargs.pop("type", None)
     if kind not in REGISTRY:
       raise ValueError(f"evals.{name}.type={kind!r}; expected one of {sorted(REGISTRY)}")
-    ds = {**_as_dict(dataset), **_as_dict(kwargs.pop("dataset", None))}
+    ds = downstream_dataset(dataset, kwargs.pop("dataset", None))
     bs = kwargs.pop("batch_size", None) or batch_size
     kwargs.setdefault("name", name)
     # Default splits: the dataset's own (`train_split`, and `eval_split` for None).
@@ -187,6 +202,7 @@ __all__ = [
   "FewShotEvaluator",
   "LinearProbeEvaluator",
   "build",
+  "downstream_dataset",
   "predict_fn",
   "representation_fn",
 ]

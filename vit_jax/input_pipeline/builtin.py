@@ -13,7 +13,7 @@ The last three have no official split: `test` is the last 10% of each class (in 
 and labels int64 [N].
 
 Splits can be sliced in tfds's syntax (`train[:3750]`, `train[:98%]`, `train[98%:]`); see
-`get_split`.
+`vit_jax.input_pipeline.splits`.
 """
 
 import dataclasses
@@ -22,9 +22,10 @@ import gzip
 import importlib.util
 import os
 import pickle
-import re
 
 import numpy as np
+
+from vit_jax.input_pipeline import splits
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -127,12 +128,12 @@ def _load_array_pickle(path: str) -> np.ndarray:
 def load_fashion_mnist() -> ArrayDataset:
   if not os.path.isdir(FASHION_MNIST_DIR):
     raise FileNotFoundError(f"{FASHION_MNIST_DIR} not found: apt-get install dataset-fashion-mnist")
-  splits = {}
+  arrays = {}
   for split, prefix in (("train", "train"), ("test", "t10k")):
     images = _read_idx(os.path.join(FASHION_MNIST_DIR, f"{prefix}-images-idx3-ubyte.gz"))
     labels = _read_idx(os.path.join(FASHION_MNIST_DIR, f"{prefix}-labels-idx1-ubyte.gz"))
-    splits[split] = (images[..., None], labels.astype(np.int64))
-  return ArrayDataset(splits, FASHION_MNIST_CLASSES)
+    arrays[split] = (images[..., None], labels.astype(np.int64))
+  return ArrayDataset(arrays, FASHION_MNIST_CLASSES)
 
 
 def load_animal_mnist() -> ArrayDataset:
@@ -175,38 +176,15 @@ def load(name: str) -> ArrayDataset:
   return LOADERS[name]()
 
 
-_SLICE_RE = re.compile(r"^(\w+)\[(-?\d+%?)?:(-?\d+%?)?\]$")
-
-
-def _bound(text: str | None, n: int, default: int) -> int:
-  if not text:
-    return default
-  value = round(n * int(text[:-1]) / 100) if text.endswith("%") else int(text)
-  return value + n if value < 0 else min(value, n)
-
-
 def get_split(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-  """A split, or a tfds-style slice of one: `train[:3750]`, `train[:98%]`, `train[98%:]`.
-
-  A slice takes its range of a fixed shuffle of the split (seed 0), in file order: the bundled
-  files are sorted by class, so a range of the files would hold few classes. Slices of one
-  split are nested (`train[:1000]` ⊂ `train[:2000]`) or disjoint (`train[:98%]`,
-  `train[98%:]`), and `train[:100%]` is `train`.
-  """
+  """A split, or a tfds-style slice of one (`train[:3750]`, `train[:98%]`): see `splits`."""
   dataset = load(name)
-  match = _SLICE_RE.match(split.replace(" ", ""))
-  base = match.group(1) if match else split
+  base = splits.base_split(split)
   if base not in dataset.splits:
     raise ValueError(
       f"Builtin dataset {name!r} has no split {base!r} (in {split!r}); splits: "
       f"{sorted(dataset.splits)}, optionally sliced as 'train[:1000]' or 'train[:98%]'"
     )
   images, labels = dataset.splits[base]
-  if not match:
-    return images, labels
-  n = len(labels)
-  start, stop = _bound(match.group(2), n, 0), _bound(match.group(3), n, n)
-  if start >= stop:
-    raise ValueError(f"Builtin dataset {name!r}: slice {split!r} of {n} examples is empty")
-  rows = np.sort(np.random.default_rng(0).permutation(n)[start:stop])
-  return images[rows], labels[rows]
+  rows = splits.slice_rows(split, len(labels), f"Builtin dataset {name!r}")
+  return (images, labels) if rows is None else (images[rows], labels[rows])

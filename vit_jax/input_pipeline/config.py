@@ -13,9 +13,10 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
       'animal_mnist', 'mnist_5k', 'digits'), or the shards' prefix for `file_pattern`.
     data_dir: tfds data_dir; the directory of the shards (local or gs://) for 'tfrecord'; the root
       `root/<split>/<class>/*.jpg` for 'folder'.
-    train_split, eval_split: split names. tfds and 'builtin' accept slices ('train[:99%]',
-      'train[:3750]'; builtin slices are ranges of a fixed shuffle, see builtin.get_split); for
-      'tfrecord' a split containing '/' or a glob character is used as the file pattern itself.
+    train_split, eval_split: split names. tfds, 'builtin' and 'folder' accept slices
+      ('train[:99%]', 'train[:3750]'; builtin and folder slices are ranges of a fixed shuffle,
+      see vit_jax.input_pipeline.splits); for 'tfrecord' a split containing '/' or a glob
+      character is used as the file pattern itself.
     file_pattern: 'tfrecord' only: glob of a split's shards under data_dir, with {name} and {split}.
     image_key, label_key: tf.train.Example / tfds feature keys; None = 'image/encoded' and
       'image/class/label' for 'tfrecord', 'image' and 'label' for 'tfds'.

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from vit_jax.input_pipeline import builtin
+from vit_jax.input_pipeline import builtin, splits
 
 INFO_FILENAME = "dataset_info.json"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -115,12 +115,16 @@ class _IndexedSource(Source):
 
 
 class FolderSource(_IndexedSource):
-  """`root/<split>/<class>/*.{jpg,jpeg,png}`; classes are the sorted class folder names of all splits."""
+  """`root/<split>/<class>/*.{jpg,jpeg,png}`; classes are the sorted class folder names of all splits.
+
+  A split may be a slice of a folder (`train[:98%]`, `train[98%:]`, `train[:800]`), taken as
+  for the bundled datasets (vit_jax.input_pipeline.splits).
+  """
 
   def __init__(self, config, split, process_index, process_count):
     super().__init__(config, split, process_index, process_count)
     root = config.data_dir
-    split_dir = os.path.join(root or "", split)
+    split_dir = os.path.join(root or "", splits.base_split(split))
     if not root or not tf.io.gfile.isdir(split_dir):
       raise ValueError(
         f"Image folder split {split_dir!r} does not exist (dataset.data_dir={root!r})."
@@ -137,6 +141,9 @@ class FolderSource(_IndexedSource):
           labels.append(label)
     if not paths:
       raise ValueError(f"No images match {split_dir}/<class>/*.{{jpg,jpeg,png}}.")
+    rows = splits.slice_rows(split, len(paths), f"Image folder {split_dir!r}")
+    if rows is not None:
+      paths, labels = [paths[i] for i in rows], [labels[i] for i in rows]
     self.paths = tf.constant(paths)
     self.labels = tf.constant(labels, tf.int64)
     self.num_items = len(paths)

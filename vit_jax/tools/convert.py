@@ -48,7 +48,8 @@ flags.DEFINE_integer("num_heads", None, "Attention heads of a .safetensors witho
 def resolve_input(path: str) -> str:
   """The weights file inside a timm / Hugging Face / converted model directory, else `path`."""
   if os.path.isdir(path):
-    for name in ("model.safetensors", "model.npz"):
+    # transformers' pickle, last: named so that `checkpoint.load` refuses it by name.
+    for name in ("model.safetensors", "model.npz", "pytorch_model.bin"):
       if os.path.isfile(os.path.join(path, name)):
         return os.path.join(path, name)
     if os.path.isfile(os.path.join(path, "model.safetensors.index.json")):
@@ -66,10 +67,7 @@ def read_model(
     layout: 'timm', 'hf', 'npz' or 'orbax').
   """
   path = resolve_input(path)
-  if checkpoint.is_params_file(path):
-    params = checkpoint.load(path, num_heads=num_heads)
-  else:
-    params = train_state.restore_params(path)
+  params = checkpoint.load(path, num_heads=num_heads)  # refuses pickles (.pth, .bin, ...)
   layout = checkpoint.file_layout(path) if checkpoint.is_params_file(path) else "orbax"
   if model:
     model_config = models.get_model_config(model)
