@@ -39,7 +39,8 @@ def _bad_files(tmp_path):
 
 
 def test_each_bad_file_raises_one_line_naming_it(tmp_path):
-  for name, (file, message) in _bad_files(tmp_path).items():
+  bad = _bad_files(tmp_path)
+  for name, (file, message) in bad.items():
     path = str(tmp_path / file)
     with pytest.raises((ValueError, FileNotFoundError)) as raised:
       checkpoint.load(path)
@@ -47,6 +48,13 @@ def test_each_bad_file_raises_one_line_naming_it(tmp_path):
     assert "\n" not in text and str(tmp_path / file) in text, (name, text)
     assert raised.match(message), (name, text)
   assert set(checkpoint.load(tmp_path / "good.npz")) == {"a", "b"}
+  # The trainer's model_init reads through restore_params: the same lines.
+  from vit_jax.checkpoint import train_state
+
+  for name in ("missing", "uncommitted", "text"):
+    file, message = bad[name]
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+      train_state.restore_params(tmp_path / file)
 
 
 def _run(args):

@@ -290,6 +290,8 @@ def abstract_tree(tree: Any, shardings: Any) -> Any:
 
 def _state_dir(path: epath.Path) -> epath.Path:
   """Finds the `state` item of a workdir, a checkpoints directory or one step directory."""
+  if not path.exists():
+    raise FileNotFoundError(f"{path}: no such file or directory")
   if (path / _STATE).is_dir():
     return path / _STATE
   if (path / CHECKPOINT_DIR).is_dir():
