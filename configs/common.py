@@ -217,6 +217,7 @@ def runlocal(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 _RUNLOCAL_DATASET = dict(image_size=16, shuffle_buffer=256)
 _RUNLOCAL_EVAL = dict(
   classification=dict(max_examples=64),
+  real=dict(max_examples=64),
   fewshot=dict(shots=(1, 2), max_examples=256),
   linear=dict(),
 )

@@ -44,9 +44,13 @@ workdir's metrics, e.g. TensorBoard or the last "minival/accuracy" log line), th
 
 Multi-host TPU VM: the same lines on every worker (`--worker=all`).
 
-Expected top-1 (paper Table 2, JFT-300M pretraining, 384px): ViT-L/16 87.76 ImageNet,
-99.42 CIFAR-10, 93.90 CIFAR-100, 97.32 Pets, 99.74 Flowers; ViT-H/14 88.55, 99.50, 94.55,
-97.56, 99.68. From ImageNet-21k (Table 5), ViT-B/16 reaches 98.95 CIFAR-10 and 83.97 ImageNet.
+The imagenet2012 preset evaluates ImageNet ReaL (`evals.real`: tfds imagenet2012_real, the
+validation images with their sets of ReaL labels, vit_jax/evaluators/real.py) beside the
+ordinary validation top-1 (`evals.val`).
+
+Expected top-1 (paper Table 2, JFT-300M pretraining, 384px): ViT-L/16 87.76 ImageNet, 90.54
+ReaL, 99.42 CIFAR-10, 93.90 CIFAR-100, 97.32 Pets, 99.74 Flowers; ViT-H/14 88.55, 90.72,
+99.50, 94.55, 97.56, 99.68. From ImageNet-21k (Table 5), ViT-B/16 reaches 98.95 CIFAR-10 and 83.97 ImageNet.
 VTAB-1k (App. B.1.1; the tasks, splits and label transforms of google-research/task_adaptation,
 see vit_jax/input_pipeline/vtab.py): every task trains 2,500 steps at batch 512, 384px, lr 0.01
 (grid 0.001, 0.003, 0.01, 0.03), 200 warmup steps, no flip; holdout trains on train800 and
@@ -215,6 +219,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
   # split '': the dataset's eval_split, also when it is overridden on the command line.
   config.evals.val = dict(type="classification", every_steps=every, split="", loss=config.loss)
+  if arg.dataset == "imagenet2012":
+    # ImageNet ReaL (Table 2): the same 50k validation images with their sets of ReaL labels.
+    config.evals.real = dict(
+      type="real",
+      every_steps=every,
+      split="validation",
+      dataset=dict(
+        name="imagenet2012_real",
+        label_key="real_label",
+        multi_label=True,
+        num_classes=1000,
+        train_split="validation",
+        eval_split="validation",
+      ),
+    )
   if arg.runlocal:
     common.runlocal(config)
   return config

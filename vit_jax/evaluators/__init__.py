@@ -9,6 +9,8 @@ An evaluator is an object with
 Kinds (`REGISTRY`):
 - `classification` (classification.py): top-1 and loss of the model's logits over a split;
   padded examples (batch `mask` 0) never count. Metrics `{name}/accuracy|loss|num_examples`.
+- `real` (real.py): ImageNet ReaL top-1: the top-1 class is in the image's set of ReaL labels
+  (multi-hot); images with an empty set do not count. Metrics `{name}/accuracy|num_examples`.
 - `fewshot` (fewshot.py): the paper's few-shot linear evaluation: k examples per class of a
   training split, closed-form regularised least squares to {-1, +1}^K on the frozen
   representation, top-1 on a test split. Metrics `{name}/{k}shot`.
@@ -30,7 +32,7 @@ The trainer builds them from the stage config with `build`:
         writer.write_scalars(step, ev.run(params))
 
 Fields of each entry: `type`; `every_steps`; `dataset` (overrides of
-`input_pipeline.dataset_config`, default the stage's dataset); `split` (classification; ''
+`input_pipeline.dataset_config`, default the stage's dataset); `split` (classification, real; ''
 or None: the dataset's `eval_split`, read when the evaluators are built, so that a command-line
 override of it counts), `train_split` / `test_split` (fewshot, linear; default the dataset's
 `train_split` and `eval_split`); `batch_size`; every other field is passed to
@@ -53,6 +55,7 @@ from vit_jax.evaluators._utils import ArrayFn, DataSource
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.evaluators.fewshot import FewShotEvaluator
 from vit_jax.evaluators.linear import LinearProbeEvaluator
+from vit_jax.evaluators.real import RealEvaluator
 
 
 class Evaluator(Protocol):
@@ -66,6 +69,7 @@ REGISTRY = {
   "classification": ClassificationEvaluator,
   "fewshot": FewShotEvaluator,
   "linear": LinearProbeEvaluator,
+  "real": RealEvaluator,
 }
 
 # make_data(dataset_config_overrides, split (None: the dataset's eval_split), global_batch_size)
@@ -167,9 +171,9 @@ def build(
     bs = kwargs.pop("batch_size", None) or batch_size
     kwargs.setdefault("name", name)
     # Default splits: the dataset's own (`train_split`, and `eval_split` for None).
-    if kind == "classification":
+    if kind in ("classification", "real"):
       data = make_data(ds, kwargs.pop("split", None) or None, bs)
-      out.append(ClassificationEvaluator(predict, data, **kwargs))
+      out.append(REGISTRY[kind](predict, data, **kwargs))
       continue
     train = make_data(ds, kwargs.pop("train_split", None) or ds.get("train_split", "train"), bs)
     test = make_data(ds, kwargs.pop("test_split", None), bs)
@@ -186,6 +190,7 @@ __all__ = [
   "Evaluator",
   "FewShotEvaluator",
   "LinearProbeEvaluator",
+  "RealEvaluator",
   "build",
   "predict_fn",
   "representation_fn",
