@@ -3,7 +3,7 @@ r"""Fine-tuning (ViT paper §3.2, App. B.1.1) from a pretrained checkpoint.
 Arguments (`configs/finetune.py:key=value,...`, see configs/common.py):
   dataset    imagenet2012 | cifar10 | cifar100 | oxford_iiit_pet | oxford_flowers102 |
              vtab/<task>, one of VTAB-1k's 19 (vit_jax.input_pipeline.vtab.TASKS, e.g.
-             vtab/clevr_count) | animal_mnist (CPU demo)             default cifar10
+             vtab/clevr_count) | animal_mnist, mnist_5k (CPU demo)   default cifar10
   model      a vit_jax.models preset, e.g. B/16, L/16, R50+B/16, or a   default B/16 (testing
              BiT ResNet, e.g. R50x1                                   for the demo)
   lr         0: the preset's default learning rate (table below)
@@ -97,7 +97,11 @@ _PRESETS = {
   "animal_mnist": dict(
     image_size=32, total_steps=1000, warmup=100, lr=0.1, test="test", minival=10
   ),
+  # The same budget on the bundled MNIST-5k (28px digits): the offline suite's second dataset.
+  "mnist_5k": dict(image_size=32, total_steps=1000, warmup=100, lr=0.1, test="test", minival=10),
 }
+# The bundled offline datasets (vit_jax.input_pipeline.builtin) with a preset.
+BUILTIN = ("animal_mnist", "mnist_5k")
 # VTAB-1k (App. B.1.1): every task 2,500 steps at lr 0.01 (the grid is searched on val200);
 # the paper gives no warmup, 200 steps is big_vision's transfer setting.
 VTAB_PREFIX = "vtab/"
@@ -109,6 +113,7 @@ LR_GRID = {
   "oxford_iiit_pet": _GRID_SMALL,
   "oxford_flowers102": _GRID_SMALL,
   "animal_mnist": (0.03, 0.1, 0.3),
+  "mnist_5k": (0.03, 0.1, 0.3),
   **{VTAB_PREFIX + name: _GRID_SMALL for name in vtab.TASKS},
 }
 
@@ -148,7 +153,7 @@ def _preset(dataset: str) -> dict:
 
 def _dataset_fields(dataset: str, preset: dict, train_split: str) -> dict:
   """Source, splits and preprocessing of a preset (vit_jax.input_pipeline.dataset_config)."""
-  if dataset == "animal_mnist":
+  if dataset in BUILTIN:
     return dict(
       source="builtin",
       train_split=train_split,
@@ -179,7 +184,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The fine-tuning config; see the module docstring for arguments and commands."""
   arg = common.parse_arg(arg, dataset="cifar10", model="", lr=0.0, holdout=True, runlocal=False)
   preset = _preset(arg.dataset)
-  demo = arg.dataset == "animal_mnist"
+  demo = arg.dataset in BUILTIN
   train_split, minival_split = splits(arg.dataset, arg.holdout)
 
   config = common.training_config("finetune")

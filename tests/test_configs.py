@@ -34,6 +34,7 @@ ARGS = {
     "dataset=vtab/clevr_count",
     "dataset=vtab/kitti_dist,holdout=false",
     "dataset=animal_mnist",
+    "dataset=mnist_5k",
   ],
   "linear_probe": ["", "dataset=fashion_mnist"],
   "pretrain_mpp": [

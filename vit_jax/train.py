@@ -27,7 +27,8 @@ checkpoint, so a bad step stops the run (FloatingPointError naming the step) and
 
 Preemption: on TPU VMs (with jax.distributed) a preemption notice makes every process save the
 current step and return; the restarted job resumes there. Killed without notice, it resumes from
-the latest complete checkpoint and replays the same steps.
+the latest complete checkpoint and replays the same steps. A run restarted after its last step
+runs its evaluators on the final state and returns their metrics (what vit_jax.main records).
 """
 
 from collections.abc import Callable
@@ -409,6 +410,12 @@ def run(
   throughput = None
   metrics: dict[str, float] = {}
   try:
+    if start_step >= total_steps and evals:
+      # Finished earlier (e.g. stopped after its last save, before its metrics were recorded):
+      # the final state is evaluated again, so the run still returns its final metrics.
+      metrics["step"] = float(start_step)
+      for evaluator in evals:
+        metrics.update(evaluator.run(state.get("ema", state["params"])))
     for step in range(start_step + 1, total_steps + 1):
       with jax.profiler.StepTraceAnnotation("train", step_num=step):
         batch = next(train_iter)

@@ -379,7 +379,10 @@ def _tfds_known_splits(builder) -> dict[str, int]:
 
 
 class TfdsSource(Source):
-  """A tfds dataset; hosts get `tfds.even_splits` of the split (tfds reads only the needed files)."""
+  """A tfds dataset; hosts get `tfds.even_splits` of the split (tfds reads only the needed files).
+
+  With `vtab_task` the task's `parse` (vtab.py) turns each record into (image, label).
+  """
 
   def __init__(self, config, split, process_index, process_count):
     super().__init__(config, split, process_index, process_count)
