@@ -27,10 +27,19 @@ def pretrained(tmp_path_factory):
   return path
 
 
-def test_unknown_dataset_is_named():
+def test_bad_suite_and_overrides_are_named():
   with pytest.raises(ValueError, match="unknown dataset 'vtab/nope'"):
     transfer.suite_datasets("cifar10,vtab/nope")
   assert len(transfer.suite_datasets("vtab")) == 19
+  options = dict(checkpoint="x.npz", workdir="/w", model="", runlocal=True, overrides=["nope=1"])
+  with pytest.raises(ValueError, match="no field 'nope'"):
+    transfer.Run("cifar10", 0.01, True, options)
+  options["overrides"] = ["checkpoint.asynchronous=yes"]
+  with pytest.raises(ValueError, match="is a bool"):
+    transfer.Run("cifar10", 0.01, True, options)
+  options["overrides"] = ["checkpoint.keep=5", "dataset.data_dir=/data"]
+  run = transfer.Run("cifar10", 0.01, True, options)
+  assert run.config.checkpoint.keep == 5 and run.config.dataset.data_dir == "/data"
   assert len(transfer.suite_datasets("table2")) == 24
 
 

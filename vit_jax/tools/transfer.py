@@ -96,12 +96,15 @@ def _set(config, field: str, text: str) -> None:
   """config.<field> = text converted to the field's type (as ml_collections' config flags)."""
   *parents, leaf = field.split(".")
   node = config
-  for p in parents:
-    node = node[p]
-  if leaf not in node:
-    raise ValueError(f"--config_override {field}={text}: the config has no field {field!r}")
+  for name in [*parents, leaf]:
+    if not hasattr(node, "keys") or name not in node:
+      raise ValueError(f"--config_override {field}={text}: the config has no field {field!r}")
+    if name != leaf:
+      node = node[name]
   old = node[leaf]
   if isinstance(old, bool):
+    if text.lower() not in ("1", "0", "true", "false"):
+      raise ValueError(f"--config_override {field}={text}: {field} is a bool (true or false)")
     value = text.lower() in ("1", "true")
   elif isinstance(old, int | float) and not isinstance(old, bool):
     value = type(old)(text)
