@@ -170,6 +170,8 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
     total_steps, batch_size (global), accum_steps (micro-batches per step).
     loss: 'softmax_xent' | 'sigmoid_xent' | 'mpp' (masked patch prediction, with `config.mpp`).
     optimizer, schedule, grad_clip_norm: see vit_jax.optim.
+    ema_decay: 0 (off) or the decay of Polyak averaging of the parameters (vit_jax.ema); when on,
+      the average is what the evaluators see and what the checkpoint exports.
     mesh: see mesh_config; checkpoint: see checkpoint_config.
     log_every_steps: metrics (and the non-finite-loss check) every N steps.
     evals, eval_batch_size: periodic evaluators (see vit_jax.evaluators).
@@ -183,6 +185,7 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
   config.accum_steps = 1
   config.loss = "softmax_xent"
   config.grad_clip_norm = 1.0
+  config.ema_decay = 0.0
   config.mesh = mesh_config()
   config.checkpoint = checkpoint_config()
   config.log_every_steps = 50
@@ -235,6 +238,7 @@ def runlocal(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 _RUNLOCAL_DATASET = dict(image_size=16, shuffle_buffer=256)
 _RUNLOCAL_EVAL = dict(
   classification=dict(max_examples=64),
+  real=dict(max_examples=64),
   fewshot=dict(shots=(1, 2), max_examples=256),
   linear=dict(),
 )

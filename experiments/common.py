@@ -4,15 +4,15 @@
                                     mpp_study, bench_trainer, benchmark_model, ablate_step)
   DemoBudget, DEMO_FULL, DEMO_QUICK the demo's training budgets (demo, folder_transfer)
   run_stage, fmt_seconds            `python -m vit_jax.main` stages, each in its own process
-  pixel_baselines, pixel_scores     logistic regression and kNN-3 on raw pixels
   train_step_fn                     a softmax cross-entropy step with one optax update
   results_dir, out_dir, write_json  where an experiment's outputs go: experiments/results/<name>/
 
 Every experiment that chains stages (demo, scale_study, folder_transfer) runs them through
 `run_stage`: the command is printed so that a reader can rerun any stage by hand, the progress
 lines (metrics, ETA, errors) are shown as they come, and the last value of every metric the stage
-logged is returned. Every accuracy of the experiments stands next to the raw-pixel baselines,
-fitted on exactly the examples the model was trained on and scored on the same test split.
+logged is returned. Every accuracy of the experiments stands next to the raw-pixel baselines
+(vit_jax.baselines), fitted on exactly the examples the model was trained on and
+scored on the same test split.
 """
 
 import dataclasses
@@ -22,10 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-import warnings
 from typing import Any
-
-import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -181,58 +178,6 @@ def fmt_seconds(seconds: float) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Raw-pixel baselines.
-
-
-def pixel_baselines(
-  dataset: str,
-  train_split: str = "train",
-  train_rows: Any | None = None,
-  test_split: str = "test",
-  max_iter: int = 1000,
-) -> dict[str, float]:
-  """{'logreg', 'knn3'} top-1 on `test_split` of a builtin dataset, whether the logistic
-  regression converged within `max_iter`, and the example counts.
-
-  Args:
-    dataset: a builtin dataset name (vit_jax.input_pipeline.builtin).
-    train_split: the training split, slices allowed ('train[:98%]', builtin.get_split).
-    train_rows: positions within `train_split` to train on (e.g. the k-shot examples); None: all.
-    test_split: the split scored, slices allowed ('test[:500]').
-    max_iter: L-BFGS iterations of the logistic regression (1000 converges on the downstream
-      sets; 100 keeps Fashion-MNIST's 60k examples to ~15 s on 2 cores).
-  """
-  from vit_jax.input_pipeline import builtin
-
-  x, y = builtin.get_split(dataset, train_split)
-  if train_rows is not None:
-    x, y = x[train_rows], y[train_rows]
-  xt, yt = builtin.get_split(dataset, test_split)
-  return pixel_scores(x, y, xt, yt, max_iter)
-
-
-def pixel_scores(
-  x: np.ndarray, y: np.ndarray, xt: np.ndarray, yt: np.ndarray, max_iter: int = 1000
-) -> dict[str, float]:
-  """The baselines (see `pixel_baselines`) of any uint8 images `x` [N, ...] with labels `y`
-  (pixels / 255, scikit-learn), scored on `xt`, `yt`."""
-  from sklearn.exceptions import ConvergenceWarning
-  from sklearn.linear_model import LogisticRegression
-  from sklearn.neighbors import KNeighborsClassifier
-
-  def flat(a):
-    return a.reshape(len(a), -1).astype(np.float32) / 255.0
-
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always", ConvergenceWarning)
-    logreg = LogisticRegression(max_iter=max_iter).fit(flat(x), y)
-  knn = KNeighborsClassifier(n_neighbors=min(3, len(y))).fit(flat(x), y)
-  return dict(
-    logreg=float(logreg.score(flat(xt), yt)),
-    knn3=float(knn.score(flat(xt), yt)),
-    logreg_converged=not any(issubclass(w.category, ConvergenceWarning) for w in caught),
-    train_examples=len(y),
-    test_examples=len(yt),
-  )
 
 
 # ---------------------------------------------------------------------------------------------

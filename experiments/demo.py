@@ -26,6 +26,7 @@ import os
 import time
 
 from experiments import common
+from vit_jax import baselines
 
 
 def split_flags(budget: common.DemoBudget) -> list[str]:
@@ -127,9 +128,11 @@ def main(argv: list[str] | None = None) -> dict:
     test = f"test[:{budget.max_test_examples}]"
   base = {
     # 100 L-BFGS iterations on Fashion-MNIST's 60k (~15 s; 1000 take minutes).
-    "fashion_mnist": common.pixel_baselines("fashion_mnist", train, test_split=test, max_iter=100),
-    "animal_mnist": common.pixel_baselines("animal_mnist", train, test_split=test),
-    "mnist_5k": common.pixel_baselines("mnist_5k", probe_splits[0], test_split=probe_splits[1]),
+    "fashion_mnist": baselines.pixel_baselines(
+      "fashion_mnist", train, test_split=test, max_iter=100
+    ),
+    "animal_mnist": baselines.pixel_baselines("animal_mnist", train, test_split=test),
+    "mnist_5k": baselines.pixel_baselines("mnist_5k", probe_splits[0], test_split=probe_splits[1]),
   }
   base_s = time.perf_counter() - start
   total_s = time.perf_counter() - total_start

@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from experiments import common
+from vit_jax import baselines
 
 NO_FLIP = "decode|resize|value_range(-1, 1)"
 
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
   start = time.perf_counter()
   with open(os.path.join(args.pretrained, "config.json")) as f:
     image_size = json.load(f)["dataset"]["image_size"]
-  base = common.pixel_scores(
+  base = baselines.pixel_scores(
     *read_folder(folder, "train", image_size), *read_folder(folder, "test", image_size)
   )
   base_seconds = time.perf_counter() - start

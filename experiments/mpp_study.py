@@ -28,6 +28,7 @@ import shutil
 import time
 
 from experiments import common
+from vit_jax import baselines
 
 DOWNSTREAM = ("animal_mnist", "mnist_5k")
 INITS = ("scratch", "mpp", "supervised")
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
       results["finetune"][dataset][init] = metrics["val/accuracy"]
       print(f"finetune {dataset} from {init}: {metrics['val/accuracy']:.4f}", flush=True)
     n = profile.max_train_examples
-    results["baselines"][dataset] = common.pixel_baselines(
+    results["baselines"][dataset] = baselines.pixel_baselines(
       dataset, f"train[:{n}]" if n else "train", test_split=scored_split(profile)
     )
 

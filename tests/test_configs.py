@@ -31,7 +31,10 @@ ARGS = {
     "dataset=oxford_iiit_pet",
     "dataset=oxford_flowers102",
     "dataset=cifar10,holdout=false,lr=0.01",
+    "dataset=vtab/clevr_count",
+    "dataset=vtab/kitti_dist,holdout=false",
     "dataset=animal_mnist",
+    "dataset=mnist_5k",
   ],
   "linear_probe": ["", "dataset=fashion_mnist"],
   "pretrain_mpp": [

@@ -19,12 +19,13 @@ Examples:
       --config.model_init=gs://vit_models/imagenet21k/ViT-B_16.npz --workdir=gs://bucket/ft
 """
 
-import os
 import sys
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from vit_jax import distributed
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Stage config: configs/<stage>.py:<key=value,...>.", lock_config=True
@@ -49,32 +50,6 @@ _VERBOSE = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config", "workdir"])
 
 STAGES = ("pretrain", "finetune", "linear_probe")
-
-
-def _multihost_tpu() -> bool:
-  # Set by the TPU VM runtime on every worker of a slice; one entry per host.
-  return "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
-
-
-def initialize_distributed(
-  mode: str,
-  coordinator_address: str | None = None,
-  num_processes: int | None = None,
-  process_id: int | None = None,
-) -> None:
-  """Connects the processes of a multi-host run (no-op for a single process)."""
-  if mode == "off" or (mode == "auto" and not coordinator_address and not _multihost_tpu()):
-    return
-  jax.distributed.initialize(
-    coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
-  )
-  logging.info(
-    "jax.distributed: process %d of %d, %d local / %d global devices",
-    jax.process_index(),
-    jax.process_count(),
-    jax.local_device_count(),
-    jax.device_count(),
-  )
 
 
 def run(config, workdir: str):
@@ -170,7 +145,7 @@ def main(argv):
   process = _PROCESS_ID.value or 0
   log = None if _VERBOSE.value else _setup_console(_WORKDIR.value, process)
   try:
-    initialize_distributed(
+    distributed.initialize(
       _DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value
     )
     config = _CONFIG.value

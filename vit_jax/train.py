@@ -30,6 +30,8 @@ preemption notice, make every process save the same step and raise `stopping.Sto
 resumes there without replaying a step. A second signal exits at once. Killed without notice, a
 run resumes from the latest complete checkpoint and replays the same steps; a latest checkpoint
 that does not restore is moved aside and the one before it used (vit_jax.checkpoint.train_state).
+A run restarted after its last step runs its evaluators on the final state and returns their
+metrics (what vit_jax.main records).
 """
 
 from collections.abc import Callable
@@ -47,6 +49,7 @@ from jax.sharding import PartitionSpec as P
 
 from vit_jax import (
   checkpoint,
+  ema,
   evaluators,
   input_pipeline,
   logging_util,
@@ -59,7 +62,8 @@ from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoint import train_state
 from vit_jax.cost import compiled_stats, flops
 
-State = dict[str, Any]  # step int32 [], params, opt_state, rng uint32 [2]
+# step int32 [], params, opt_state, rng uint32 [2]; with config.ema_decay also ema (like params).
+State = dict[str, Any]
 # Sums over the steps since the last log: loss_sum, correct, examples, grad_norm_sum, steps
 # (float32 []), and first_bad (int32 []): 1-based first step whose loss was not finite, or -1.
 Window = dict[str, jax.Array]
@@ -104,6 +108,7 @@ def make_train_step(
   schedule: optax.Schedule,
   accum_steps: int,
   mesh: jax.sharding.Mesh,
+  ema_decay: float | None = None,
 ):
   """Returns train_step(state, batch, window) -> (state, window, learning_rate), un-jitted.
 
@@ -111,6 +116,7 @@ def make_train_step(
   is 1, computed over the whole global batch whatever `accum_steps` is: micro-batches sum
   masked losses and gradients, divided once at the end. The step adds its sums to `window`
   (see `Window`) and records there the first step with a non-finite loss or gradient norm.
+  With `ema_decay` the state's `ema` is averaged towards the new parameters (vit_jax.ema).
   """
 
   def micro_step(params, micro, key):
@@ -169,6 +175,8 @@ def make_train_step(
       first_bad=jnp.where((first_bad < 0) & ~finite, step + 1, first_bad),
     )
     new_state = dict(step=step + 1, params=params, opt_state=opt_state, rng=state["rng"])
+    if ema_decay:
+      new_state["ema"] = ema.update(state["ema"], params, ema_decay)
     return new_state, window, schedule(step)
 
   return train_step
@@ -266,10 +274,14 @@ def build(
 
   schedule = optim.make_schedule(config.schedule, int(config.total_steps))
   tx = optim.make_optimizer(config.optimizer, schedule, config.grad_clip_norm)
+  ema_decay = float(config.ema_decay) if ema.enabled(config.ema_decay) else None
 
   def init_state(key):
     params = init_params(key)
-    return dict(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=dropout_key)
+    state = dict(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=dropout_key)
+    if ema_decay:
+      state["ema"] = params
+    return state
 
   abstract = jax.eval_shape(init_state, init_key)
   replicated = sharding.replicated(mesh)
@@ -279,7 +291,11 @@ def build(
     opt_state=sharding.tree_shardings(abstract["opt_state"], mesh),
     rng=replicated,
   )
-  step_fn = make_train_step(objective, model, tx, schedule, int(config.accum_steps), mesh)
+  if ema_decay:
+    state_shardings["ema"] = state_shardings["params"]
+  step_fn = make_train_step(
+    objective, model, tx, schedule, int(config.accum_steps), mesh, ema_decay
+  )
   return TrainStep(
     objective=objective,
     model=model,
@@ -361,6 +377,8 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       params = _load_init_params(config, abstract["params"], head, state_shardings["params"])
       opt_state = jax.jit(tx.init, out_shardings=state_shardings["opt_state"])(params)
       state = dict(state, params=params, opt_state=opt_state)
+      if "ema" in state:  # the average starts at the pretrained weights
+        state["ema"] = jax.tree_util.tree_map(jnp.copy, params)
   start_step = int(jax.device_get(state["step"]))
   logging_util.log_parameter_overview(state["params"])
   writer = logging_util.create_writer(workdir)
@@ -400,6 +418,12 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
   metrics: dict[str, float] = {}
   step, failed = start_step, True
   try:
+    if start_step >= total_steps and evals:
+      # Finished earlier (e.g. stopped after its last save, before its metrics were recorded):
+      # the final state is evaluated again, so the run still returns its final metrics.
+      metrics["step"] = float(start_step)
+      for evaluator in evals:
+        metrics.update(evaluator.run(state.get("ema", state["params"])))
     for step in range(start_step + 1, total_steps + 1):
       with jax.profiler.StepTraceAnnotation("train", step_num=step):
         batch = next(train_iter)
@@ -440,7 +464,8 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
         if (evaluator.every_steps and step % evaluator.every_steps == 0) or step == total_steps:
           results = {}
           with progress.evaluation(step, evaluator.name, results), throughput.paused(window):
-            results.update(evaluator.run(state["params"]))
+            # With Polyak averaging the averaged weights are the ones evaluated (and exported).
+            results.update(evaluator.run(state.get("ema", state["params"])))
           writer.write_scalars(step, results)
           metrics.update(results)
     failed = False

@@ -30,7 +30,8 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> dict[str, Any
 
   Args:
     path: `.npz` or `.safetensors` (local or `gs://`), or an Orbax workdir, its `checkpoints/`
-      or one step directory `checkpoints/<step>`.
+      or one step directory `checkpoints/<step>` (of a run with Polyak averaging: the average,
+      the weights its evaluators reported; see train_state.restore_params).
     num_heads: attention heads of a PyTorch-layout file (see vit_jax.checkpoint.npz.load).
   """
   if npz.is_params_file(path):

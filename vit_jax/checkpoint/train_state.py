@@ -1,7 +1,7 @@
 """Training checkpoints in the workdir (Orbax), and `restore_params` for any checkpoint path.
 
 Layout: `<workdir>/checkpoints/<step>/state` holds the train state pytree (params, opt_state,
-step, rng) written by every process (each writes its own shards), and `<step>/data` the input
+step, rng, and ema with Polyak averaging) written by every process (each writes its own shards), and `<step>/data` the input
 iterator's state as JSON (written by process 0; the iterator state is the same on every process).
 Orbax writes a step to a temporary directory and renames it when complete, so a run killed at
 any moment leaves only complete steps behind; `latest_step` ignores the rest.
@@ -318,7 +318,7 @@ def committed_steps(path: str | os.PathLike) -> list[int]:
   return sorted(m.step for m in found if (m.path / _STATE).is_dir())
 
 
-def restore_params(path: str | os.PathLike) -> dict[str, Any]:
+def restore_params(path: str | os.PathLike, ema: bool | None = None) -> dict[str, Any]:
   """Reads parameters from any checkpoint a stage may start from.
 
   Args:
@@ -326,6 +326,9 @@ def restore_params(path: str | os.PathLike) -> dict[str, Any]:
       `.safetensors` (see vit_jax.checkpoint.load),
       or an Orbax checkpoint written by the trainer: a workdir (its latest step), its
       `checkpoints/` directory (latest step) or one step directory `checkpoints/<step>`.
+    ema: of an Orbax checkpoint trained with Polyak averaging (`config.ema_decay`), the
+      averaged parameters (None or True: the ones its evaluators reported) or the raw ones
+      (False). True for a checkpoint without an average raises ValueError.
 
   Returns:
     Nested dict of numpy arrays (host memory, on every process), in the module layout of
@@ -337,17 +340,20 @@ def restore_params(path: str | os.PathLike) -> dict[str, Any]:
   checkpointer = ocp.PyTreeCheckpointer()
   metadata = checkpointer.metadata(state_dir)
   tree = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata.tree
-  params_meta = tree["params"]
+  if ema and "ema" not in tree:
+    raise ValueError(f"restore_params(ema=True): {state_dir} holds no parameter average")
+  key = "ema" if "ema" in tree and ema is not False else "params"
+  params_meta = tree[key]
   restore_args = jax.tree_util.tree_map(
     lambda _: ocp.RestoreArgs(restore_type=np.ndarray), params_meta
   )
   restored = checkpointer.restore(
     state_dir,
     args=ocp.args.PyTreeRestore(
-      item={"params": params_meta},
-      restore_args={"params": restore_args},
+      item={key: params_meta},
+      restore_args={key: restore_args},
       partial_restore=True,
     ),
   )
-  logging.info("restore_params: read %s", state_dir)
-  return jax.tree_util.tree_map(np.asarray, restored["params"])
+  logging.info("restore_params: read %s of %s", key, state_dir)
+  return jax.tree_util.tree_map(np.asarray, restored[key])

@@ -9,6 +9,8 @@ An evaluator is an object with
 Kinds (`REGISTRY`):
 - `classification` (classification.py): top-1 and loss of the model's logits over a split;
   padded examples (batch `mask` 0) never count. Metrics `{name}/accuracy|loss|num_examples`.
+- `real` (real.py): ImageNet ReaL top-1: the top-1 class is in the image's set of ReaL labels
+  (multi-hot); images with an empty set do not count. Metrics `{name}/accuracy|num_examples`.
 - `fewshot` (fewshot.py): the paper's few-shot linear evaluation: k examples per class of a
   training split, closed-form regularised least squares to {-1, +1}^K on the frozen
   representation, top-1 on a test split. Metrics `{name}/{k}shot`.
@@ -32,11 +34,11 @@ The trainer builds them from the stage config with `build`:
 Fields of each entry: `type`; `every_steps`; `dataset` (overrides of
 `input_pipeline.dataset_config`, default the stage's dataset; an entry naming another dataset
 reads it from its own `data_dir`, tfds's default unless set, never the stage's: see
-`downstream_dataset`); `split` (classification; '' or None: the dataset's `eval_split`, read when
-the evaluators are built, so that a command-line override of it counts), `train_split` /
-`test_split` (fewshot, linear; default the dataset's `train_split` and `eval_split`);
-`batch_size`; every other field is passed to the evaluator's constructor (`loss`, `shots`,
-`l2_reg`, `seed`, `ridge_l2_regs`, ...).
+`downstream_dataset`); `split` (classification, real; '' or None: the dataset's `eval_split`,
+read when the evaluators are built, so that a command-line override of it counts),
+`train_split` / `test_split` (fewshot, linear; default the dataset's `train_split` and
+`eval_split`); `batch_size`; every other field is passed to the evaluator's constructor (`loss`,
+`shots`, `l2_reg`, `seed`, `ridge_l2_regs`, ...).
 
 Representations come from `model.apply(..., train=False, return_representation=True)` (the
 pre-logits, or the pooled token when the model has none). Data is read with the input
@@ -55,6 +57,7 @@ from vit_jax.evaluators._utils import ArrayFn, DataSource
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.evaluators.fewshot import FewShotEvaluator
 from vit_jax.evaluators.linear import LinearProbeEvaluator
+from vit_jax.evaluators.real import RealEvaluator
 
 
 class Evaluator(Protocol):
@@ -68,6 +71,7 @@ REGISTRY = {
   "classification": ClassificationEvaluator,
   "fewshot": FewShotEvaluator,
   "linear": LinearProbeEvaluator,
+  "real": RealEvaluator,
 }
 
 # make_data(dataset_config_overrides, split (None: the dataset's eval_split), global_batch_size)
@@ -182,9 +186,9 @@ def build(
     bs = kwargs.pop("batch_size", None) or batch_size
     kwargs.setdefault("name", name)
     # Default splits: the dataset's own (`train_split`, and `eval_split` for None).
-    if kind == "classification":
+    if kind in ("classification", "real"):
       data = make_data(ds, kwargs.pop("split", None) or None, bs)
-      out.append(ClassificationEvaluator(predict, data, **kwargs))
+      out.append(REGISTRY[kind](predict, data, **kwargs))
       continue
     train = make_data(ds, kwargs.pop("train_split", None) or ds.get("train_split", "train"), bs)
     test = make_data(ds, kwargs.pop("test_split", None), bs)
@@ -201,6 +205,7 @@ __all__ = [
   "Evaluator",
   "FewShotEvaluator",
   "LinearProbeEvaluator",
+  "RealEvaluator",
   "build",
   "downstream_dataset",
   "predict_fn",

@@ -20,6 +20,9 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
     file_pattern: 'tfrecord' only: glob of a split's shards under data_dir, with {name} and {split}.
     image_key, label_key: tf.train.Example / tfds feature keys; None = 'image/encoded' and
       'image/class/label' for 'tfrecord', 'image' and 'label' for 'tfds'.
+    vtab_task: 'tfds' only: None, or a VTAB-1k task of `vit_jax.input_pipeline.vtab` (e.g.
+      'clevr_count'): its label transform and class count replace `label_key`'s, and the
+      prepared data's split sizes are checked against the task's (name is the task's builder).
     multi_label: labels are lists → multi-hot float targets [K] (sigmoid cross-entropy).
     num_classes: None = from the dataset's info (tfds info, dataset_info.json, class folders).
     shuffle_buffer: records in the shuffle buffer ('tfrecord' and 'tfds'; the in-memory sources
@@ -46,6 +49,7 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
   c.file_pattern = "{name}-{split}.tfrecord*"
   c.image_key = config_dict.placeholder(str)
   c.label_key = config_dict.placeholder(str)
+  c.vtab_task = config_dict.placeholder(str)
   c.multi_label = False
   c.num_classes = config_dict.placeholder(int)
   c.shuffle_buffer = 50_000

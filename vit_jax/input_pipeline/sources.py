@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from vit_jax.input_pipeline import builtin, splits
+from vit_jax.input_pipeline import builtin, splits, vtab
 
 INFO_FILENAME = "dataset_info.json"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -386,7 +386,10 @@ def _tfds_known_splits(builder) -> dict[str, int]:
 
 
 class TfdsSource(Source):
-  """A tfds dataset; hosts get `tfds.even_splits` of the split (tfds reads only the needed files)."""
+  """A tfds dataset; hosts get `tfds.even_splits` of the split (tfds reads only the needed files).
+
+  With `vtab_task` the task's `parse` (vtab.py) turns each record into (image, label).
+  """
 
   def __init__(self, config, split, process_index, process_count):
     super().__init__(config, split, process_index, process_count)
@@ -399,6 +402,9 @@ class TfdsSource(Source):
         raise ValueError(
           f"tfds dataset {config.name!r} has no split {part!r} (of {split!r}); splits: {sorted(known)}"
         )
+    self.task = vtab.get_task(config.vtab_task) if config.vtab_task else None
+    if self.task:
+      vtab.check_tfds_sizes(self.task, known)
     self.image_key = config.image_key or "image"
     self.label_key = config.label_key or "label"
     self.host_splits = tfds.even_splits(split, n=process_count, drop_remainder=False)
@@ -446,6 +452,8 @@ class TfdsSource(Source):
     return ds
 
   def parse(self, raw):
+    if self.task:
+      return self.task.parse(raw)
     return raw[self.image_key], tf.reshape(tf.cast(raw[self.label_key], tf.int64), [-1])
 
   def where(self, raw):
@@ -485,9 +493,12 @@ def get_dataset_info(config) -> DatasetInfo:
     num_examples = {s: FolderSource(config, s, 0, 1).num_items for s in splits}
   elif config.source == "tfds":
     builder = _tfds_builder(config)
-    label = builder.info.features[config.label_key or "label"]
-    num_classes = getattr(label, "num_classes", None)
-    class_names = getattr(label, "names", None)
+    if config.vtab_task:
+      num_classes = vtab.get_task(config.vtab_task).num_classes
+    else:
+      label = builder.info.features[config.label_key or "label"]
+      num_classes = getattr(label, "num_classes", None)
+      class_names = getattr(label, "names", None)
     known = _tfds_known_splits(builder)
     for s in splits:
       try:

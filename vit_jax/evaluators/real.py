@@ -1,0 +1,81 @@
+"""ImageNet ReaL top-1 (Beyer et al., 2020, "Are we done with ImageNet?"), the paper's Table 2.
+
+ReaL relabels the 50,000 ImageNet validation images with sets of plausible classes (tfds
+`imagenet2012_real`, split `validation`, feature `real_label`; the input pipeline turns each set
+into a multi-hot target [1000] with `dataset.multi_label`). An image counts as correct when its
+top-1 class is in its set; images whose set is empty (about 1,200, judged to fit no class) are
+left out of numerator and denominator. Padding (batch `mask` 0) never counts.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax.evaluators import _utils
+
+
+def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+  """Sums over the images of one batch that have a ReaL set.
+
+  Args:
+    logits: [B, K].
+    labels: [B, K] multi-hot ReaL sets (all zeros: an empty set).
+    mask: [B], 1 for real examples, 0 for padding.
+
+  Returns:
+    {'correct': images whose top-1 class is in their set, 'count': images with a set}.
+  """
+  top1 = jnp.argmax(logits, axis=-1)
+  in_set = jnp.take_along_axis(labels, top1[:, None], axis=-1)[:, 0] > 0
+  counted = mask.astype(jnp.float32) * (jnp.sum(labels, axis=-1) > 0)
+  return {"correct": jnp.sum(in_set * counted), "count": jnp.sum(counted)}
+
+
+class RealEvaluator:
+  """ReaL top-1 of `predict_fn(params, images) -> logits [B, K]` over multi-hot ReaL labels.
+
+  Metrics: `{name}/accuracy`, `{name}/num_examples` (images with a non-empty set).
+  """
+
+  def __init__(
+    self,
+    predict_fn: _utils.ArrayFn,
+    data: _utils.DataSource,
+    *,
+    name: str = "real",
+    every_steps: int = 0,
+    max_examples: int | None = None,
+  ):
+    self.data = data
+    self.name = name
+    self.every_steps = every_steps
+    self.max_examples = max_examples or None  # 0 / None: the whole split
+
+    @jax.jit
+    def accumulate(sums, params, batch):
+      logits = predict_fn(params, batch["image"])
+      if batch["label"].ndim != 2:
+        raise ValueError(
+          f"evaluator {name!r} needs multi-hot ReaL labels [B, K] (dataset.multi_label=True, "
+          f"label_key='real_label'), got labels of shape {batch['label'].shape}"
+        )
+      new = batch_metrics(logits, batch["label"], batch["mask"])
+      return jax.tree.map(jnp.add, sums, new)
+
+    self._accumulate = accumulate
+
+  def run(self, params: Any) -> dict[str, float]:
+    """Returns {f'{name}/accuracy', f'{name}/num_examples'} over the split."""
+    sums = {k: jnp.zeros((), jnp.float32) for k in ("correct", "count")}
+    rows = 0
+    for batch in self.data():
+      if self.max_examples is not None and rows >= self.max_examples:
+        break
+      sums = self._accumulate(sums, params, {k: batch[k] for k in ("image", "label", "mask")})
+      rows += len(batch["label"])
+    sums = {k: float(_utils.to_host(v)) for k, v in sums.items()}
+    return {
+      f"{self.name}/accuracy": sums["correct"] / max(sums["count"], 1.0),
+      f"{self.name}/num_examples": sums["count"],
+    }

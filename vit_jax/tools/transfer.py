@@ -1,0 +1,345 @@
+r"""The paper's transfer suite (Table 2) in one command: grid, choice on minival, final run, table.
+
+  python -m vit_jax.tools.transfer --checkpoint=gs://vit_models/imagenet21k/ViT-L_16.npz \
+      --model=L/16 --suite=table2 --paper=L/16-i21k --workdir=gs://$BUCKET/table2_l16
+
+For every dataset of the suite (configs/finetune.py presets):
+  1. one fine-tuning run per learning rate of the preset's grid (`finetune.LR_GRID`), trained
+     on the training split minus its held-out minival part (VTAB-1k: train800 / val200), each an
+     ordinary `vit_jax.main` run in `<workdir>/<dataset>/lr<rate>`;
+  2. the rate with the best minival top-1 (the smaller rate on a tie);
+  3. the final run with that rate on the whole training split (VTAB-1k: train800val200) in
+     `<workdir>/<dataset>/final`, evaluated on the test split (ImageNet: also on ReaL);
+then `<workdir>/results.json` and `<workdir>/table.md`: one row per dataset with the chosen rate,
+minival and test top-1 and the paper's number (`--paper`), VTAB-1k's group means and 19-task
+mean, and for `--suite=offline` the raw-pixel logistic regression and kNN-3 on the same splits.
+
+Suites: `table2` (ImageNet, CIFAR-10/100, Pets, Flowers and the 19 VTAB-1k tasks), `vtab` (the 19
+tasks), `offline` (the bundled datasets: Animal-MNIST and MNIST-5k, for a CPU), or a comma list
+of finetune datasets (`cifar10,vtab/dtd`). Each run's command is printed before it runs, with
+its cost in steps and training images: VTAB-1k alone is 19 × (4 grid + 1 final) = 95 runs of
+2,500 steps at batch 512 (1.28M images each, 122M in all, plus the evaluations).
+
+The runs execute in this process, exactly as the printed `python -m vit_jax.main` command would
+(the same config and overrides); a run whose workdir holds `final_metrics.json` is finished and
+is skipped on a rerun, an interrupted one resumes from its last checkpoint. `--runlocal` shrinks
+every run (configs/common.runlocal), `--grid` replaces every dataset's grid, and
+`--config_override=field=value` (repeatable) overrides a config field of every run.
+
+Multi-host (a TPU pod slice): run the same command on every worker (`--worker=all`); on TPU VMs
+jax.distributed connects them automatically, elsewhere pass `--coordinator_address`,
+`--num_processes` and `--process_id` as to vit_jax.main. The workdir must be shared by all hosts
+(gs://): every host reads the same `final_metrics.json` to decide what is finished.
+"""
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from absl import app, flags
+from etils import epath
+
+from vit_jax import config_files, distributed
+from vit_jax import workdir as workdir_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FINETUNE_CONFIG = os.path.join(REPO, "configs", "finetune.py")
+RESULTS_FILE, TABLE_FILE = "results.json", "table.md"
+
+# Paper Table 2 (fine-tuned top-1, %). VTAB-1k's per-task numbers (Table 9) are not recorded
+# here: only the 19-task mean.
+PAPER = {
+  "H/14-jft": dict(
+    imagenet2012=88.55, real=90.72, cifar10=99.50, cifar100=94.55, oxford_iiit_pet=97.56,
+    oxford_flowers102=99.68, vtab=77.63,
+  ),
+  "L/16-jft": dict(
+    imagenet2012=87.76, real=90.54, cifar10=99.42, cifar100=93.90, oxford_iiit_pet=97.32,
+    oxford_flowers102=99.74, vtab=76.28,
+  ),
+  "L/16-i21k": dict(
+    imagenet2012=85.30, real=88.62, cifar10=99.15, cifar100=93.25, oxford_iiit_pet=94.67,
+    oxford_flowers102=99.61, vtab=72.72,
+  ),
+}  # fmt: skip
+
+
+def finetune_module():
+  return config_files.sibling(FINETUNE_CONFIG, "finetune")
+
+
+def suite_datasets(suite: str) -> list[str]:
+  """The finetune datasets of a suite name or comma list; unknown names raise ValueError."""
+  from vit_jax.input_pipeline import vtab
+
+  vtab_names = [f"vtab/{name}" for name in vtab.TASKS]
+  suites = dict(
+    table2=["imagenet2012", "cifar10", "cifar100", "oxford_iiit_pet", "oxford_flowers102"]
+    + vtab_names,
+    vtab=vtab_names,
+    offline=list(finetune_module().BUILTIN),
+  )
+  names = suites.get(suite) or [s.strip() for s in suite.split(",") if s.strip()]
+  known = finetune_module().LR_GRID
+  for name in names:
+    if name not in known:
+      raise ValueError(
+        f"--suite: unknown dataset {name!r}; suites {sorted(suites)} or of {sorted(known)}"
+      )
+  return names
+
+
+def _set(config, field: str, text: str) -> None:
+  """config.<field> = text converted to the field's type (as ml_collections' config flags)."""
+  *parents, leaf = field.split(".")
+  node = config
+  for name in [*parents, leaf]:
+    if not hasattr(node, "keys") or name not in node:
+      raise ValueError(f"--config_override {field}={text}: the config has no field {field!r}")
+    if name != leaf:
+      node = node[name]
+  old = node[leaf]
+  if isinstance(old, bool):
+    if text.lower() not in ("1", "0", "true", "false"):
+      raise ValueError(f"--config_override {field}={text}: {field} is a bool (true or false)")
+    value = text.lower() in ("1", "true")
+  elif isinstance(old, int | float) and not isinstance(old, bool):
+    value = type(old)(text)
+  else:
+    value = text
+  node[leaf] = value
+
+
+class Run:
+  """One `vit_jax.main` fine-tuning run: its config string, overrides, workdir and config."""
+
+  def __init__(self, dataset: str, lr: float, holdout: bool, options: dict[str, Any]):
+    arg = f"dataset={dataset},lr={lr:g},holdout={str(holdout).lower()}"
+    if options["model"]:
+      arg += f",model={options['model']}"
+    if options["runlocal"]:
+      arg += ",runlocal"
+    self.arg = arg
+    self.overrides = [f"model_init={options['checkpoint']}", *options["overrides"]]
+    slug = dataset.replace("/", "_")
+    self.workdir = os.path.join(options["workdir"], slug, f"lr{lr:g}" if holdout else "final")
+    self.config = finetune_module().get_config(arg)
+    for item in self.overrides:
+      field, _, text = item.partition("=")
+      _set(self.config, field, text)
+
+  def command(self) -> str:
+    flags_ = [f"--config=configs/finetune.py:{self.arg}"]
+    flags_ += [f"--config.{o}" for o in self.overrides] + [f"--workdir={self.workdir}"]
+    return "python -m vit_jax.main " + " \\\n      ".join(flags_)
+
+  def cost(self) -> tuple[int, int]:
+    """(training steps, training images) of the run (evaluations not counted)."""
+    steps = int(self.config.total_steps)
+    return steps, steps * int(self.config.batch_size)
+
+  def result(self) -> dict[str, float] | None:
+    """The finished run's final metrics, or None if it has not finished."""
+    path = epath.Path(self.workdir) / workdir_lib.FINAL_METRICS_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+  def execute(self) -> dict[str, float]:
+    """Runs (or resumes) the run in this process; returns its final metrics."""
+    import jax
+
+    from vit_jax import train
+
+    with workdir_lib.lock(self.workdir):
+      metrics = train.run(self.config, self.workdir)
+    if jax.process_index() == 0:
+      workdir_lib.save_final_metrics(self.workdir, metrics)
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+
+
+def _run(run: Run, title: str) -> dict[str, float]:
+  done = run.result()
+  if done is not None:
+    print(f"-- {title}: finished earlier ({run.workdir})", flush=True)
+    return done
+  steps, images = run.cost()
+  print(f"\n== {title}: {steps:,} steps, {images:,} training images\n  {run.command()}", flush=True)
+  return run.execute()
+
+
+def transfer_dataset(dataset: str, grid: Sequence[float], options: dict[str, Any]) -> dict:
+  """Grid on minival, the best rate, the final run on the whole training split; its results."""
+  minival = {}
+  for i, lr in enumerate(grid):
+    metrics = _run(Run(dataset, lr, True, options), f"{dataset} grid {i + 1}/{len(grid)} lr={lr:g}")
+    minival[lr] = metrics["minival/accuracy"]
+  best = max(grid, key=lambda lr: (minival[lr], -lr))
+  final = _run(Run(dataset, best, False, options), f"{dataset} final lr={best:g}")
+  out = dict(lr=best, minival=minival[best], test=final["val/accuracy"], grid=minival)
+  if "real/accuracy" in final:
+    out["real"] = final["real/accuracy"]
+  return out
+
+
+def _baselines(dataset: str) -> dict[str, float]:
+  """Raw-pixel logistic regression and kNN-3 on the final run's splits (bundled datasets)."""
+  from vit_jax import baselines
+
+  return baselines.pixel_baselines(dataset, "train", test_split="test")
+
+
+def run_suite(
+  suite: str,
+  checkpoint: str,
+  workdir: str,
+  model: str = "",
+  grid: Sequence[float] | None = None,
+  runlocal: bool = False,
+  overrides: Sequence[str] = (),
+  paper: str | None = None,
+) -> dict[str, Any]:
+  """Runs the suite (see the module docstring); returns and writes its results.
+
+  Returns:
+    {'datasets': {dataset: {lr, minival, test, grid, [real], [logreg, knn3]}}, 'vtab': group
+    means (fractions), 'paper': the Table 2 row or None, 'runs': number of runs}.
+  """
+  import jax
+
+  from vit_jax.input_pipeline import vtab
+
+  names = suite_datasets(suite)
+  options = dict(
+    checkpoint=checkpoint, workdir=workdir, model=model, runlocal=runlocal, overrides=overrides
+  )
+  grids = {n: tuple(grid) if grid else finetune_module().LR_GRID[n] for n in names}
+  plan = [Run(n, lr, True, options) for n in names for lr in grids[n]]
+  plan += [Run(n, grids[n][0], False, options) for n in names]
+  images = sum(r.cost()[1] for r in plan)
+  print(
+    f"suite {suite}: {len(names)} datasets, {len(plan)} runs (grid + final per dataset), "
+    f"{images:,} training images in all",
+    flush=True,
+  )
+  results = {}
+  for name in names:
+    results[name] = transfer_dataset(name, grids[name], options)
+    if name in finetune_module().BUILTIN:
+      results[name].update(_baselines(name))
+  tasks = {n.split("/", 1)[1]: r["test"] for n, r in results.items() if n.startswith("vtab/")}
+  out = dict(
+    suite=suite,
+    checkpoint=checkpoint,
+    model=model,
+    datasets=results,
+    vtab=vtab.group_means(tasks),
+    paper=PAPER.get(paper),
+    runs=len(plan),
+  )
+  if jax.process_index() == 0:
+    root = epath.Path(workdir)
+    workdir_lib.write_json(root / RESULTS_FILE, json.dumps(out, indent=2))
+    (root / TABLE_FILE).write_text(table(out))
+  print("\n" + table(out), flush=True)
+  return out
+
+
+def _pct(x: float | None) -> str:
+  return "" if x is None else f"{100 * x:.2f}"
+
+
+def _paper(paper: dict[str, float], key: str) -> str:
+  return f"{paper[key]:.2f}" if key in paper else ""
+
+
+def table(results: dict[str, Any]) -> str:
+  """The markdown table of `run_suite`'s results."""
+  paper = results.get("paper") or {}
+  offline = any("logreg" in r for r in results["datasets"].values())
+  head = "| dataset | lr | minival top-1 | test top-1 | paper |"
+  rule = "|---|---|---|---|---|"
+  if offline:
+    head += " logreg (pixels) | kNN-3 (pixels) |"
+    rule += "---|---|"
+  lines = [
+    f"Transfer of `{results['checkpoint']}` ({results['model'] or 'preset default'}), "
+    f"suite {results['suite']}; top-1 in %.",
+    "",
+    head,
+    rule,
+  ]
+  for name, r in results["datasets"].items():
+    row = f"| {name} | {r['lr']:g} | {_pct(r['minival'])} | {_pct(r['test'])} | "
+    row += f"{_paper(paper, name)} |"
+    if offline:
+      row += f" {_pct(r.get('logreg'))} | {_pct(r.get('knn3'))} |"
+    lines.append(row)
+    if "real" in r:
+      lines.append(f"| {name} ReaL | {r['lr']:g} | | {_pct(r['real'])} | {_paper(paper, 'real')} |")
+  for group, value in results["vtab"].items():
+    label = "VTAB-1k mean (19 tasks)" if group == "mean" else f"VTAB-1k {group}"
+    lines.append(
+      f"| {label} | | | {_pct(value)} | {_paper(paper, 'vtab') if group == 'mean' else ''} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
+def _define_flags() -> dict[str, Any]:
+  """The command's flags (defined only when run as a program: vit_jax.main has some too)."""
+  return dict(
+    checkpoint=flags.DEFINE_string("checkpoint", None, "Pretrained weights: .npz or a workdir."),
+    model=flags.DEFINE_string("model", "", "Model preset (vit_jax.models), e.g. L/16."),
+    suite=flags.DEFINE_string("suite", "table2", "table2 | vtab | offline | a comma list."),
+    workdir=flags.DEFINE_string("workdir", None, "Root of the runs' workdirs (local or gs://)."),
+    paper=flags.DEFINE_enum("paper", None, sorted(PAPER), "Table 2 row shown beside results."),
+    grid=flags.DEFINE_list("grid", None, "Learning rates replacing every dataset's grid."),
+    runlocal=flags.DEFINE_bool("runlocal", False, "Shrink every run to seconds (testing)."),
+    overrides=flags.DEFINE_multi_string(
+      "config_override", [], "field=value set in every run's config, as --config.field=value."
+    ),
+    distributed=flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"], "As vit_jax.main."),
+    coordinator_address=flags.DEFINE_string("coordinator_address", None, "As vit_jax.main."),
+    num_processes=flags.DEFINE_integer("num_processes", None, "As vit_jax.main."),
+    process_id=flags.DEFINE_integer("process_id", None, "As vit_jax.main."),
+  )
+
+
+def main(argv, f: dict[str, Any]):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from vit_jax import console, stopping
+
+  # Library chatter goes to <workdir>/logs; progress, commands and results stay on the terminal.
+  log = console.setup(f["workdir"].value, f["process_id"].value or 0)
+  try:
+    distributed.initialize(
+      f["distributed"].value,
+      f["coordinator_address"].value,
+      f["num_processes"].value,
+      f["process_id"].value,
+    )
+    grid = f["grid"].value
+    run_suite(
+      f["suite"].value,
+      f["checkpoint"].value,
+      f["workdir"].value,
+      model=f["model"].value,
+      grid=[float(x) for x in grid] if grid else None,
+      runlocal=f["runlocal"].value,
+      overrides=f["overrides"].value,
+      paper=f["paper"].value,
+    )
+  except stopping.Stopped as e:  # rerunning the same command continues the suite
+    console.write_line(f"vit_jax: {e}")
+    sys.exit(e.exit_status)
+  except Exception as e:  # noqa: BLE001 - one line, the traceback in the log
+    console.fail(e, log)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  holders = _define_flags()
+  flags.mark_flags_as_required(["checkpoint", "workdir"])
+  app.run(functools.partial(main, f=holders))
