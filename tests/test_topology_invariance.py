@@ -12,7 +12,8 @@ draws were keyed on their index (main at fe12158), layouts (1) and (2) of this r
 0.012 (max |Δ|); now every layout is within TOLERANCE of layout (1): measured on a Xeon
 (AVX-512), 1.1e-5 for (2), 2.0e-5 for (3) and 1.1e-5 for (4).
 
-The slow variant does the same with masked patch prediction on an FSDP mesh (fsdp=2).
+The slow variant does the same with masked patch prediction on an FSDP mesh (fsdp=2): measured
+9.1e-5, 1.3e-4 and 9.5e-5.
 """
 
 import os
@@ -30,9 +31,10 @@ from vit_jax import sharding, train
 from vit_jax.checkpoint import train_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# Float32 summation order, magnified by 20 Adam steps: measured up to 2e-5 on a Xeon (AVX-512);
-# a single random draw that differs moves parameters by 1e-3 and more (0.012 before).
-TOLERANCE = 2e-4
+# Float32 summation order, magnified by 20 Adam steps, measured on a Xeon (AVX-512): up to 2.0e-5
+# (supervised), 1.3e-4 (MPP on fsdp=2); 0.012 (supervised, layouts 1 and 2) when the
+# random draws followed the rows.
+TOLERANCE = {"supervised": 2e-4, "mpp_fsdp": 5e-4}
 
 
 def _cli(variant, workdir, processes, devices, extra=()):
@@ -106,10 +108,11 @@ def _max_delta(a, b) -> float:
   ],
 )
 def test_final_parameters_match_one_process(final_params, layout):
-  _, params = final_params
+  variant, params = final_params
   delta = _max_delta(params[layout], params["one"])
-  print(f"max |Δ| {layout} vs one process × 4 devices: {delta:.3g} (tolerance {TOLERANCE})")
-  assert delta <= TOLERANCE
+  tolerance = TOLERANCE[variant]
+  print(f"max |Δ| {layout} vs one process × 4 devices: {delta:.3g} (tolerance {tolerance})")
+  assert delta <= tolerance
 
 
 def test_training_moved_the_parameters_far_beyond_the_tolerance(final_params):
@@ -118,4 +121,6 @@ def test_training_moved_the_parameters_far_beyond_the_tolerance(final_params):
   config = invariance_config.get_config(variant)
   built = train.build(config, sharding.make_mesh(config.mesh, jax.devices()[:4]), 10)
   initial = jax.device_get(jax.jit(built.init_params)(built.init_key))
-  assert _max_delta(params["one"], initial) > 20 * TOLERANCE
+  moved = _max_delta(params["one"], initial)
+  print(f"largest parameter change over the run: {moved:.3g}")
+  assert moved > 8 * TOLERANCE[variant]
