@@ -1,10 +1,13 @@
 """Random augmentations measured over many draws: crop areas and aspects, flip rate, mixup weights."""
 
+import jax
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax.input_pipeline import pipeline, preprocess
+from configs import common
+from vit_jax import mixup, sharding
+from vit_jax.input_pipeline import preprocess
 
 DRAWS = 1000
 
@@ -66,11 +69,12 @@ def test_mixup_uses_one_weight_for_images_and_labels():
   values = np.array([-1.0, 0.5, 0.25, 1.0], np.float32)
   images[:] = values[:, None, None, None]
   labels = np.array([0, 3, 1, 4], np.int32)
-  batch = {"image": tf.constant(images), "label": tf.constant(labels), "mask": tf.ones([4])}
+  batch = {"image": images, "label": labels, "mask": np.ones([4], np.float32)}
+  mix = jax.jit(lambda key: mixup.mix(batch, key, alpha, num_classes))
   weights = []
   for i in range(200):
-    out = pipeline._mixup(batch, tf.constant([3, i], tf.int64), alpha, num_classes, False)
-    mixed, soft = out["image"].numpy(), out["label"].numpy()
+    out = jax.device_get(mix(jax.random.PRNGKey(i)))
+    mixed, soft = out["image"], out["label"]
     partner = np.roll(np.arange(4), 1)  # each example is mixed with its neighbour
     lam = (mixed[:, 0, 0, 0] - values[partner]) / (values - values[partner])
     assert np.ptp(lam) < 1e-5 and np.ptp(mixed.reshape(4, -1), axis=1).max() == 0
@@ -89,11 +93,29 @@ def test_mixup_uses_one_weight_for_images_and_labels():
 def test_mixup_never_mixes_in_a_skipped_example():
   images = np.stack([np.full((2, 2, 3), v, np.float32) for v in (0.2, 0.9, -0.5)])
   batch = {
-    "image": tf.constant(images),
-    "label": tf.constant([0, 1, 2]),
-    "mask": tf.constant([1.0, 0.0, 1.0]),  # example 1 was skipped (undecodable)
+    "image": images,
+    "label": np.array([0, 1, 2]),
+    "mask": np.array([1.0, 0.0, 1.0], np.float32),  # example 1 was skipped (undecodable)
   }
-  out = pipeline._mixup(batch, tf.constant([1, 2], tf.int64), 0.4, 3, False)
+  out = jax.device_get(mixup.mix(batch, jax.random.PRNGKey(2), 0.4, 3))
   # Example 2's partner would be example 1: it is paired with itself instead, unchanged.
-  np.testing.assert_allclose(out["image"].numpy()[2], images[2], atol=1e-6)
-  np.testing.assert_allclose(out["label"].numpy()[2], [0, 0, 1], atol=1e-6)
+  np.testing.assert_allclose(out["image"][2], images[2], atol=1e-6)
+  np.testing.assert_allclose(out["label"][2], [0, 0, 1], atol=1e-6)
+
+
+def test_mixup_of_a_sharded_batch_is_that_of_the_whole_batch():
+  """On a batch sharded over 8 devices each example still meets the one before it in the global
+  batch (across device boundaries), with the same weight: the same numbers as on one device."""
+  rng = np.random.default_rng(0)
+  batch = {
+    "image": rng.normal(size=(16, 4, 4, 3)).astype(np.float32),
+    "label": rng.integers(0, 10, 16).astype(np.int32),
+    "mask": np.ones([16], np.float32),
+  }
+  mesh = sharding.make_mesh(common.mesh_config(data=8))
+  sharded = {k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim)) for k, v in batch.items()}
+  key = jax.random.PRNGKey(5)
+  whole = jax.device_get(mixup.mix(batch, key, 0.4, 10))
+  split = jax.device_get(jax.jit(lambda b: mixup.mix(b, key, 0.4, 10))(sharded))
+  for k in ("image", "label"):
+    np.testing.assert_allclose(split[k], whole[k], atol=1e-6)

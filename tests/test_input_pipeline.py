@@ -213,29 +213,16 @@ def test_global_arrays_on_mesh(tmp_path):
     next(input_pipeline.make_train_iterator(config, global_batch_size=16, mesh=mesh, data_axes="x"))
 
 
-def test_mixup_soft_targets(tmp_path):
-  """The mixed batch is the unmixed one (same seed, same augmentation) blended with its
-  neighbour; the weight recovered from the images is the one in the soft labels."""
+def test_mixup_is_left_to_the_trainer(tmp_path):
+  """With mixup on, the pipeline's batches are the plain ones: the trainer mixes the global
+  batch on device (vit_jax.mixup), where every example's partner is the one before it."""
   config = _id_shards(tmp_path, 16, 2)
   config.num_classes = 16
   plain = next(input_pipeline.make_train_iterator(config, global_batch_size=8))
   config.mixup_alpha = 0.4
   batch = next(input_pipeline.make_train_iterator(config, global_batch_size=8))
-  assert batch["label"].shape == (8, 16) and batch["label"].dtype == np.float32
-  x = plain["image"].reshape(8, -1).astype(np.float64)
-  partner = np.roll(np.arange(8), 1)
-  mixed = batch["image"].reshape(8, -1).astype(np.float64)
-  # Least squares for mixed = lam * x + (1 - lam) * x[partner], example by example.
-  d = x - x[partner]
-  lam = np.sum((mixed - x[partner]) * d, axis=1) / np.sum(d * d, axis=1)
-  assert np.ptp(lam) < 1e-5  # one weight for the batch
-  lam = float(lam.mean())
-  assert 1e-3 < lam < 1 - 1e-3  # a real mix (this seed), so the labels tell the weight
-  np.testing.assert_allclose(mixed, lam * x + (1 - lam) * x[partner], atol=1e-5)
-  one_hot = np.eye(16)[plain["label"]]
-  np.testing.assert_allclose(
-    batch["label"], lam * one_hot + (1 - lam) * one_hot[partner], atol=1e-5
-  )
+  for k in plain:
+    np.testing.assert_array_equal(batch[k], plain[k])
 
 
 def test_batch_size_must_split_over_hosts(tmp_path):

@@ -4,10 +4,17 @@ One procedure, in bannered sections read top to bottom: setup, data, model, opti
 checkpoint, loop, evaluators. It runs on any mesh (vit_jax.sharding), on one or many processes,
 and resumes from the latest complete checkpoint in the workdir.
 
-Determinism, which makes a resumed run bitwise equal to an uninterrupted one: the data order is
-a function of the seed and the iterator state saved with each checkpoint; the dropout key of
-step s is fold_in(rng, s) (and fold_in(., micro-batch) under gradient accumulation); the step
-is part of the state. Nothing depends on wall-clock time or on how often metrics are fetched.
+Determinism, which makes a resumed run bitwise equal to an uninterrupted one on the same
+topology, and the same trajectory up to floating-point summation order on any other: the
+examples of step s are positions s·B .. s·B + B − 1 of the run's stream (a function of the seed;
+the iterator state saved with each checkpoint is that position), laid out in the global batch in
+that order on any number of hosts, devices and mesh (vit_jax.input_pipeline). Every random draw
+made for an example is keyed on the seed, the step and its index i in the global batch: its
+augmentations in tf.data on (seed, stream position); its dropout masks and masked-patch
+corruption on fold_in(layer key of fold_in(rng, s), i) (`batch['index']`, vit_jax.models.ops.
+dropout), never on its row in a micro-batch, so `accum_steps` does not change them; mixup's
+weight on step s's key and its partner on the index (vit_jax.mixup). The step is part of the
+state. Nothing depends on wall-clock time or on how often metrics are fetched.
 
 Metrics: each step adds its sums (loss, correct top-1, examples, gradient norm) to an on-device
 window that the host reads and resets at every log step, so a logged loss or accuracy is the mean
@@ -53,6 +60,7 @@ from vit_jax import (
   evaluators,
   input_pipeline,
   logging_util,
+  mixup,
   objectives,
   optim,
   sharding,
@@ -109,14 +117,19 @@ def make_train_step(
   accum_steps: int,
   mesh: jax.sharding.Mesh,
   ema_decay: float | None = None,
+  mixup_alpha: float = 0.0,
+  num_classes: int = 0,
 ):
   """Returns train_step(state, batch, window) -> (state, window, learning_rate), un-jitted.
 
   The loss is `objective`'s per-example loss of `model`, averaged over the examples whose mask
   is 1, computed over the whole global batch whatever `accum_steps` is: micro-batches sum
-  masked losses and gradients, divided once at the end. The step adds its sums to `window`
-  (see `Window`) and records there the first step with a non-finite loss or gradient norm.
-  With `ema_decay` the state's `ema` is averaged towards the new parameters (vit_jax.ema).
+  masked losses and gradients, divided once at the end. With `mixup_alpha` > 0 the global batch
+  is mixed first (vit_jax.mixup, labels one-hot over `num_classes`). Each example carries its
+  index in the global batch (`index`), which keys its random draws with the step's key, the
+  same in every micro-batch. The step adds its sums to `window` (see `Window`) and records
+  there the first step with a non-finite loss or gradient norm. With `ema_decay` the state's
+  `ema` is averaged towards the new parameters (vit_jax.ema).
   """
 
   def micro_step(params, micro, key):
@@ -140,22 +153,22 @@ def make_train_step(
 
   def train_step(state: State, batch: dict[str, jax.Array], window: Window):
     params, step = state["params"], state["step"]
-    step_key = jax.random.fold_in(state["rng"], step)
+    model_key, mixup_key = jax.random.split(jax.random.fold_in(state["rng"], step))
     batch = {k: batch[k] for k in ("image", "label", "mask")}
+    if mixup_alpha > 0:
+      batch = mixup.mix(batch, mixup_key, mixup_alpha, num_classes)
+    batch["index"] = jnp.arange(batch["mask"].shape[0], dtype=jnp.int32)
     if accum_steps == 1:
-      grads, loss_sum, correct = micro_step(params, batch, jax.random.fold_in(step_key, 0))
+      grads, loss_sum, correct = micro_step(params, batch, model_key)
     else:
       micro_batches = jax.tree_util.tree_map(split, batch)
 
-      def body(carry, xs):
-        i, micro = xs
-        out = micro_step(params, micro, jax.random.fold_in(step_key, i))
+      def body(carry, micro):
+        out = micro_step(params, micro, model_key)
         return jax.tree_util.tree_map(jnp.add, carry, out), None
 
       zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.float32(0), jnp.float32(0))
-      (grads, loss_sum, correct), _ = jax.lax.scan(
-        body, zeros, (jnp.arange(accum_steps), micro_batches)
-      )
+      (grads, loss_sum, correct), _ = jax.lax.scan(body, zeros, micro_batches)
     count = jnp.sum(batch["mask"])
     denom = jnp.maximum(count, 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
@@ -294,7 +307,15 @@ def build(
   if ema_decay:
     state_shardings["ema"] = state_shardings["params"]
   step_fn = make_train_step(
-    objective, model, tx, schedule, int(config.accum_steps), mesh, ema_decay
+    objective,
+    model,
+    tx,
+    schedule,
+    int(config.accum_steps),
+    mesh,
+    ema_decay,
+    mixup_alpha=float(config.dataset.mixup_alpha),
+    num_classes=num_classes,
   )
   return TrainStep(
     objective=objective,
@@ -516,11 +537,19 @@ def _gather_data_state(local: dict[str, int]) -> dict[str, Any]:
 
 
 def _local_data_state(saved: dict[str, Any] | None) -> dict[str, int] | None:
-  """This process's iterator state out of `_gather_data_state`'s (None: start of the data)."""
+  """This process's iterator state out of `_gather_data_state`'s (None: start of the data).
+
+  Every process saved the same stream position, from which any number of processes resumes
+  (input_pipeline.TrainIterator); on another number, process 0 carries the old processes'
+  skipped-example counts, summed, and the others start theirs at 0.
+  """
   if not saved:
     return None
   states = saved["process_states"]
-  return states[jax.process_index()] if len(states) == jax.process_count() else states[0]
+  if len(states) == jax.process_count():
+    return states[jax.process_index()]
+  skipped = sum(int(s["num_skipped"]) for s in states) if jax.process_index() == 0 else 0
+  return dict(states[0], num_skipped=skipped)
 
 
 def _select(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:

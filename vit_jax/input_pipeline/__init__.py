@@ -18,14 +18,18 @@ Usage (what the trainer calls):
       state=restored_state_or_None)
   batch = next(train_iter)
   # 'image': float32 [B, H, W, 3] in [-1, 1] (pp_train decides the range)
-  # 'label': int32 [B]; float32 multi-hot [B, K] if multi_label; float32 soft [B, K] with mixup
+  # 'label': int32 [B]; float32 multi-hot [B, K] if multi_label (mixup is the trainer's)
   # 'mask':  float32 [B], 0 for a bad example (undecodable image, unreadable record): never count it
   # With a mesh: global jax.Arrays sharded over the batch on data_axes (each host passes its
   # global_batch_size / process_count rows to jax.make_array_from_process_local_data).
   # mesh=None: numpy arrays of this host's rows.
+  # Row r of global batch b is position b·B + r of the run's stream, on any number of hosts and
+  # any mesh; its augmentations are a function of (seed, position). For in-memory sources
+  # (builtin, folder) the example at a position depends on the seed alone.
 
   state = train_iter.get_state()   # {'num_records', 'num_skipped', 'seed', 'process_count'}: ints
-  # Save it with the checkpoint; state=... continues the exact example order (same seed required).
+  # Save it with the checkpoint; state=... continues the exact example order (same seed and
+  # global batch size required), for in-memory sources on any number of hosts.
   train_iter.num_skipped           # bad examples skipped by this host so far (also in the state);
                                    # per step, sum(1 - batch['mask']) counts them over all hosts.
 

@@ -29,8 +29,8 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
       are fully permuted every epoch).
     image_size: output resolution, and the default size of every sizing op in the pp specs.
     pp_train, pp_eval: preprocessing specs, see `vit_jax.input_pipeline.preprocess`.
-    mixup_alpha: > 0 enables mixup (Beta(alpha, alpha)) on training batches; labels become soft
-      float targets [B, K].
+    mixup_alpha: > 0 enables mixup (Beta(alpha, alpha)) of the global training batch, done by the
+      trainer on device (vit_jax.mixup); the pipeline's labels stay as they are.
     num_threads: tf.data threads per host; 0 = one per core.
     prefetch: batches prefetched onto the devices ahead of the train step.
 

@@ -1,11 +1,23 @@
 """Per-host batches → global jax.Arrays: the train and eval iterators.
 
-Training stream of one host: epoch e is `source.epoch(e)` (a seeded order of raw records), epochs
-are chained without end, and every record becomes exactly one example: a record that cannot be
-parsed, decoded or preprocessed becomes a zero image with mask 0 instead of being dropped. Batch
-boundaries are therefore fixed in the raw-record stream, and the pipeline's whole position is the
-number of records this host has consumed (the same on every host, since all hosts take the same
-batch size). Resuming skips that many raw records — before any decoding — inside the right epoch.
+The run's stream: every record becomes exactly one example (a record that cannot be parsed,
+decoded or preprocessed becomes a zero image with mask 0 instead of being dropped), so batch
+boundaries are fixed in the raw-record stream. Global batch b holds stream positions
+b·B .. b·B + B − 1, position b·B + r in row r of the global jax.Array: each host reads the
+positions of the rows that jax.make_array_from_process_local_data gives its devices
+(`_host_rows`), so the global batch is laid out the same on any number of hosts and devices and
+any mesh. An example's augmentations are drawn from a stateless seed of (seed, its position).
+
+Which record sits at a position: for sources with a global order (`source.global_order`: the
+in-memory ones, a seeded permutation per epoch) it is a function of the seed alone, so the whole
+trajectory of examples is the same on any topology. Sources read per host (TFRecord shards, tfds)
+give host h its own records (`source.epoch(e)` chained without end) in the positions of its rows;
+their examples depend on the number of hosts.
+
+The pipeline's whole position is the number of records each host has consumed (the same on every
+host); times the number of hosts it is the stream position. Resuming skips raw records — before
+any decoding: to the stream position for a global order (exact on any number of hosts), else to
+the same number of examples per host inside the right epoch (exact on the same number of hosts).
 
 Nothing here knows about models or checkpoints; TensorFlow stays inside the data layer.
 """
@@ -15,7 +27,7 @@ import os
 import queue
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -147,15 +159,19 @@ def _example_fns(config, source: sources.Source, num_classes: int, pp_spec: str)
   return sandboxed, check
 
 
-def _process(ds: tf.data.Dataset, per_record, check, may_fail: bool) -> tf.data.Dataset:
+def _process(
+  ds: tf.data.Dataset, per_record, check, may_fail: bool, seed_of: Callable
+) -> tf.data.Dataset:
+  """(raw, index) → examples; the record's stateless seed is `seed_of(index)` (int64 [2]),
+  computed in the same per-record function, so it costs no tf.data stage of its own."""
   if not may_fail:
     return ds.map(
-      graph_fn(lambda raw, rng: check(per_record(raw, rng))),
+      graph_fn(lambda raw, index: check(per_record(raw, seed_of(index)))),
       num_parallel_calls=tf.data.AUTOTUNE,
       deterministic=True,
     )
   ds = ds.interleave(
-    per_record,
+    graph_fn(lambda raw, index: per_record(raw, seed_of(index))),
     cycle_length=max(16, 2 * (os.cpu_count() or 1)),
     block_length=1,
     num_parallel_calls=tf.data.AUTOTUNE,
@@ -172,22 +188,32 @@ def _translate_error(e: tf.errors.OpError) -> Exception:
   return e
 
 
-def _mixup(batch: dict[str, tf.Tensor], rng: tf.Tensor, alpha: float, num_classes: int, multi):
-  """Mixes each example with its neighbour in the batch, one Beta(alpha, alpha) weight per batch."""
-  labels = batch["label"] if multi else tf.one_hot(batch["label"], num_classes)
-  gammas = tf.random.stateless_gamma([2], seed=rng, alpha=alpha)
-  lam = gammas[0] / (gammas[0] + gammas[1])
-  # A skipped example (mask 0, blank image) is never mixed into a good one: pair it with itself.
-  partner_ok = tf.roll(batch["mask"], 1, axis=0) > 0
-  images_b = tf.where(
-    partner_ok[:, None, None, None], tf.roll(batch["image"], 1, axis=0), batch["image"]
+def _host_rows(mesh, data_axes, global_batch_size: int, process_index: int, process_count: int):
+  """The rows of the global batch that this host's local rows become, in order: int64 [L].
+
+  jax.make_array_from_process_local_data gives a process the rows of its devices' shards in
+  increasing order. Without a mesh, or with hosts simulated in one process, host h's rows are
+  the h-th block of L = global_batch_size / process_count.
+  """
+  local = global_batch_size // process_count
+  if mesh is None or jax.process_count() == 1:
+    return np.arange(process_index * local, (process_index + 1) * local, dtype=np.int64)
+  axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
+  shards = sorted(
+    {
+      index[0].indices(global_batch_size)[:2]
+      for device, index in sharding.devices_indices_map((global_batch_size,)).items()
+      if device.process_index == process_index
+    }
   )
-  labels_b = tf.where(partner_ok[:, None], tf.roll(labels, 1, axis=0), labels)
-  return {
-    "image": lam * batch["image"] + (1.0 - lam) * images_b,
-    "label": lam * labels + (1.0 - lam) * labels_b,
-    "mask": batch["mask"],
-  }
+  rows = np.concatenate([np.arange(start, stop, dtype=np.int64) for start, stop in shards])
+  if len(rows) != local:
+    raise ValueError(
+      f"process {process_index}'s devices hold {len(rows)} rows of the global batch over "
+      f"data_axes {axes}, not global_batch_size / process_count = {local}."
+    )
+  return rows
 
 
 class _Prefetcher:
@@ -277,13 +303,17 @@ class TrainIterator:
     process_count: int | None = None,
   ):
     self.process_index, self.process_count = _hosts(process_index, process_count)
+    self.global_batch_size = global_batch_size
     self.local_batch_size = _local_batch_size(global_batch_size, self.process_count)
     self.seed = int(seed)
-    start, self._num_skipped = self._restore(state)
-    self._num_records = start
+    self._rows = _host_rows(
+      mesh, data_axes, global_batch_size, self.process_index, self.process_count
+    )
     self._source = sources.get_source(
       config, config.train_split, self.process_index, self.process_count
     )
+    start, self._num_skipped = self._restore(state)
+    self._num_records = start
     self.num_classes = sources.get_dataset_info(config).num_classes
     ds = self._dataset(config, start)
     self._prefetcher = _Prefetcher(self._produce(ds, mesh, data_axes, start), config.prefetch)
@@ -296,20 +326,32 @@ class TrainIterator:
       raise ValueError(
         f"Resuming a data stream of seed {int(state['seed'])} with seed {self.seed}."
       )
-    records, old_count = int(state["num_records"]), int(state["process_count"])
-    if old_count != self.process_count:
-      # Hosts now split the data differently: the order cannot continue exactly. Keep the number
-      # of examples seen so far.
-      logging.warning(
-        "Resuming data written by %d hosts on %d hosts: the example order is not exactly continued.",
-        old_count,
-        self.process_count,
+    position = int(state["num_records"]) * int(state["process_count"])
+    if position % self.global_batch_size:
+      raise ValueError(
+        f"Resuming a data stream at example {position}, which is not a whole number of global "
+        f"batches of {self.global_batch_size}: a different global_batch_size is a different run."
       )
-      records = records * old_count // self.process_count
-    return records, int(state["num_skipped"])
+    if int(state["process_count"]) != self.process_count and not self._source.global_order:
+      # Hosts read their own records: the order cannot continue exactly. Keep the number of
+      # examples seen so far.
+      logging.warning(
+        "Resuming data written by %d hosts on %d hosts: %s sources read records per host, so "
+        "the example order is not exactly continued.",
+        int(state["process_count"]),
+        self.process_count,
+        type(self._source).__name__,
+      )
+    return position // self.process_count, int(state["num_skipped"])
 
   def _dataset(self, config, start: int) -> tf.data.Dataset:
     source, seed, host = self._source, self.seed, self.process_index
+    batch, local = self.global_batch_size, self.local_batch_size
+    rng_base = tf.constant(seed * 1_000_003 + 1_000, tf.int64)
+    if source.global_order:
+      ds = source.stream(start // local * batch, self._rows, batch, seed)
+      ds = self._examples(config, ds, lambda position: tf.stack([rng_base, position]))
+      return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
     if not isinstance(source, sources.TFRecordSource) and source.host_length(host) == 0:
       raise ValueError(f"Host {host} has no training data in split {config.train_split!r}.")
     epoch0, offset = 0, 0
@@ -318,28 +360,23 @@ class TrainIterator:
 
     @graph_fn
     def epoch(e):
-      e = tf.cast(e, tf.int64)
-      rng_base = tf.constant(seed * 1_000_003 + 1_000 + host, tf.int64)
-      return (
-        source.epoch(e, True, seed)
-        .enumerate()
-        .map(graph_fn(lambda i, raw: (raw, tf.stack([rng_base, e * 2**32 + i]))))
-      )
+      return source.epoch(tf.cast(e, tf.int64), True, seed)
 
     ds = epoch(epoch0).skip(offset)
     ds = ds.concatenate(tf.data.Dataset.range(epoch0 + 1, 2**62).flat_map(epoch))
-    per_record, check = _example_fns(config, source, self.num_classes, config.pp_train)
-    ds = _process(ds, per_record, check, source.may_fail)
-    ds = ds.batch(self.local_batch_size, drop_remainder=True)
-    if config.mixup_alpha > 0:
-      batches = tf.data.Dataset.counter(start // self.local_batch_size)
-      alpha, multi = float(config.mixup_alpha), bool(config.multi_label)
-      mix_seed = tf.constant(seed * 1_000_003 + 2_000 + host, tf.int64)
-      ds = tf.data.Dataset.zip(ds, batches).map(
-        graph_fn(lambda b, i: _mixup(b, tf.stack([mix_seed, i]), alpha, self.num_classes, multi)),
-        num_parallel_calls=tf.data.AUTOTUNE,
-      )
+    rows = tf.constant(self._rows)
+
+    def seed_of(k):  # This host's k-th record fills row k mod L of global batch k div L.
+      return tf.stack([rng_base, k // local * batch + tf.gather(rows, k % local)])
+
+    ds = self._examples(config, tf.data.Dataset.zip(ds, tf.data.Dataset.counter(start)), seed_of)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
+
+  def _examples(self, config, ds: tf.data.Dataset, seed_of: Callable) -> tf.data.Dataset:
+    """(raw, index) → local batches, each record's seed `seed_of(index)`."""
+    per_record, check = _example_fns(config, self._source, self.num_classes, config.pp_train)
+    ds = _process(ds, per_record, check, self._source.may_fail, seed_of)
+    return ds.batch(self.local_batch_size, drop_remainder=True)
 
   def _produce(self, ds, mesh, data_axes, start):
     records = start
@@ -352,7 +389,10 @@ class TrainIterator:
     return self
 
   def __next__(self) -> dict[str, Any]:
-    """Returns {'image': f32 [B, H, W, 3], 'label': i32 [B] | f32 [B, K], 'mask': f32 [B]}."""
+    """Returns {'image': f32 [B, H, W, 3], 'label': i32 [B] | f32 [B, K], 'mask': f32 [B]}.
+
+    Row r of global batch b is the example at stream position b·B + r.
+    """
     batch, self._num_records, skipped = self._prefetcher.get()
     if skipped:
       self._num_skipped += skipped
@@ -374,7 +414,11 @@ class TrainIterator:
     return self._num_skipped
 
   def get_state(self) -> dict[str, int]:
-    """Position after the last batch returned: plain ints, JSON and Orbax friendly."""
+    """Position after the last batch returned: plain ints, JSON and Orbax friendly.
+
+    `num_records` is this host's records (the same on every host); × `process_count` it is the
+    stream position, from which another number of hosts resumes.
+    """
     return {
       "num_records": self._num_records,
       "num_skipped": self._num_skipped,
@@ -418,10 +462,16 @@ class EvalIterable:
 
   def _dataset(self) -> tf.data.Dataset:
     config, size = self._config, self._config.image_size
-    ds = self._source.epoch(tf.constant(0, tf.int64), False, 0).take(self._host_length).enumerate()
-    ds = ds.map(graph_fn(lambda i, raw: (raw, tf.stack([tf.constant(0, tf.int64), i]))))
+    ds = self._source.epoch(tf.constant(0, tf.int64), False, 0).take(self._host_length)
+    ds = tf.data.Dataset.zip(ds, tf.data.Dataset.counter())
     per_record, check = _example_fns(config, self._source, self.num_classes, config.pp_eval)
-    ds = _process(ds, per_record, check, self._source.may_fail)
+    ds = _process(
+      ds,
+      per_record,
+      check,
+      self._source.may_fail,
+      lambda i: tf.stack([tf.constant(0, tf.int64), i]),
+    )
     pad = {
       "image": tf.zeros([size, size, 3], tf.float32),
       "label": tf.zeros([self.num_classes], tf.float32)

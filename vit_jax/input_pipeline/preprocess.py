@@ -3,8 +3,8 @@
 A spec is a `|`-separated list of ops; each op is a name with optional Python-literal arguments,
 `name(1, 2)` or `name(size=256)`. Sizes default to the config's `image_size`, so a config can switch
 224 ↔ 384 without editing its specs. Every random op draws from a stateless seed that the pipeline
-derives from (seed, epoch, position in epoch): the same example gets the same augmentation on a
-resumed run.
+derives from (seed, the example's position in the run's stream): the same example gets the same
+augmentation on a resumed run and on any number of hosts.
 
 Ops (images are uint8 [h, w, 3] between ops, float32 only after `value_range`):
   decode                       encoded JPEG/PNG/GIF/BMP bytes, or a raw uint8 array, → RGB (gray → RGB)

@@ -11,6 +11,10 @@ Every source turns (config, split, host) into:
 
 Hosts read disjoint parts: by file when there are enough files (each host reads only its files),
 otherwise by example (every host reads everything and keeps every `process_count`-th record).
+
+Sources with `global_order` (the in-memory ones, addressed by index) also offer the training
+stream of the whole run, independent of the number of hosts: `stream(start, rows, batch_size,
+seed)`, from which each host reads the positions of its rows of every global batch.
 """
 
 import concurrent.futures
@@ -74,6 +78,8 @@ class Source:
   # Whether a record can fail to parse or decode (then it becomes a masked zero image, which
   # costs a nested tf.data dataset per record); False for arrays already in memory.
   may_fail = True
+  # Whether the source has `stream` (one order of the whole run's records, whatever the hosts).
+  global_order = False
 
   def __init__(self, config, split: str, process_index: int, process_count: int):
     self.config = config
@@ -102,6 +108,7 @@ class _IndexedSource(Source):
   """A source of N items addressed by index: a seeded permutation per epoch, every P-th per host."""
 
   num_items: int
+  global_order = True
 
   def host_length(self, host: int) -> int:
     return len(range(host, self.num_items, self.process_count))
@@ -112,6 +119,32 @@ class _IndexedSource(Source):
       index = tf.random.experimental.stateless_shuffle(index, seed=_seed(seed, epoch, 0))
     index = index[self.process_index :: self.process_count]
     return tf.data.Dataset.from_tensor_slices({"index": index})
+
+  def stream(self, start: int, rows: np.ndarray, batch_size: int, seed: int) -> tf.data.Dataset:
+    """(raw, position) of the run's training stream that this host reads, in order.
+
+    Position p of the stream is item perm_e[p mod N] with e = p div N and perm_e the seeded
+    permutation of epoch e (`epoch(e, True, seed)` on one host): a function of the seed alone.
+    This host reads the positions p ≥ `start` whose row p mod `batch_size` is in `rows`.
+    Each epoch costs one permutation of N indices, as `epoch` does.
+    """
+    n = self.num_items
+    owned = np.zeros(batch_size, bool)
+    owned[rows] = True
+    owned = tf.constant(owned)
+
+    @tf.autograph.experimental.do_not_convert
+    def epoch(e):
+      positions = e * n + tf.range(n, dtype=tf.int64)
+      keep = tf.gather(owned, positions % batch_size) & (positions >= start)
+      index = tf.random.experimental.stateless_shuffle(
+        tf.range(n, dtype=tf.int64), seed=_seed(seed, e, 0)
+      )
+      return tf.data.Dataset.from_tensor_slices(
+        ({"index": tf.boolean_mask(index, keep)}, tf.boolean_mask(positions, keep))
+      )
+
+    return tf.data.Dataset.range(start // n, 2**62).flat_map(epoch)
 
 
 class FolderSource(_IndexedSource):

@@ -236,7 +236,12 @@ class ResNetV2(nn.Module):
 
   @nn.compact
   def __call__(
-    self, images: jax.Array, *, train: bool, return_representation: bool = False
+    self,
+    images: jax.Array,
+    *,
+    train: bool,
+    return_representation: bool = False,
+    example_ids: jax.Array | None = None,
   ) -> jax.Array:
     """Classifies images.
 
@@ -245,11 +250,12 @@ class ResNetV2(nn.Module):
       train: unused (no dropout, and GroupNorm has no batch statistics); the trainer's
         interface.
       return_representation: return the pooled features [batch, 4·width·2^(S-1)] instead.
+      example_ids: unused (nothing random); the trainer's interface.
 
     Returns:
       Logits [batch, num_classes] in float32 (or the representation).
     """
-    del train
+    del train, example_ids
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     width = int(self.base_width * self.width_factor)
     x = _RootBlock(width, name="root_block", **kw)(images.astype(self.dtype))

@@ -12,7 +12,8 @@ patch representations." The appendix compares three targets, all available here:
 Corruption (`corrupt`): exactly round(rate × patches) patches of each image are chosen uniformly;
 each chosen patch independently becomes the [mask] embedding (p=0.8), the embedding of another
 patch of the *same image* (p=0.1; drawn uniformly from the image's other patches, before any
-corruption) or stays as is (p=0.1). Only chosen patches enter the loss.
+corruption) or stays as is (p=0.1). Only chosen patches enter the loss. Each image's draws come
+from fold_in(key, its example id), so an image is corrupted the same way in any batch.
 
 `MaskedPatchPredictor` is a VisionTransformer with two extra parameters at the top level,
 `mask_embedding` [D] and the Dense `mpp_head`; every other name is the ViT's, so a fine-tuning
@@ -123,34 +124,44 @@ def corrupt(
   corrupt_rate: float = 0.5,
   mask_rate: float = 0.8,
   random_rate: float = 0.1,
+  example_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Corrupts patch embeddings as App. B.1.2 describes (jittable).
 
   Args:
-    key: PRNG key.
+    key: PRNG key; image i draws from fold_in(key, example_ids[i]).
     x: patch embeddings [batch, patches, D].
     mask_embedding: the learnable [mask] embedding [D].
     corrupt_rate: fraction of each image's patches chosen (rounded to a whole number).
     mask_rate, random_rate: of the chosen patches, the probability of the [mask] embedding and of
       another patch's embedding (same image); the rest stay as they are.
+    example_ids: int [batch], each image's id (None: its row).
 
   Returns:
     (corrupted embeddings [batch, patches, D], kind int32 [batch, patches]: KEPT_CLEAN for a patch
     not chosen, else MASKED, RANDOM or KEPT_CORRUPTED).
   """
   b, n, _ = x.shape
-  k_choose, k_kind, k_other = jax.random.split(key, 3)
+  ids = jnp.arange(b) if example_ids is None else example_ids
+
+  def draws(image_key):
+    k_choose, k_kind, k_other = jax.random.split(image_key, 3)
+    return (
+      jax.random.uniform(k_choose, (n,)),
+      jax.random.uniform(k_kind, (n,)),
+      jax.random.randint(k_other, (n,), 1, max(n, 2)),
+    )
+
+  scores, u, shift = jax.vmap(draws)(jax.vmap(jax.random.fold_in, (None, 0))(key, ids))
   num = int(round(corrupt_rate * n))
   # Exactly `num` chosen per image: the patches of the `num` smallest uniform scores.
-  ranks = jnp.argsort(jnp.argsort(jax.random.uniform(k_choose, (b, n)), axis=1), axis=1)
+  ranks = jnp.argsort(jnp.argsort(scores, axis=1), axis=1)
   chosen = ranks < num
-  u = jax.random.uniform(k_kind, (b, n))
   kind = jnp.where(
     u < mask_rate, MASKED, jnp.where(u < mask_rate + random_rate, RANDOM, KEPT_CORRUPTED)
   )
   kind = jnp.where(chosen, kind, KEPT_CLEAN).astype(jnp.int32)
   # Another patch of the same image: shift the index by 1..n-1 (never the patch itself).
-  shift = jax.random.randint(k_other, (b, n), 1, max(n, 2))
   other = (jnp.arange(n)[None, :] + shift) % n
   replaced = jnp.take_along_axis(x, other[..., None], axis=1)
   out = jnp.where((kind == MASKED)[..., None], mask_embedding.astype(x.dtype), x)
@@ -165,7 +176,8 @@ def corrupt(
 class MaskedPatchPredictor(vit.VisionTransformer):
   """A ViT with a [mask] embedding and a per-patch prediction head (`mpp_head`).
 
-  Called with `train` and a 'mpp' rng (corruption; without one a fixed key is used), it returns
+  Called with `train` and a 'mpp' rng (corruption; without one a fixed key is used), and
+  optionally `example_ids` (int [batch], keying each image's corruption and dropout), it returns
   dict(outputs [batch, patches, num_outputs] float32, kind int32 [batch, patches]); with
   `return_representation=True` the mean patch token [batch, D] of the uncorrupted image.
   """
@@ -176,7 +188,14 @@ class MaskedPatchPredictor(vit.VisionTransformer):
   random_rate: float = 0.1
 
   @nn.compact
-  def __call__(self, images: jax.Array, *, train: bool, return_representation: bool = False):
+  def __call__(
+    self,
+    images: jax.Array,
+    *,
+    train: bool,
+    return_representation: bool = False,
+    example_ids: jax.Array | None = None,
+  ):
     if return_representation:
       tokens = super().__call__(images, train=train, return_tokens=True)
       return jnp.mean(tokens, axis=1)
@@ -188,12 +207,14 @@ class MaskedPatchPredictor(vit.VisionTransformer):
 
     def corrupt_fn(x):
       out, kind = corrupt(
-        key, x, mask_embedding, self.corrupt_rate, self.mask_rate, self.random_rate
+        key, x, mask_embedding, self.corrupt_rate, self.mask_rate, self.random_rate, example_ids
       )
       kinds.append(kind)
       return out
 
-    tokens = super().__call__(images, train=train, corrupt_fn=corrupt_fn, return_tokens=True)
+    tokens = super().__call__(
+      images, train=train, corrupt_fn=corrupt_fn, return_tokens=True, example_ids=example_ids
+    )
     outputs = nn.Dense(
       num_outputs(self.target, self.patch_size),
       dtype=self.dtype,

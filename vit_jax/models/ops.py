@@ -3,7 +3,8 @@
 The attention core (`attention`: softmax(q k^T / sqrt(d)) v in heads-major layout, with a
 hand-written backward pass), LayerNorm (`layer_norm`) and the tanh GELU (`gelu_tanh`), each the
 function of its flax counterpart with a backward pass that XLA compiles into fewer, cheaper
-fusions; cuDNN's fused attention (`cudnn_attention`); and the one decision of which
+fusions; dropout with a mask per example (`dropout`: an example's mask follows its id, not its
+row in the batch); cuDNN's fused attention (`cudnn_attention`); and the one decision of which
 implementation runs (`attention_path`, `use_cpu_kernel`): XLA, cuDNN on an NVIDIA GPU, or the
 C++ kernels of vit_jax.kernels.cpu on a one-device CPU. The modules of vit_jax.models.vit call
 these through this module's attributes (so that experiments/ablate_step.py can swap one).
@@ -28,6 +29,29 @@ def wide_dtype(dtype: Dtype) -> Any:
   gradient, the returned logits): at least float32, so bf16/fp16 computation widens to float32
   while a float64 model (the tests' reference runs, under JAX_ENABLE_X64) stays float64."""
   return jnp.promote_types(dtype, jnp.float32)
+
+
+def dropout(x: jax.Array, rate: float, key: jax.Array, example_ids: jax.Array) -> jax.Array:
+  """Inverted dropout whose mask for example i is bernoulli(fold_in(key, example_ids[i])).
+
+  flax's `nn.Dropout` draws one mask for the whole array, so an example's mask depends on its
+  row; here it depends only on `key` and the example's id, whatever batch, micro-batch or
+  sharding the example is in. The same number of random bits as one draw for the whole array.
+
+  Args:
+    x: [n·k, ...]: the rows of n examples, example i owning rows i·k .. i·k + k − 1 (k = 1 for
+      [batch, ...]; k = tokens for an MLP's flattened tokens).
+    rate: the probability of dropping an element.
+    key: the layer's key.
+    example_ids: int [n], one id per example.
+  """
+  n = example_ids.shape[0]
+  per_example = x.reshape((n, x.shape[0] // n, *x.shape[1:]))
+  keep = 1.0 - rate
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, example_ids)
+  mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, per_example.shape[1:]))(keys)
+  out = jax.lax.select(mask, per_example / keep, jnp.zeros_like(per_example))
+  return out.reshape(x.shape)
 
 
 def matmul_2d(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:

@@ -10,6 +10,10 @@ Computation runs in `dtype` (e.g. bfloat16) while parameters stay in `param_dtyp
 Attention weights are sown into the `intermediates` collection when the caller makes it mutable
 (`model.apply(..., mutable=['intermediates'])`).
 
+Dropout draws each example's mask from the layer's 'dropout' key and the example's id
+(`example_ids`, default its row; `Dropout`, `ops.dropout`), so an example is dropped the same
+way in any batch, micro-batch or sharding (the trainer's invariance, vit_jax.train).
+
 Layout for speed, not for the parameters (which keep the checkpoint format): the Dense layers run
 as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, the attention core
 in heads-major layout with a hand-written backward pass (`ops.attention`; instead, on NVIDIA
@@ -67,6 +71,24 @@ class LayerNorm(nn.Module):
     return ops.layer_norm(x.astype(self.dtype), scale, bias)
 
 
+class Dropout(nn.Module):
+  """Dropout with a mask per example (`ops.dropout`); no parameters, like `nn.Dropout`.
+
+  `example_ids` int [n] names the examples whose rows `x` holds (None: row i is example i).
+  """
+
+  rate: float
+
+  @nn.compact
+  def __call__(
+    self, x: jax.Array, deterministic: bool, example_ids: jax.Array | None = None
+  ) -> jax.Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    ids = jnp.arange(x.shape[0]) if example_ids is None else example_ids
+    return ops.dropout(x, self.rate, self.make_rng("dropout"), ids)
+
+
 class _Projection(nn.Module):
   """The kernel and bias of a DenseGeneral, created but not applied.
 
@@ -110,8 +132,10 @@ class MultiHeadDotProductAttention(nn.Module):
   attention_kernel: str = "auto"
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-    """x: [batch, tokens, width] → [batch, tokens, width]."""
+  def __call__(
+    self, x: jax.Array, deterministic: bool, example_ids: jax.Array | None = None
+  ) -> jax.Array:
+    """x: [batch, tokens, width] → [batch, tokens, width]; example_ids int [batch] or None."""
     batch, tokens, width = x.shape
     heads = self.num_heads
     if width % heads:
@@ -140,7 +164,7 @@ class MultiHeadDotProductAttention(nn.Module):
         self.sow("intermediates", "attention_weights", ops.attention_weights(q, k))
       if dropout:
         weights = ops.attention_weights(q, k)
-        weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=False)
+        weights = Dropout(rate=self.dropout_rate)(weights, False, example_ids)
         out = jnp.einsum("bhqk,bhkd->bhqd", weights, v)
       else:
         out = ops.attention(q, k, v)
@@ -166,7 +190,10 @@ class MlpBlock(nn.Module):
   gelu_approximate: bool = True
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(
+    self, x: jax.Array, deterministic: bool, example_ids: jax.Array | None = None
+  ) -> jax.Array:
+    """x: [batch, tokens, width] (or [rows, width]) → the same shape; example_ids int [batch]."""
     dense = functools.partial(
       nn.Dense,
       dtype=self.dtype,
@@ -177,9 +204,9 @@ class MlpBlock(nn.Module):
     rows = x.reshape(-1, x.shape[-1])
     y = dense(self.mlp_dim, name="Dense_0")(rows)
     y = ops.gelu_tanh(y) if self.gelu_approximate else nn.gelu(y, approximate=False)
-    y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
+    y = Dropout(rate=self.dropout_rate)(y, deterministic, example_ids)
     y = dense(x.shape[-1], name="Dense_1")(y)
-    return nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic).reshape(x.shape)
+    return Dropout(rate=self.dropout_rate)(y, deterministic, example_ids).reshape(x.shape)
 
 
 class Encoder1DBlock(nn.Module):
@@ -196,7 +223,9 @@ class Encoder1DBlock(nn.Module):
   layer_norm_kernel: str = "auto"
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(
+    self, x: jax.Array, deterministic: bool, example_ids: jax.Array | None = None
+  ) -> jax.Array:
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     ln_kw = dict(kernel=self.layer_norm_kernel, **kw)
     y = LayerNorm(name="LayerNorm_0", **ln_kw)(x)
@@ -206,8 +235,8 @@ class Encoder1DBlock(nn.Module):
       attention_kernel=self.attention_kernel,
       name="MultiHeadDotProductAttention_1",
       **kw,
-    )(y, deterministic)
-    y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
+    )(y, deterministic, example_ids)
+    y = Dropout(rate=self.dropout_rate)(y, deterministic, example_ids)
     x = x + y
     y = LayerNorm(name="LayerNorm_2", **ln_kw)(x)
     y = MlpBlock(
@@ -216,7 +245,7 @@ class Encoder1DBlock(nn.Module):
       gelu_approximate=self.gelu_approximate,
       name="MlpBlock_3",
       **kw,
-    )(y, deterministic)
+    )(y, deterministic, example_ids)
     return x + y
 
 
@@ -224,8 +253,10 @@ class _ScannedEncoder1DBlock(Encoder1DBlock):
   """The same block in nn.scan's (carry, output) calling convention."""
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> tuple[jax.Array, None]:
-    return super().__call__(x, deterministic), None
+  def __call__(
+    self, x: jax.Array, deterministic: bool, example_ids: jax.Array | None = None
+  ) -> tuple[jax.Array, None]:
+    return super().__call__(x, deterministic, example_ids), None
 
 
 class AddPositionEmbs(nn.Module):
@@ -294,10 +325,12 @@ class Encoder(nn.Module):
   layer_norm_kernel: str = "auto"
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-    """x: [batch, tokens, width] → [batch, tokens, width]."""
+  def __call__(
+    self, x: jax.Array, deterministic: bool, example_ids: jax.Array | None = None
+  ) -> jax.Array:
+    """x: [batch, tokens, width] → [batch, tokens, width]; example_ids int [batch] or None."""
     x = AddPositionEmbs(param_dtype=self.param_dtype, name="posembed_input")(x)
-    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+    x = Dropout(rate=self.dropout_rate)(x, deterministic, example_ids)
     block_kw = dict(
       mlp_dim=self.mlp_dim,
       num_heads=self.num_heads,
@@ -321,10 +354,10 @@ class Encoder(nn.Module):
         split_rngs={"params": True, "dropout": True},
         in_axes=nn.broadcast,
         length=self.num_layers,
-      )(name="encoderblock", **block_kw)(x, deterministic)
+      )(name="encoderblock", **block_kw)(x, deterministic, example_ids)
     else:
       for i in range(self.num_layers):
-        x = block_cls(name=f"encoderblock_{i}", **block_kw)(x, deterministic)
+        x = block_cls(name=f"encoderblock_{i}", **block_kw)(x, deterministic, example_ids)
     return LayerNorm(
       dtype=self.dtype,
       param_dtype=self.param_dtype,
@@ -392,6 +425,7 @@ class VisionTransformer(nn.Module):
     return_representation: bool = False,
     corrupt_fn: Callable[[jax.Array], jax.Array] | None = None,
     return_tokens: bool = False,
+    example_ids: jax.Array | None = None,
   ) -> jax.Array:
     """Classifies images.
 
@@ -404,6 +438,8 @@ class VisionTransformer(nn.Module):
         parameters of the calling module. None: no change.
       return_tokens: return the encoder's output for the patch tokens [batch, patches, D]
         (at least float32, after the final LayerNorm, class token dropped) instead of the logits.
+      example_ids: int [batch], each image's id: its dropout masks are a function of the id and
+        the 'dropout' rng only (the trainer passes the index in the global batch). None: the row.
 
     Returns:
       Logits [batch, num_classes] in float32, float64 for a float64 model (or the
@@ -448,7 +484,7 @@ class VisionTransformer(nn.Module):
       attention_kernel=self.attention_kernel,
       layer_norm_kernel=self.layer_norm_kernel,
       name="Transformer",
-    )(x, not train)
+    )(x, not train, jnp.arange(batch) if example_ids is None else example_ids)
     if return_tokens:
       return (x[:, 1:] if self.classifier == "token" else x).astype(ops.wide_dtype(x.dtype))
     x = x[:, 0] if self.classifier == "token" else jnp.mean(x, axis=1)

@@ -9,7 +9,10 @@ trainer everything that depends on the loss:
   per_example(model, params, batch, key) -> (loss [B], correct [B])
                                      `correct` is 1/0 top-1 (supervised) or a fraction
                                      (masked patch prediction); the trainer weights both with
-                                     the batch mask and sums them into its metrics window
+                                     the batch mask and sums them into its metrics window.
+                                     `batch['index']` int [B] is each example's index in the
+                                     global batch: with `key` (the step's) it keys every
+                                     random draw made for the example (dropout, corruption)
   accepts_model_init                 whether a run may start from a pretrained checkpoint
 
   supervised  softmax or sigmoid cross-entropy on labels (`config.loss` 'softmax_xent' |

@@ -31,7 +31,7 @@ class MaskedPatchPrediction:
     return mpp.get_model(model_config, self.config, mesh=mesh)
 
   def per_example(self, model: Any, params: Any, batch: dict[str, jax.Array], key: jax.Array):
-    return objective(model, params, batch["image"], key)
+    return objective(model, params, batch["image"], key, example_ids=batch["index"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,11 +81,21 @@ def per_example_loss(
 
 
 def objective(
-  model: MaskedPatchPredictor, params: Any, images: jax.Array, key: jax.Array, train: bool = True
+  model: MaskedPatchPredictor,
+  params: Any,
+  images: jax.Array,
+  key: jax.Array,
+  train: bool = True,
+  example_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-  """(loss [B], accuracy [B]) of `model` on `images`; `key` draws dropout and the corruption."""
+  """(loss [B], accuracy [B]) of `model` on `images`; `key` draws dropout and the corruption,
+  image i's from fold_in(·, example_ids[i]) (None: its row)."""
   dropout_key, mpp_key = jax.random.split(key)
   out = model.apply(
-    {"params": params}, images, train=train, rngs={"dropout": dropout_key, "mpp": mpp_key}
+    {"params": params},
+    images,
+    train=train,
+    example_ids=example_ids,
+    rngs={"dropout": dropout_key, "mpp": mpp_key},
   )
   return per_example_loss(out, images, model.patch_size, model.target)

@@ -64,7 +64,13 @@ class Supervised:
     return models.get_model(model_config, self.num_classes, mesh=mesh)
 
   def per_example(self, model: Any, params: Any, batch: dict[str, jax.Array], key: jax.Array):
-    logits = model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": key})
+    logits = model.apply(
+      {"params": params},
+      batch["image"],
+      train=True,
+      example_ids=batch["index"],
+      rngs={"dropout": key},
+    )
     targets = dense_targets(batch["label"], self.num_classes)
     per_example = LOSSES[self.loss](logits, targets)
     if self.multi_label:  # precision@1: the top class is one of the labels

@@ -130,8 +130,8 @@ def topology_devices(topology: str) -> list[Any]:
 def abstract_batch(config, mesh, num_classes: int) -> dict[str, Any]:
   """ShapeDtypeStructs of a global training batch, as vit_jax.input_pipeline yields it.
 
-  {'image': f32 [B, H, W, 3], 'label': i32 [B] | f32 [B, K] (multi-label or mixup), 'mask': f32
-  [B]}, each sharded over the batch axes.
+  {'image': f32 [B, H, W, 3], 'label': i32 [B] | f32 [B, K] (multi-label), 'mask': f32 [B]},
+  each sharded over the batch axes (mixup happens inside the step).
   """
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
@@ -141,7 +141,7 @@ def abstract_batch(config, mesh, num_classes: int) -> dict[str, Any]:
   size = config.dataset.image_size
   height, width = (size, size) if isinstance(size, int) else tuple(size)
   batch = int(config.batch_size)
-  dense = bool(config.dataset.multi_label) or float(config.dataset.mixup_alpha) > 0
+  dense = bool(config.dataset.multi_label)
   shapes = dict(
     image=((batch, height, width, 3), jnp.float32),
     label=((batch, num_classes), jnp.float32) if dense else ((batch,), jnp.int32),
