@@ -74,6 +74,7 @@ def test_no_average_without_ema(tmp_path):
     train_state.restore_params(tmp_path, ema=True)
 
 
+@pytest.mark.slow  # three trainer runs in child processes
 def test_sigkill_with_ema_resumes_bitwise(tmp_path):
   config = ema_config()
   train.run(config, str(tmp_path / "reference"))

@@ -164,6 +164,7 @@ def _mount_tmpfs(path: pathlib.Path, size: str) -> bool:
   return result.returncode == 0
 
 
+@pytest.mark.slow  # three runs on a tmpfs: ~2 CPU-minutes
 def test_full_disk_ends_in_one_line_and_resumes_once_freed(env, reference, tmp_path):
   disk = tmp_path / "disk"
   if not _mount_tmpfs(disk, "24m"):
@@ -244,6 +245,7 @@ def test_an_unwritable_workdir_is_one_line(env, tmp_path):
   assert last.startswith(f"vit_jax: error: NotADirectoryError: cannot write to --workdir={blocker}")
 
 
+@pytest.mark.slow  # two processes: ~1 CPU-minute
 def test_sigterm_on_one_of_two_processes_stops_both_at_the_same_step(env, tmp_path):
   """The signal reaches process 1 only (at its 15th batch): the processes agree on a step, both
   save it and exit 143 with the same line."""
