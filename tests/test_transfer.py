@@ -117,6 +117,8 @@ def test_two_vtab_tasks_end_to_end(tmp_path, pretrained, capsys):
     "vtab/clevr_count",
   }
   table = (tmp_path / "table.md").read_text()
+  with capsys.disabled():
+    print(table)  # shown with -s: the table a closing note quotes
   assert "| dataset | lr | minival top-1 | test top-1 | paper |" in table
   dtd = results["datasets"]["vtab/dtd"]
   assert (
