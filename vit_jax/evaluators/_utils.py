@@ -43,6 +43,25 @@ def gather_rows(x: jax.Array, rows: np.ndarray) -> np.ndarray:
   return np.asarray(out.addressable_data(0))[:n]
 
 
+def sum_over_split(
+  data: DataSource,
+  accumulate: Callable[[dict, Any, dict], dict],
+  params: Any,
+  sums: dict[str, Any],
+  max_examples: int | None = None,
+) -> dict[str, float]:
+  """Folds `accumulate(sums, params, batch)` over one pass of `data` (stopping once
+  `max_examples` rows were read; None: the whole split); the sums as host floats."""
+  rows = 0
+  for batch in data():
+    if max_examples is not None and rows >= max_examples:
+      break
+    batch = {k: batch[k] for k in ("image", "label", "mask") if k in batch}
+    sums = accumulate(sums, params, batch)
+    rows += len(batch["label"])
+  return {k: float(to_host(v)) for k, v in sums.items()}
+
+
 def labels_and_mask(batch: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
   """Returns integer labels [B] and a boolean mask [B] of the real examples of a batch."""
   labels = to_host(batch["label"])

@@ -80,15 +80,8 @@ class ClassificationEvaluator:
 
   def run(self, params: Any) -> dict[str, float]:
     """Returns {f'{name}/accuracy', f'{name}/loss', f'{name}/num_examples'} over the split."""
-    sums = {k: jnp.zeros((), jnp.float32) for k in ("correct", "loss", "count")}
-    rows = 0
-    for batch in self.data():
-      if self.max_examples is not None and rows >= self.max_examples:
-        break
-      batch = {k: batch[k] for k in ("image", "label", "mask") if k in batch}
-      sums = self._accumulate(sums, params, batch)
-      rows += len(batch["label"])
-    sums = {k: float(_utils.to_host(v)) for k, v in sums.items()}
+    zeros = {k: jnp.zeros((), jnp.float32) for k in ("correct", "loss", "count")}
+    sums = _utils.sum_over_split(self.data, self._accumulate, params, zeros, self.max_examples)
     count = max(sums["count"], 1.0)
     return {
       f"{self.name}/accuracy": sums["correct"] / count,

@@ -67,14 +67,8 @@ class RealEvaluator:
 
   def run(self, params: Any) -> dict[str, float]:
     """Returns {f'{name}/accuracy', f'{name}/num_examples'} over the split."""
-    sums = {k: jnp.zeros((), jnp.float32) for k in ("correct", "count")}
-    rows = 0
-    for batch in self.data():
-      if self.max_examples is not None and rows >= self.max_examples:
-        break
-      sums = self._accumulate(sums, params, {k: batch[k] for k in ("image", "label", "mask")})
-      rows += len(batch["label"])
-    sums = {k: float(_utils.to_host(v)) for k, v in sums.items()}
+    zeros = {k: jnp.zeros((), jnp.float32) for k in ("correct", "count")}
+    sums = _utils.sum_over_split(self.data, self._accumulate, params, zeros, self.max_examples)
     return {
       f"{self.name}/accuracy": sums["correct"] / max(sums["count"], 1.0),
       f"{self.name}/num_examples": sums["count"],
