@@ -85,4 +85,10 @@ def test_linear_probe_on_a_folder(flowers, tmp_path):
   )
   assert out.returncode == 0, out.stderr[-3000:]
   results = json.loads((tmp_path / "probe" / "linear_probe.json").read_text())
-  assert 0 <= results["linear_probe/logreg_accuracy"] <= 1
+  # The default `train[:99%]` of the folder's 60 training images (round(59.4)), the `val`
+  # folder's 12 as the test set. The images are noise, so no accuracy is meaningful beyond it
+  # being scored on exactly those 12: a whole number of them right.
+  assert results["linear_probe/num_train"] == 59 and results["linear_probe/num_test"] == 12
+  for probe in ("ridge", "logreg"):
+    right = results[f"linear_probe/{probe}_accuracy"] * 12
+    assert abs(right - round(right)) < 1e-6, (probe, right)

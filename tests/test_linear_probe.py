@@ -44,8 +44,13 @@ def test_run_on_an_orbax_workdir_writes_results(tmp_path):
 
   assert results["linear_probe/representation_size"] == 24  # the pre-logits of the backbone
   assert results["linear_probe/num_train"] == 200
+  # digits' test split: the last 10% of each class of scikit-learn's 1,797 (18 x 9 + 17 for 8).
+  assert results["linear_probe/num_test"] == 179
+  # A random-init backbone's features beat chance (0.1) clearly: measured 0.307 (ridge) and 0.341
+  # (logreg) for this init, 0.279-0.469 over 11 inits (keys 0-10); a chance-level probe on 179
+  # examples has sd 0.022, so 0.2 is 4.5 sd above chance and 0.08 below the worst init.
   for probe in ("ridge", "logreg"):
-    assert 0.1 < results[f"linear_probe/{probe}_accuracy"] <= 1.0  # random features beat chance
+    assert results[f"linear_probe/{probe}_accuracy"] > 0.2, probe
   saved = linear_probe.read_results(str(workdir))
   assert saved["model_init"] == str(tmp_path / "pretrain") and saved["dataset"] == "digits"
   assert saved["linear_probe/ridge_accuracy"] == results["linear_probe/ridge_accuracy"]

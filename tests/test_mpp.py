@@ -113,9 +113,14 @@ def sigkill_config():
 def test_mpp_run_resumes_exactly_after_sigkill_and_finetunes(tmp_path):
   config = sigkill_config()
   metrics = train.run(config, str(tmp_path / "reference"))
-  assert 0.0 <= metrics["accuracy"] <= 1.0 and np.isfinite(metrics["loss"])
+  # The last log window: steps 7 and 8 (logged every 2) of 16 images each.
+  assert metrics["examples"] == 2 * config.batch_size == 32 and np.isfinite(metrics["loss"])
   run_child("save", 4, tmp_path / "killed", config_fn="test_mpp:sigkill_config")
-  train.run(config, str(tmp_path / "killed"))  # resumes at step 4 and finishes
+  resumed = train.run(config, str(tmp_path / "killed"))  # resumes at step 4 and finishes
+  # Same parameters and batches after the resume: the same loss and MPP accuracy, bit for bit.
+  assert {k: resumed[k] for k in ("examples", "loss", "accuracy")} == {
+    k: metrics[k] for k in ("examples", "loss", "accuracy")
+  }
   reference = _params(tmp_path / "reference")
   assert {"mask_embedding", "mpp_head"} <= set(reference)
   _assert_trees(_params(tmp_path / "killed"), reference, exact=True)
