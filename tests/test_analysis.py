@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -16,6 +17,8 @@ from experiments import inside_vit
 from vit_jax import checkpoint, models
 from vit_jax.analysis import capture, metrics, report
 from vit_jax.checkpoint import train_state
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------------------
 # Mean attention distance on attention maps with known answers.
@@ -250,6 +253,7 @@ def test_command_line_on_an_npz(tmp_path):
     text=True,
     env=env,
     check=True,
+    cwd=REPO,
   )
   assert "3 images analysed, 1 skipped" in proc.stdout
   (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("skipped")]
@@ -285,6 +289,7 @@ def test_command_line_names_a_missing_image(tmp_path):
     capture_output=True,
     text=True,
     env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    cwd=REPO,
   )
   assert proc.returncode != 0
   assert proc.stderr.strip().splitlines()[-1] == (
@@ -373,5 +378,4 @@ def test_inside_vit_experiment_writes_the_readme_figures(tmp_path):
 
 def test_the_tool_imports_without_tensorflow():
   code = "import sys, vit_jax.analysis.__main__; assert 'tensorflow' not in sys.modules"
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

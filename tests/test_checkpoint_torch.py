@@ -7,6 +7,7 @@ slow tests/test_torch_interop.py.
 """
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -21,6 +22,7 @@ from vit_jax.checkpoint import timm_hf, train_state
 from vit_jax.models.vit import MultiHeadDotProductAttention
 from vit_jax.tools import convert
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 IMAGE = 32  # the testing preset: 4x4 patches -> an 8x8 grid
 
 
@@ -391,7 +393,7 @@ def test_convert_cli_from_a_trainer_workdir(tmp_path):
   out = tmp_path / "timm"
   result = subprocess.run(
     [sys.executable, "-m", "vit_jax.tools.convert", f"--in={workdir}", f"--out={out}", "--to=timm"],
-    capture_output=True, text=True, timeout=300,
+    capture_output=True, text=True, timeout=300, cwd=REPO,
   )  # fmt: skip
   assert result.returncode == 0, result.stderr[-2000:]
   sd = safetensors.numpy.load_file(out / "model.safetensors")
@@ -400,6 +402,6 @@ def test_convert_cli_from_a_trainer_workdir(tmp_path):
   # Refusals are one line naming the culprit.
   result = subprocess.run(
     [sys.executable, "-m", "vit_jax.tools.convert", f"--in={workdir}", f"--out={workdir}"],
-    capture_output=True, text=True, timeout=300,
+    capture_output=True, text=True, timeout=300, cwd=REPO,
   )  # fmt: skip
   assert result.returncode != 0 and "is a trainer workdir" in result.stderr

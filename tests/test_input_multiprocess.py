@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import sys
 import textwrap
 
@@ -10,6 +11,7 @@ import pytest
 
 from vit_jax.input_pipeline import testing
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 _WORKER = textwrap.dedent(
   """
   import json, sys
@@ -43,12 +45,13 @@ _WORKER = textwrap.dedent(
 def test_two_processes_global_batches(tmp_path):
   testing.write_shards(str(tmp_path), "toy-train", testing.id_records(30), 4)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-  env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
+  env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
   outs = [tmp_path / f"out{i}.json" for i in range(2)]
   results = local_cluster.launch(
     lambda port, i: [sys.executable, "-c", _WORKER, str(port), str(i), str(tmp_path), str(outs[i])],
     env=env,
     timeout=300,
+    cwd=REPO,
   )
   for i, (code, out) in enumerate(results):
     assert code == 0, f"process {i}:\n{out[-4000:]}"
@@ -77,7 +80,9 @@ def test_launch_retries_on_another_port_when_the_coordinator_cannot_bind(tmp_pat
   )
   marker = tmp_path / "first_port"
   results = local_cluster.launch(
-    lambda port, i: [sys.executable, "-c", worker, str(port), str(i), str(marker)], grace=1
+    lambda port, i: [sys.executable, "-c", worker, str(port), str(i), str(marker)],
+    grace=1,
+    cwd=tmp_path,
   )
   assert [code for code, _ in results] == [0, 0]
   first, second = int(marker.read_text()), int(results[0][1].split()[-1])

@@ -1,6 +1,7 @@
 """Each data source end to end: TFRecord (single/multi-label), tfds (mock), image folder, builtin."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ from vit_jax import input_pipeline
 from vit_jax.input_pipeline import builtin, testing
 from vit_jax.tools import make_shards
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 PP_EVAL = "decode|resize_small|central_crop|value_range(-1, 1)"
 
 
@@ -275,6 +277,7 @@ def test_make_shards_cli_folder(tmp_path):
     ],
     check=True,
     capture_output=True,
+    cwd=REPO,
   )
   assert len(list(out.glob("photos-train.tfrecord-*-of-00003"))) == 3
   config = input_pipeline.dataset_config(

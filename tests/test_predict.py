@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from PIL import Image
 
 from vit_jax import checkpoint, models, predict
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 NAMES = ["ant", "bee", "cat"]
 
 
@@ -111,6 +113,7 @@ def test_command_line_prints_top_classes_with_names(tmp_path):
     text=True,
     env=env,
     check=True,
+    cwd=REPO,
   ).stdout
   lines = out.strip().splitlines()
   assert lines[0] == images[0] and lines[4] == images[1]
@@ -128,13 +131,13 @@ def test_command_line_skips_an_unreadable_image_and_classifies_the_others(tmp_pa
   bad.write_bytes(b"not an image")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   run = [sys.executable, "-m", "vit_jax.predict", f"--checkpoint={path}"]
-  out = subprocess.run(run + [str(bad), good], capture_output=True, text=True, env=env)
+  out = subprocess.run(run + [str(bad), good], capture_output=True, text=True, env=env, cwd=REPO)
   assert out.returncode == 0, out.stderr[-2000:]
   lines = out.stdout.strip().splitlines()
   assert lines[0] == good and len(lines) == 4  # the good image and its three classes
   (warning,) = [line for line in out.stderr.splitlines() if "could not be read" in line]
   assert f"skipped 1 of 2 images that could not be read: {bad} (cannot identify" in warning
-  out = subprocess.run(run + [str(bad)], capture_output=True, text=True, env=env)
+  out = subprocess.run(run + [str(bad)], capture_output=True, text=True, env=env, cwd=REPO)
   assert out.returncode == 1 and out.stdout == ""
   assert (
     out.stderr.strip()
