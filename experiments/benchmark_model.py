@@ -327,6 +327,38 @@ def _serve(impl: str, args) -> None:
 # The parent: one process per implementation, and the comparison.
 
 
+def _check_baseline_rev(rev: str, repo: str | None = None) -> None:
+  """Exits with one line unless `repo` (this checkout) is a git checkout of its own holding `rev`.
+
+  --baseline_rev exports the revision's vit_jax with `git archive` from the checkout this script
+  lies in: a copy of the tree without `.git`, one inside another repository, or a machine without
+  git cannot give it (--baseline_dir can).
+  """
+  repo = repo or _REPO
+  hint = "; --baseline_dir=<a tree holding the baseline's vit_jax> needs no git"
+
+  def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True)
+
+  try:
+    top = git("rev-parse", "--show-toplevel")
+  except FileNotFoundError:
+    raise SystemExit(f"--baseline_rev={rev}: git is not installed{hint}") from None
+  if top.returncode:
+    reason = (top.stderr.strip().splitlines() or ["git rev-parse failed"])[0]
+    if "not a git repository" in reason:
+      raise SystemExit(f"--baseline_rev={rev}: {repo} is not a git checkout{hint}")
+    raise SystemExit(f"--baseline_rev={rev}: git cannot read the checkout {repo}: {reason}")
+  top_level = top.stdout.strip()
+  if os.path.realpath(top_level) != os.path.realpath(repo):
+    raise SystemExit(
+      f"--baseline_rev={rev}: {repo} is not a git checkout (it lies inside another one, "
+      f"{top_level}){hint}"
+    )
+  if git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").returncode:
+    raise SystemExit(f"--baseline_rev={rev}: no such revision in the git checkout {repo}")
+
+
 @contextlib.contextmanager
 def _baseline_tree(args):
   """A temporary folder holding only the baseline's `vit_jax` (None without a baseline): from
@@ -588,6 +620,8 @@ def main(argv: list[str] | None = None) -> None:
   args = parser.parse_args(argv)
   if args.baseline_rev and args.baseline_dir:
     parser.error("--baseline_rev and --baseline_dir: one baseline at a time")
+  if args.baseline_rev and args.process == "all":
+    _check_baseline_rev(args.baseline_rev)  # before anything is printed or started
   # What every measured process starts from: the environment as given, before --xla_flags and
   # before any vit_jax adds its XLA:CPU defaults (each process's own vit_jax does that).
   env = dict(os.environ)

@@ -149,3 +149,41 @@ def test_one_process_at_a_time_against_a_git_revision():
     assert xla_flags.split().count(flag) == 1, out
   assert len(_rounds(out, "jax")) == len(_rounds(out, "baseline")) == 2
   assert re.search(r"testing b2 float32  forward: jax [\d.]+ \([\d.]+\), jax@HEAD ", out), out
+
+
+def _git(cwd, *args):
+  subprocess.run(
+    ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+    capture_output=True,
+  )  # fmt: skip
+
+
+def test_baseline_rev_outside_a_git_checkout_is_one_line(tmp_path, monkeypatch, capsys):
+  # A copy of the tree without `.git`: --baseline_rev names itself and the folder in one line
+  # (SystemExit's message, no traceback), before the header or any process is started.
+  monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git looks no higher
+  tree = tmp_path / "tree"
+  tree.mkdir()
+  monkeypatch.setattr(benchmark_model, "_REPO", str(tree))
+  with pytest.raises(SystemExit) as exit_info:
+    benchmark_model.main(["--baseline_rev=HEAD", "--timm=off"])
+  message = str(exit_info.value)
+  assert message.startswith(f"--baseline_rev=HEAD: {tree} is not a git checkout; ")
+  assert "--baseline_dir" in message and "\n" not in message
+  assert capsys.readouterr().out == ""
+  # A folder inside another repository is not a checkout of its own: git archive would read
+  # that one's revision.
+  _git(tmp_path, "init", "-q", "outer")
+  inner = tmp_path / "outer" / "inner"
+  inner.mkdir()
+  with pytest.raises(SystemExit, match=r"is not a git checkout \(it lies inside another one"):
+    benchmark_model._check_baseline_rev("HEAD", str(inner))
+  # In a checkout: a revision it holds passes, one it does not is named.
+  _git(tmp_path / "outer", "commit", "-q", "--allow-empty", "-m", "first")
+  benchmark_model._check_baseline_rev("HEAD", str(tmp_path / "outer"))
+  with pytest.raises(SystemExit, match=r"^--baseline_rev=nope: no such revision in the git"):
+    benchmark_model._check_baseline_rev("nope", str(tmp_path / "outer"))
+  # Without git at all: one line too, not a FileNotFoundError.
+  monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+  with pytest.raises(SystemExit, match=r"^--baseline_rev=HEAD: git is not installed; "):
+    benchmark_model._check_baseline_rev("HEAD", str(tree))
