@@ -28,22 +28,26 @@ using vit_jax::ParallelFor;
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // C[M, N] = A[M, K] B[K, N] (kTransA: A is stored as [K, M]), row-major with leading
-// dimensions; M % 4 == 0, N % 16 == 0. A 4 x 16 tile of C stays in registers over the K loop.
-template <bool kTransA>
+// dimensions; M % 4 == 0, N % 16 == 0. A 4 x 16 tile of C stays in registers over the K loop,
+// accumulated in `Acc`: float for the products over tokens, double for the logits q k^T, whose
+// float sums lose most of their digits to cancellation when the logits are large (in float the
+// softmax gradient was 17x further from float64 than a float64 sum rounded once).
+template <bool kTransA, typename Acc = float>
 void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
           int64_t ldb, float* c, int64_t ldc) {
   for (int64_t j = 0; j < n; j += 16) {
     for (int64_t i = 0; i < m; i += 4) {
-      float acc[4][16] = {};
+      Acc acc[4][16] = {};
       for (int64_t p = 0; p < k; ++p) {
         const float* bp = b + p * ldb + j;
         for (int ii = 0; ii < 4; ++ii) {
-          const float ai = kTransA ? a[p * lda + i + ii] : a[(i + ii) * lda + p];
+          const Acc ai = kTransA ? a[p * lda + i + ii] : a[(i + ii) * lda + p];
 #pragma omp simd
-          for (int jj = 0; jj < 16; ++jj) acc[ii][jj] += ai * bp[jj];
+          for (int jj = 0; jj < 16; ++jj) acc[ii][jj] += ai * static_cast<Acc>(bp[jj]);
         }
       }
-      for (int ii = 0; ii < 4; ++ii) std::memcpy(c + (i + ii) * ldc + j, acc[ii], 16 * sizeof(float));
+      for (int ii = 0; ii < 4; ++ii)
+        for (int jj = 0; jj < 16; ++jj) c[(i + ii) * ldc + j + jj] = static_cast<float>(acc[ii][jj]);
     }
   }
 }
@@ -169,7 +173,7 @@ ffi::Future Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::Result
     Pack(x + s.qkv(bi, 0, 0, hi), stride, t, d, scale, q, tp4, d);
     PackTransposed(x + s.qkv(bi, 0, 1, hi), stride, t, d, 1.f, kt, d, tp16);
     Pack(x + s.qkv(bi, 0, 2, hi), stride, t, d, 1.f, v, t, dp16);
-    Gemm<false>(tp4, tp16, d, q, d, kt, tp16, p, tp16);
+    Gemm<false, double>(tp4, tp16, d, q, d, kt, tp16, p, tp16);  // the logits
     float* wt = w + task * t * t;
     for (int64_t i = 0; i < t; ++i) {
       float* row = p + i * tp16;
