@@ -5,7 +5,8 @@ and XLA's native messages, tracebacks of background threads) to a log file, and 
 stream on the terminal: this project's own log lines (the progress line of vit_jax.logging_util,
 evaluation results, checkpoints), and every warning or error but Orbax's. Library chatter (Orbax's
 lines, TensorFlow's raw read errors, asyncio tracebacks after a failure) stays in the file.
-`fail(error)` ends a failed run with one line on the terminal; the traceback goes to the file.
+`fail(error)` ends a failed run with one line on the terminal, the traceback in the file, and
+`end(line)` a stopped one; after that line nothing more reaches the terminal.
 
 The log file is `<workdir>/logs/<time>-p<process>.log` for a local workdir, or in the temporary
 directory for a remote (gs://) one. This file must not import TensorFlow.
@@ -30,10 +31,15 @@ _SHOWN_SOURCES = (os.path.dirname(os.path.abspath(__file__)),)
 _QUIET_SOURCES = (os.sep + "orbax" + os.sep,)
 
 _terminal = None  # the filtered stream, once set up
+_ended = False  # the run's last line is written: nothing more reaches the terminal
 
 
 class _TerminalFilter(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
+    # After the last line, background threads still log (asyncio's "exception was never
+    # retrieved" for each of Orbax's writes in flight when a disk filled up): the file has them.
+    if _ended:
+      return False
     if not getattr(record, "terminal", True):  # logging.info(..., extra={"terminal": False})
       return False
     path = os.path.abspath(record.pathname)
@@ -92,6 +98,13 @@ def write_line(text: str) -> None:
     pass
 
 
+def end(text: str) -> None:
+  """Writes the run's last line; log records after it stay in the log file."""
+  global _ended
+  write_line(text)
+  _ended = True
+
+
 def fail(
   error: BaseException, path: str | None, message: str | None = None, kind: str | None = None
 ) -> None:
@@ -101,5 +114,4 @@ def fail(
   if message is None:
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
   where = f" (full log: {path})" if path else ""
-  line = f"vit_jax: error: {kind or type(error).__name__}: {message}{where}"
-  print(line, file=_terminal or sys.stderr, flush=True)
+  end(f"vit_jax: error: {kind or type(error).__name__}: {message}{where}")

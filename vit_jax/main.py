@@ -166,7 +166,7 @@ def main(argv):
     _run_and_record(config, _WORKDIR.value)
   except stopping.Stopped as e:
     logging.warning("%s", e, extra={"terminal": False})
-    console.write_line(f"vit_jax: {e}")
+    console.end(f"vit_jax: {e}")
     sys.exit(e.exit_status)
   except Exception as e:  # noqa: BLE001 - every failure ends with one line, details in the log
     console.fail(e, log)

@@ -332,7 +332,7 @@ def main(argv, f: dict[str, Any]):
       paper=f["paper"].value,
     )
   except stopping.Stopped as e:  # rerunning the same command continues the suite
-    console.write_line(f"vit_jax: {e}")
+    console.end(f"vit_jax: {e}")
     sys.exit(e.exit_status)
   except Exception as e:  # noqa: BLE001 - one line, the traceback in the log
     console.fail(e, log)
