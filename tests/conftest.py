@@ -12,3 +12,15 @@ _DEVICES = "--xla_force_host_platform_device_count=8"
 _others = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", ""))
 os.environ["XLA_FLAGS"] = " ".join([*_others.split(), _DEVICES])
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# One persistent compilation cache for the whole run: the test processes, every xdist worker and
+# every child process they start (entry points, multi-process launches, float64 references)
+# compile the same small programs again and again. The controller makes the directory; workers
+# and children inherit the variables. Entries are keyed on the program, the flags and the
+# versions, so sharing them changes no result.
+if "VIT_JAX_TEST_JAX_CACHE" not in os.environ:
+  import tempfile
+
+  os.environ["VIT_JAX_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="vit_jax_test_jax_cache-")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["VIT_JAX_TEST_JAX_CACHE"])
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

@@ -10,8 +10,8 @@ one-device float32 run is (`assert_as_close_as`).
 The float64 run is the trainer itself in a child process under JAX_ENABLE_X64, with the model's
 dtype and param_dtype float64, and three things made equal to the float32 run's:
 - initial parameters: the float32 initialisation, cast (float64 initialisers draw other bits);
-- dropout masks: drawn from float32 uniforms, as in the float32 run (with x64 on, the keep
-  probability would be a float64 and the uniforms 64-bit, so the masks would differ);
+- random draws (dropout masks, mixup's weight, MPP's corruption): float32, as in the float32
+  run (with x64 on, they would be float64 draws from other random bits);
 - data: the same pipeline, images float32 until the model casts them.
 
 Usable as `python tests/float64_reference.py <module:factory> <workdir>`: the factory (a module
@@ -58,6 +58,15 @@ def main(config_fn: str, workdir: str) -> None:
     return bernoulli(key, p, shape, *args, **kwargs)
 
   jax.random.bernoulli = float32_bernoulli
+  beta, uniform = jax.random.beta, jax.random.uniform
+
+  def float32_beta(key, a, b, shape=None, dtype=None):  # mixup's weight
+    return beta(key, a, b, shape, dtype or jnp.float32)
+
+  def float32_uniform(key, shape=(), dtype=None, *args, **kwargs):  # MPP's corruption
+    return uniform(key, shape, dtype or jnp.float32, *args, **kwargs)
+
+  jax.random.beta, jax.random.uniform = float32_beta, float32_uniform
 
   build = train.build
 
@@ -72,7 +81,10 @@ def main(config_fn: str, workdir: str) -> None:
 
     def init_state(key):
       params = init_params(key)
-      return dict(built.init_state(key), params=params, opt_state=built.tx.init(params))
+      state = dict(built.init_state(key), params=params, opt_state=built.tx.init(params))
+      if "ema" in state:  # Polyak averaging starts at the initial parameters
+        state["ema"] = params
+      return state
 
     return built._replace(init_params=init_params, init_state=init_state)
 

@@ -4,9 +4,9 @@
   supervised  the Fashion-MNIST demo (`runlocal`: the 'testing' ViT, 16px, batch 16), softmax
   mpp_fsdp    masked patch prediction (configs/pretrain_mpp.py), mesh fsdp=2
 
-Both with 20 steps, dropout and attention dropout 0.1, inception crop, flips and mixup,
-synchronous checkpoints at steps 10 and 20 (both kept), no evaluators, and the mesh's data axis
-taking the remaining devices.
+Both with 20 steps, dropout and attention dropout 0.1, inception crop, flips and mixup, Polyak
+averaging (decay 0.9), synchronous checkpoints at steps 10 and 20 (both kept), no evaluators,
+and the mesh's data axis taking the remaining devices.
 """
 
 import ml_collections
@@ -32,6 +32,17 @@ def get_config(variant: str = "supervised") -> ml_collections.ConfigDict:
   config.model.attention_dropout_rate = 0.1
   config.dataset.pp_train = "decode|inception_crop|flip_lr|value_range(-1, 1)"
   config.dataset.mixup_alpha = 0.4
+  config.ema_decay = 0.9
   config.checkpoint.update(every_steps=CHECKPOINT_STEP, keep=2, asynchronous=False)
   config.evals = ml_collections.ConfigDict()
   return config
+
+
+def supervised() -> ml_collections.ConfigDict:
+  """`get_config('supervised')`, by name for tests/float64_reference.py."""
+  return get_config("supervised")
+
+
+def mpp_fsdp() -> ml_collections.ConfigDict:
+  """`get_config('mpp_fsdp')`, by name for tests/float64_reference.py."""
+  return get_config("mpp_fsdp")

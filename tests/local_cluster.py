@@ -110,12 +110,18 @@ def _run_once(command, port, num_processes, timeout, grace, popen_kwargs):
           break
         time.sleep(0.2)
     finally:
-      for p in procs:
+      killed = set()
+      for i, p in enumerate(procs):
         if p.poll() is None:
           os.kill(p.pid, signal.SIGKILL)
           p.wait()
+          killed.add(i)
     results = []
-    for p, log in zip(procs, logs, strict=True):
+    for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
       log.seek(0)
-      results.append((p.returncode, log.read()))
+      out = log.read()
+      if i in killed:  # the output says so: a test's failure message then tells what happened
+        why = f"{grace:.0f} s after another process failed" if failed_at else f"{timeout:.0f} s"
+        out += f"\n[local_cluster: SIGKILLed by the launcher after {why}]"
+      results.append((p.returncode, out))
     return results

@@ -26,19 +26,6 @@ from vit_jax.checkpoint import train_state
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-  """Runs of the same config on the same mesh compile the same programs: cache them on disk."""
-  path = str(tmp_path_factory.mktemp("jax_cache"))
-  old = jax.config.jax_compilation_cache_dir
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = path  # for the subprocesses
-  yield path
-  os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
-  jax.config.update("jax_compilation_cache_dir", old)
-
-
 def small_config(total_steps=6, every_steps=3, **mesh):
   """Pretrain demo config shrunk by runlocal, without evaluators, deterministic preprocessing."""
   config = pretrain.get_config("dataset=fashion_mnist,runlocal")
