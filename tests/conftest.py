@@ -1,4 +1,5 @@
-"""Test setup: eight simulated CPU devices, so sharding code runs as on a pod slice.
+"""Test setup: eight simulated CPU devices, so sharding code runs as on a pod slice, XLA's code
+capped at AVX2, and one compilation cache for the run.
 
 The device count is forced whatever XLA_FLAGS the environment already holds (a user's own flags
 are kept, a device count of theirs is replaced): the mesh tests need eight devices.
@@ -10,6 +11,12 @@ import re
 # Must happen before jax is imported anywhere in the test process.
 _DEVICES = "--xla_force_host_platform_device_count=8"
 _others = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", ""))
+# XLA's own generated code capped at AVX2 (unless the environment says otherwise), so that an
+# AVX-512 machine runs the code an AVX2-only one does. It does not reach the libraries XLA:CPU
+# calls (YNNPACK, Eigen), which pick their kernels from the CPU at run time: the tests compare
+# against float64 references, never against another CPU's float32 numbers.
+if "--xla_cpu_max_isa" not in _others:
+  _others += " --xla_cpu_max_isa=AVX2"
 os.environ["XLA_FLAGS"] = " ".join([*_others.split(), _DEVICES])
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_train import _assert_trees, _params, compilation_cache, run_child  # noqa: F401
+from test_train import _assert_trees, _params, run_child
 
 from configs import finetune, pretrain_mpp
 from vit_jax import checkpoint, models, train
