@@ -11,10 +11,10 @@ Each runs from the repository root as `python -m experiments.<name> [--help]`:
   bench_trainer, bench_input_pipeline  the trainer and the input pipeline (docs/benchmarks.md)
 
 What several of them share is in `common` (the demo's model and budgets, running
-`python -m vit_jax.main` stages, the raw-pixel baselines, a train step); an experiment imports
-only `experiments.common` and vit_jax, never another experiment. Each writes its results
-(results.json, tables, figures) to experiments/results/<name>/ unless told otherwise (--out;
-pod_plan: --out_dir), a --quick run to <workdir>/results/ so that tiny budgets never replace a
-kept result; the workdirs of its training stages, with their checkpoints, go to /tmp. The
-benchmarks print their figures and write nothing.
+`python -m vit_jax.main` stages, a train step; the raw-pixel baselines live in vit_jax.baselines);
+an experiment imports only `experiments.common` and vit_jax, never another experiment. Each
+writes its results (results.json, tables, figures) to experiments/results/<name>/ unless told
+otherwise (--out; pod_plan: --out_dir), a --quick run to <workdir>/results/ so that tiny budgets
+never replace a kept result; the workdirs of its training stages, with their checkpoints, go to
+/tmp. The benchmarks print their figures and write nothing.
 """

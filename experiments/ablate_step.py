@@ -1,12 +1,12 @@
 r"""Where a ViT step's time goes: the step with one part removed or swapped, all in one process.
 
-Each variant replaces one function of `vit_jax/models/vit.py` while the step is traced (the
-attention core, LayerNorm or GELU by the identity; or our hand-written backward passes by plain
-autodiff of the same forward), and is compiled next to the unchanged step. Timed rounds then
-alternate between the variants, so a machine whose speed drifts (2 CPU cores: ±10% from round
-to round) tilts none of them. The difference to `full` is what that part costs inside the
-compiled step, fusions with its neighbours included, which per-op profiles on XLA:CPU do not
-show (its dot events time only the dispatch).
+Each variant replaces one function of `vit_jax/models/ops.py` while the step is traced (the
+attention core `ops.attention`, `ops.layer_norm` or `ops.gelu_tanh` by the identity; or their
+hand-written backward passes by plain autodiff of the same forward), and is compiled next to the
+unchanged step. Timed rounds then alternate between the variants, so a machine whose speed drifts
+(2 CPU cores: ±10% from round to round) tilts none of them. The difference to `full` is what that
+part costs inside the compiled step, fusions with its neighbours included, which per-op profiles
+on XLA:CPU do not show (its dot events time only the dispatch).
 
   # ViT-Ti/16 train step (forward + backward + AdamW) on the CPU, batch 32, fp32:
   python -m experiments.ablate_step --model=Ti/16 --batch=32
@@ -19,10 +19,10 @@ show (its dot events time only the dispatch).
 Variants: full, no_attention (the attention core returns V), no_layernorm, no_gelu,
 xla_attention (attention_kernel='xla': on a one-device CPU, XLA instead of the C++ kernel of
 vit_jax/kernels/cpu.py), xla_layer_norm (likewise layer_norm_kernel='xla'), xla_kernels (both),
-autodiff_attention (the XLA path without `_attention`'s hand-written backward), autodiff_norms
-(LayerNorm and GELU without theirs). The variants that replace `_attention` or `_layer_norm`
-run that part on the XLA path. A removed part also changes the loss, so the numbers are costs,
-not a model anyone would train.
+autodiff_attention (the XLA path without `ops.attention`'s hand-written backward), autodiff_norms
+(`ops.layer_norm` and `ops.gelu_tanh` without theirs). The variants that replace `ops.attention`
+or `ops.layer_norm` run that part on the XLA path. A removed part also changes the loss, so the
+numbers are costs, not a model anyone would train.
 """
 
 import argparse

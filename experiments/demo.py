@@ -10,7 +10,7 @@ bundled datasets (the `builtin` source: uint8 arrays in memory, so nothing is de
   2. fine-tune it on Animal-MNIST (configs/finetune.py, `model_init` = the pretrain workdir);
   3. linear-probe its frozen pre-logits on MNIST-5k (configs/linear_probe.py);
   4. fine-tune the same architecture on Animal-MNIST from scratch, with the same budget;
-  5. raw-pixel baselines on the same splits (experiments/common.py: logistic regression and
+  5. raw-pixel baselines on the same splits (vit_jax/baselines.py: logistic regression and
      kNN-3 on pixels / 255),
 then print one table: each stage's dataset, accuracy, its baselines and wall time, and the gain
 that pretraining bought on Animal-MNIST.
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     verbose=args.verbose,
   )
 
-  print("\n== 5. raw-pixel baselines on the same splits (experiments/common.py)")
+  print("\n== 5. raw-pixel baselines on the same splits (vit_jax/baselines.py)")
   start = time.perf_counter()
   # The splits the stages read (split_flags; the probe's probe_splits).
   train, test = "train", "test"

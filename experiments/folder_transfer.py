@@ -11,7 +11,7 @@ vit_jax.input_pipeline) is fine-tuned on exactly as the demo fine-tunes on Anima
   1. from the demo's pretrained ViT (`--pretrained`, default the pretrain stage of
      experiments/demo.py: run the demo first), then
   2. the same from scratch, with the same budget (unless --no_scratch);
-  3. raw-pixel baselines (experiments/common.py: logistic regression and kNN-3 on the folder's
+  3. raw-pixel baselines (vit_jax/baselines.py: logistic regression and kNN-3 on the folder's
      pixels / 255, as stored; resized to the model's resolution only when the images differ in
      size) on the same train and test split,
 and one table is printed. Without `--folder`, a bundled dataset (`--builtin`, default `digits`:
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     runs[kind] = dict(test_accuracy=metrics["val/accuracy"], seconds=seconds, step=metrics["step"])
 
-  print("\n== raw-pixel baselines on the same split (experiments/common.py)")
+  print("\n== raw-pixel baselines on the same split (vit_jax/baselines.py)")
   start = time.perf_counter()
   with open(os.path.join(args.pretrained, "config.json")) as f:
     image_size = json.load(f)["dataset"]["image_size"]

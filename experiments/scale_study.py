@@ -19,8 +19,8 @@ BiT ResNets and catches up or overtakes them as the set grows, for less compute.
      fine-tuning on `train[:98%]`) as the paper does, then top-1 on the test split;
   4. the few-shot transfer of the full-data runs' intermediate checkpoints, for the
      accuracy-vs-compute curves (with --quick: of the largest subset's);
-  5. raw-pixel baselines (scikit-learn logistic regression and kNN-3 on pixels / 255) on exactly
-     the same training examples and test split as each transfer number.
+  5. raw-pixel baselines (vit_jax/baselines.py: scikit-learn logistic regression and kNN-3 on
+     pixels / 255) on exactly the same training examples and test split as each transfer number.
 
 Outputs in --out (default experiments/results/scale_study/; with --quick, <workdir>/results/):
 `results.json`, `results.md` (the table), `accuracy_vs_data.png` and `accuracy_vs_compute.png`.
@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 from experiments import common
+from vit_jax import baselines
 
 UPSTREAM = "fashion_mnist"
 UPSTREAM_TRAIN = 60_000
@@ -368,19 +369,19 @@ def run_study(workdir: str, profile: Profile) -> dict[str, Any]:
       runs[key] = run
       save()
 
-  baselines = results.setdefault("baselines", {})
+  pixel_results = results.setdefault("baselines", {})
   for dataset in DOWNSTREAM:
-    entry = baselines.setdefault(dataset, {})
+    entry = pixel_results.setdefault(dataset, {})
     entry[f"{profile.shots}shot"] = _cached(
       cache,
       f"baseline/{dataset}/{profile.shots}shot",
-      lambda d=dataset: common.pixel_baselines(d, "train", fewshot.training_rows(d)),
+      lambda d=dataset: baselines.pixel_baselines(d, "train", fewshot.training_rows(d)),
     )
     if dataset in profile.finetune_datasets:
       entry["finetune"] = _cached(
         cache,
         f"baseline/{dataset}/finetune",
-        lambda d=dataset: common.pixel_baselines(d, FINETUNE_TRAIN),
+        lambda d=dataset: baselines.pixel_baselines(d, FINETUNE_TRAIN),
       )
   results["seconds_this_invocation"] = time.perf_counter() - start
   save()
