@@ -84,10 +84,15 @@ def trainer(config) -> float:
       rates.append(out["images_per_sec"])
     return out
 
+  verbosity = logging.get_verbosity()
   train.logging_util.Throughput.__call__ = record
   logging.set_verbosity(logging.WARNING)
-  with tempfile.TemporaryDirectory() as workdir:
-    train.run(config, workdir)
+  try:
+    with tempfile.TemporaryDirectory() as workdir:
+      train.run(config, workdir)
+  finally:  # the meter and the log level as they were (a caller may train again)
+    train.logging_util.Throughput.__call__ = original
+    logging.set_verbosity(verbosity)
   return statistics.mean(rates[1:])
 
 

@@ -31,7 +31,12 @@ from experiments import common
 from vit_jax import baselines
 
 DOWNSTREAM = ("animal_mnist", "mnist_5k")
-INITS = ("scratch", "mpp", "supervised")
+INITS = ("scratch", "mpp", "supervised")  # each but scratch is pretrained first
+# Column heads of the table, and what each pretraining's accuracy (its last logging window) is.
+INIT_NAMES = dict(scratch="scratch", mpp="MPP-pretrained", supervised="supervised-pretrained")
+PRETRAIN_ACCURACY = dict(
+  mpp="MPP corrupted-patch accuracy", supervised="supervised training accuracy"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,9 +127,10 @@ def finetune_config(dataset: str, init: str, profile: Profile, workdir: str):
 
 def _table(results: dict) -> str:
   lines = [
-    "| downstream (test top-1) | scratch | MPP-pretrained | supervised-pretrained "
-    "| logistic regression | kNN-3 |",
-    "|---|---|---|---|---|---|",
+    "| downstream (test top-1) | "
+    + " | ".join(INIT_NAMES[i] for i in INITS)
+    + " | logistic regression | kNN-3 |",
+    "|---|" + "---|" * (len(INITS) + 2),
   ]
   for dataset in DOWNSTREAM:
     r = results["finetune"][dataset]
@@ -134,13 +140,14 @@ def _table(results: dict) -> str:
       f"{100 * b['knn3']:.1f}%",
     ]
     lines.append(f"| {dataset} | " + " | ".join(cells) + " |")
-  p = results["pretrain"]
+  pretrained = ", ".join(
+    f"{PRETRAIN_ACCURACY[kind]} {100 * p['accuracy']:.1f}%"
+    for kind, p in results["pretrain"].items()
+  )
   lines.append("")
   lines.append(
     f"Pretraining on Fashion-MNIST, {results['profile']['pretrain_steps']} steps at batch "
-    f"{results['profile']['pretrain_batch']}: MPP corrupted-patch accuracy "
-    f"{100 * p['mpp']['accuracy']:.1f}%, supervised training accuracy "
-    f"{100 * p['supervised']['accuracy']:.1f}% (last logging window). Fine-tuning: "
+    f"{results['profile']['pretrain_batch']}: {pretrained} (last logging window). Fine-tuning: "
     f"{results['profile']['finetune_steps']} steps at batch {results['profile']['finetune_batch']}."
   )
   return "\n".join(lines) + "\n"
@@ -189,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     profile=dataclasses.asdict(profile), pretrain={}, finetune={}, baselines={}, seconds={}
   )
   workdirs = {}
-  for kind in ("mpp", "supervised"):
+  for kind in (i for i in INITS if i != "scratch"):  # the pretrainings the inits start from
     workdirs[kind] = os.path.join(args.workdir, f"pretrain_{kind}")
     shutil.rmtree(workdirs[kind], ignore_errors=True)
     start = time.perf_counter()
