@@ -90,8 +90,19 @@ def test_quick_study_end_to_end_and_resume(tmp_path):
   assert json.loads((tmp_path / "results.json").read_text()) == results
   runs = results["runs"]
   assert set(runs) == {"ViT/1of16", "BiT/1of16"}  # 3,750 pretraining images
-  for run in runs.values():
-    assert run["pretrain_flops"] > 0 and 0 <= run["upstream_val_accuracy"] <= 1
+  for key, run in runs.items():
+    assert run["pretrain_flops"] > 0
+    # The upstream top-1 is the stage's own val evaluation: runlocal stops it after the batch
+    # holding its first 64 rows (configs/common.py), i.e. one eval batch of Fashion-MNIST's test
+    # split (250 images), of which a whole number are right.
+    family, fraction = key.split("/")
+    stage = json.loads((tmp_path / "pretrain" / family / fraction / "metrics.json").read_text())
+    n = scale_study.QUICK.eval_batch_size
+    assert stage["val/num_examples"] == n == 250
+    assert run["upstream_val_accuracy"] == stage["val/accuracy"]
+    assert run["upstream_val_accuracy"] * n == pytest.approx(
+      round(run["upstream_val_accuracy"] * n)
+    )
     assert set(run["fewshot"]) == {"animal_mnist", "mnist_5k"}
     assert run["finetune"]["animal_mnist"]["learning_rate"] == 0.01
   assert runs["BiT/1of16"]["pretrain_examples"] == 3750
