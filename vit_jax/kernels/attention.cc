@@ -28,22 +28,22 @@ using vit_jax::ParallelFor;
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // C[M, N] = A[M, K] B[K, N] (kTransA: A is stored as [K, M]), row-major with leading
-// dimensions; M % 4 == 0, N % 16 == 0. A 4 x 16 tile of C stays in registers over the K loop,
-// accumulated in `Acc`: float for the products over tokens, double for the logits q k^T, whose
-// float sums lose most of their digits to cancellation when the logits are large (in float the
-// softmax gradient was 17x further from float64 than a float64 sum rounded once).
-template <bool kTransA, typename Acc = float>
-void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-          int64_t ldb, float* c, int64_t ldc) {
+// dimensions; M % 4 == 0, N % 16 == 0. A 4 x 16 tile of C stays in registers over the K loop.
+// T is float, or double for the logits q k^T: their float sums lose most of their digits to
+// cancellation when the logits are large (the softmax gradient was then 17x further from
+// float64 than a float64 sum rounded once to float).
+template <bool kTransA, typename T = float>
+void Gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+          float* c, int64_t ldc) {
   for (int64_t j = 0; j < n; j += 16) {
     for (int64_t i = 0; i < m; i += 4) {
-      Acc acc[4][16] = {};
+      T acc[4][16] = {};
       for (int64_t p = 0; p < k; ++p) {
-        const float* bp = b + p * ldb + j;
+        const T* bp = b + p * ldb + j;
         for (int ii = 0; ii < 4; ++ii) {
-          const Acc ai = kTransA ? a[p * lda + i + ii] : a[(i + ii) * lda + p];
+          const T ai = kTransA ? a[p * lda + i + ii] : a[(i + ii) * lda + p];
 #pragma omp simd
-          for (int jj = 0; jj < 16; ++jj) acc[ii][jj] += ai * static_cast<Acc>(bp[jj]);
+          for (int jj = 0; jj < 16; ++jj) acc[ii][jj] += ai * bp[jj];
         }
       }
       for (int ii = 0; ii < 4; ++ii)
@@ -55,6 +55,12 @@ void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
 // Scratch space of the calling thread, grown as needed and reused across tasks (not zeroed).
 float* Scratch(int slot, int64_t size) {
   thread_local std::vector<float> buffers[8];
+  if (static_cast<int64_t>(buffers[slot].size()) < size) buffers[slot].resize(size);
+  return buffers[slot].data();
+}
+
+double* ScratchDouble(int slot, int64_t size) {
+  thread_local std::vector<double> buffers[2];
   if (static_cast<int64_t>(buffers[slot].size()) < size) buffers[slot].resize(size);
   return buffers[slot].data();
 }
@@ -134,17 +140,19 @@ struct Shape {
 };
 
 // rows [t, d] with row stride `stride`, times `scale`, into dst [rows_p, cols_p] (zero padding).
-void Pack(const float* src, int64_t stride, int64_t t, int64_t d, float scale, float* dst,
+template <typename T = float>
+void Pack(const float* src, int64_t stride, int64_t t, int64_t d, float scale, T* dst,
           int64_t rows_p, int64_t cols_p) {
-  std::fill(dst, dst + rows_p * cols_p, 0.f);
+  std::fill(dst, dst + rows_p * cols_p, T(0));
   for (int64_t i = 0; i < t; ++i)
     for (int64_t x = 0; x < d; ++x) dst[i * cols_p + x] = src[i * stride + x] * scale;
 }
 
 // The transpose: dst[x, i] = src[i, x] for i < t, x < d; dst is [rows_p >= d, cols_p >= t].
+template <typename T = float>
 void PackTransposed(const float* src, int64_t stride, int64_t t, int64_t d, float scale,
-                    float* dst, int64_t rows_p, int64_t cols_p) {
-  std::fill(dst, dst + rows_p * cols_p, 0.f);
+                    T* dst, int64_t rows_p, int64_t cols_p) {
+  std::fill(dst, dst + rows_p * cols_p, T(0));
   for (int64_t i = 0; i < t; ++i)
     for (int64_t x = 0; x < d; ++x) dst[x * cols_p + i] = src[i * stride + x] * scale;
 }
@@ -165,8 +173,8 @@ ffi::Future Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::Result
   auto task_body = [=](int64_t task) {
     const int64_t bi = task / s.h, hi = task % s.h;
     const int64_t tp4 = s.tp4(), tp16 = s.tp16(), dp16 = s.dp16(), t = s.t, d = s.d;
-    float* q = Scratch(0, tp4 * d);
-    float* kt = Scratch(1, d * tp16);
+    double* q = ScratchDouble(0, tp4 * d);  // the logits' operands, in double
+    double* kt = ScratchDouble(1, d * tp16);
     float* v = Scratch(2, t * dp16);
     float* p = Scratch(3, tp4 * tp16);
     float* ov = Scratch(4, tp4 * dp16);
