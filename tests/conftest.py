@@ -1,5 +1,5 @@
-"""Test setup: eight simulated CPU devices, so sharding code runs as on a pod slice, XLA's code
-capped at AVX2, and one compilation cache for the run.
+"""Test setup: eight simulated CPU devices, so sharding code runs as on a pod slice, and one
+compilation cache for the run.
 
 The device count is forced whatever XLA_FLAGS the environment already holds (a user's own flags
 are kept, a device count of theirs is replaced): the mesh tests need eight devices.
@@ -8,15 +8,11 @@ are kept, a device count of theirs is replaced): the mesh tests need eight devic
 import os
 import re
 
+import pytest
+
 # Must happen before jax is imported anywhere in the test process.
 _DEVICES = "--xla_force_host_platform_device_count=8"
 _others = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", ""))
-# XLA's own generated code capped at AVX2 (unless the environment says otherwise), so that an
-# AVX-512 machine runs the code an AVX2-only one does. It does not reach the libraries XLA:CPU
-# calls (YNNPACK, Eigen), which pick their kernels from the CPU at run time: the tests compare
-# against float64 references, never against another CPU's float32 numbers.
-if "--xla_cpu_max_isa" not in _others:
-  _others += " --xla_cpu_max_isa=AVX2"
 os.environ["XLA_FLAGS"] = " ".join([*_others.split(), _DEVICES])
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -31,3 +27,27 @@ if "VIT_JAX_TEST_JAX_CACHE" not in os.environ:
   os.environ["VIT_JAX_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="vit_jax_test_jax_cache-")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["VIT_JAX_TEST_JAX_CACHE"])
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+# Modules whose tests share expensive module-scoped fixtures (a set of training runs), in the
+# order they start: each runs whole on one xdist worker (`--dist loadgroup`, pyproject.toml), so
+# its fixture runs once, and the longest start first, so that none of them ends the run alone.
+_GROUPED_FIRST = (
+  "test_topology_invariance",
+  "test_demo",
+  "test_faults",
+  "test_transfer",
+  "test_ema",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+  def rank(item):
+    name = item.module.__name__
+    return _GROUPED_FIRST.index(name) if name in _GROUPED_FIRST else len(_GROUPED_FIRST)
+
+  for item in items:
+    if rank(item) < len(_GROUPED_FIRST):
+      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+  items.sort(key=rank)  # stable: the collection order within each rank

@@ -4,8 +4,8 @@ attention dropout, inception crop, flips and mixup on; tests/invariance_config.p
   (1) 1 process × 4 devices, mesh data=4,
   (2) 2 processes × 2 devices (`python -m vit_jax.main` over 127.0.0.1, tests/local_cluster.py),
       mesh fsdp=2 × model=2: parameters, optimizer state and heads split across the processes,
-  (3) 1 process × 4 devices, mesh data=2 × fsdp=2, with accum_steps=2,
-  (4) layout (2)'s step-10 checkpoint resumed on layout (1) (a run stopped after that
+  (3) 1 process × 8 devices, mesh data=2 × fsdp=2 × model=2, with accum_steps=2,
+  (4) layout (2)'s step-10 checkpoint resumed on one device (a run stopped after that
       checkpoint and restarted on another topology),
 
 is the same training up to floating-point summation order. That is measured against the same
@@ -38,7 +38,7 @@ from vit_jax.checkpoint import train_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The meshes (on 4 devices) of layouts (2) and (3).
-MESHES = {"two": dict(data=1, fsdp=2, model=2), "accum": dict(data=2, fsdp=2, model=1)}
+MESHES = {"two": dict(data=1, fsdp=2, model=2), "accum": dict(data=2, fsdp=2, model=2)}
 
 
 # `python -m vit_jax.main` that SIGKILLs itself when fetching its `at`-th batch (argv[1]),
@@ -108,7 +108,7 @@ def final_params(request, tmp_path_factory):
   accum = invariance_config.get_config(variant)
   accum.mesh.update(_mesh(variant, "accum"))
   accum.accum_steps = 2
-  train.run(accum, str(root / "accum"), devices=devices)
+  train.run(accum, str(root / "accum"), devices=jax.devices()[:8])
   # Only process 0 writes TensorBoard event files.
   assert len(list((root / "two").glob("events.out.tfevents.*"))) == 1
   # Layout (2)'s workdir as a run stopped after its step-10 checkpoint left it.
@@ -119,7 +119,9 @@ def final_params(request, tmp_path_factory):
     ignore=lambda d, names: [last] if pathlib.Path(d).name == "checkpoints" else [],
   )
   assert train_state.committed_steps(root / "resumed") == [invariance_config.CHECKPOINT_STEP]
-  train.run(invariance_config.get_config(variant), str(root / "resumed"), devices=devices)
+  resumed = invariance_config.get_config(variant)
+  resumed.mesh.update(data=1, fsdp=1, model=1)
+  train.run(resumed, str(root / "resumed"), devices=jax.devices()[:1])
   params = {
     name: jax.device_get(train_state.restore_params(root / name))
     for name in ("float64", "one", "two", "accum", "resumed")
@@ -148,8 +150,8 @@ def _floor(params) -> float:
   "layout",
   [
     "two",  # 2 processes × 2 devices, fsdp=2 × model=2
-    "accum",  # 1 process × 4 devices, data=2 × fsdp=2, accum_steps=2
-    "resumed",  # stopped on 2 × 2 at step 10, resumed on 1 × 4
+    "accum",  # 1 process × 8 devices, data=2 × fsdp=2 × model=2, accum_steps=2
+    "resumed",  # stopped on 2 × 2 at step 10, resumed on 1 device
   ],
 )
 def test_every_layout_is_as_accurate_as_one_process(final_params, layout):

@@ -8,13 +8,11 @@ datasets) and the 8 simulated CPU devices of conftest.py.
 
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 
-import float64_reference  # tests/
 import jax
 import numpy as np
 import pytest
@@ -168,56 +166,6 @@ def test_bit_stages_run_and_chain(tmp_path):
   assert classifier.num_classes == 10 and classifier.image_size == 16
 
 
-def mesh_config():
-  """The one-device config of test_mesh_equivalence_... (its float64 child builds it by name)."""
-  return small_config(data=1)
-
-
-def test_mesh_equivalence_and_restore_onto_another_mesh(tmp_path):
-  """data×fsdp×model on 8 devices trains as accurately as 1 device; a checkpoint moves between
-  meshes. With dropout and gradient accumulation.
-
-  Accuracy is measured against the same training in float64 (tests/float64_reference.py): each
-  run's largest parameter deviation from it must be within twice the one-device float32 run's
-  own deviation (plus a few float32 ulps). Comparing the float32 runs with each other at a fixed
-  tolerance would instead test how Adam magnifies their rounding noise, which depends on the
-  CPU (AVX2 and AVX-512 sum in other orders).
-  """
-  float64_reference.run("test_train:mesh_config", tmp_path / "float64")
-  train.run(small_config(data=2, fsdp=2, model=2), str(tmp_path / "mesh8"))
-  one = jax.devices()[:1]
-  train.run(mesh_config(), str(tmp_path / "mesh1"), devices=one)
-  # Resume the 8-device run's step-3 checkpoint on 1 device.
-  (tmp_path / "8to1" / "checkpoints").mkdir(parents=True)
-  shutil.copytree(tmp_path / "mesh8" / "checkpoints" / "3", tmp_path / "8to1" / "checkpoints" / "3")
-  train.run(mesh_config(), str(tmp_path / "8to1"), devices=one)
-
-  reference = _params(tmp_path / "float64")
-  assert jax.tree_util.tree_leaves(reference)[0].dtype == np.float64
-  deviation = {
-    name: float64_reference.max_deviation(_params(tmp_path / name), reference)
-    for name in ("mesh1", "mesh8", "8to1")
-  }
-  moved = float64_reference.max_deviation(reference, _initial_params(mesh_config()))
-  print(f"deviation from float64 {deviation}, largest parameter change {moved:.3g}")
-  # The float64 run is the same training (same initialisation, data and dropout masks): the
-  # float32 run's error is a small fraction of what training changed.
-  assert deviation["mesh1"] < 0.01 * moved
-  floor = 4 * np.finfo(np.float32).eps * _largest(reference)
-  for name in ("mesh8", "8to1"):
-    assert deviation[name] <= 2 * deviation["mesh1"] + floor, (name, deviation)
-
-
-def _initial_params(config):
-  """The trainer's initial parameters of `config` (host numpy)."""
-  built = train.build(config, sharding.make_mesh(config.mesh, jax.devices()[:1]), 10)
-  return jax.device_get(jax.jit(built.init_params)(built.init_key))
-
-
-def _largest(tree) -> float:
-  return max(float(np.max(np.abs(x))) for x in jax.tree_util.tree_leaves(tree))
-
-
 def test_checkpoints_keep_the_last_k_steps(tmp_path):
   config = small_config(total_steps=5, every_steps=1)
   config.checkpoint.keep = 2
@@ -358,7 +306,7 @@ def test_partition_rules_cover_params_and_optimizer_state():
   import optax
   from jax.sharding import PartitionSpec as P
 
-  from vit_jax import models, sharding
+  from vit_jax import models
 
   mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=2, model=2)))
   for scan in (False, True):
