@@ -8,8 +8,6 @@ are kept, a device count of theirs is replaced): the mesh tests need eight devic
 import os
 import re
 
-import pytest
-
 # Must happen before jax is imported anywhere in the test process.
 _DEVICES = "--xla_force_host_platform_device_count=8"
 _others = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", ""))
@@ -28,26 +26,3 @@ if "VIT_JAX_TEST_JAX_CACHE" not in os.environ:
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["VIT_JAX_TEST_JAX_CACHE"])
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
-
-# Modules whose tests share expensive module-scoped fixtures (a set of training runs), in the
-# order they start: each runs whole on one xdist worker (`--dist loadgroup`, pyproject.toml), so
-# its fixture runs once, and the longest start first, so that none of them ends the run alone.
-_GROUPED_FIRST = (
-  "test_topology_invariance",
-  "test_demo",
-  "test_faults",
-  "test_transfer",
-  "test_ema",
-)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config, items):
-  def rank(item):
-    name = item.module.__name__
-    return _GROUPED_FIRST.index(name) if name in _GROUPED_FIRST else len(_GROUPED_FIRST)
-
-  for item in items:
-    if rank(item) < len(_GROUPED_FIRST):
-      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-  items.sort(key=rank)  # stable: the collection order within each rank

@@ -109,8 +109,10 @@ def sigkill_config():
   return config
 
 
-@pytest.mark.slow  # ~2-3 minutes on 2 cores: keeps the default suite under ~15 minutes
 def test_mpp_run_resumes_exactly_after_sigkill_and_finetunes(tmp_path):
+  """Masked patch prediction on data x fsdp x model, SIGKILLed while the asynchronous save of
+  step 4 is written (the default run's kill during a save; tests/test_topology_invariance.py
+  kills between steps), resumes bitwise; fine-tuning from it drops the MPP parameters."""
   config = sigkill_config()
   metrics = train.run(config, str(tmp_path / "reference"))
   # The last log window: steps 7 and 8 (logged every 2) of 16 images each.

@@ -93,14 +93,21 @@ def _assert_ok(results):
     assert code == 0, f"process {i}:\n{out[-4000:]}"
 
 
-@pytest.fixture(
-  scope="module", params=["supervised", pytest.param("mpp_fsdp", marks=pytest.mark.slow)]
+@pytest.mark.parametrize(
+  "variant", ["supervised", pytest.param("mpp_fsdp", marks=pytest.mark.slow)]
 )
-def final_params(request, tmp_path_factory):
-  """The variant, each layout's final parameters and the float64 run's, and the workdirs' root
-  (one set of runs for all tests)."""
-  variant = request.param
-  root = tmp_path_factory.mktemp(variant)
+def test_the_trajectory_does_not_depend_on_the_topology(variant, tmp_path):
+  """One test for all the runs, so that no scheduling (pytest -n) splits them and runs them
+  twice."""
+  params = _train_every_layout(variant, tmp_path)
+  _check_the_float64_run_is_the_same_training(variant, params)
+  for layout in ("two", "accum", "resumed"):
+    _check_as_accurate_as_one_process(params, layout)
+  _check_killed_twice_resumes_bitwise(variant, tmp_path)
+
+
+def _train_every_layout(variant, root):
+  """Each layout's final parameters and the float64 run's, by name."""
   devices = jax.devices()[:4]
   float64_reference.run(f"invariance_config:{variant}", root / "float64", devices=4)
   train.run(invariance_config.get_config(variant), str(root / "one"), devices=devices)
@@ -127,7 +134,7 @@ def final_params(request, tmp_path_factory):
     for name in ("float64", "one", "two", "accum", "resumed")
   }
   assert jax.tree_util.tree_leaves(params["float64"])[0].dtype == np.float64
-  return variant, params, root
+  return params
 
 
 def _mesh(variant, layout) -> dict[str, int]:
@@ -146,16 +153,7 @@ def _floor(params) -> float:
   return 4 * float(np.finfo(np.float32).eps) * largest
 
 
-@pytest.mark.parametrize(
-  "layout",
-  [
-    "two",  # 2 processes × 2 devices, fsdp=2 × model=2
-    "accum",  # 1 process × 8 devices, data=2 × fsdp=2 × model=2, accum_steps=2
-    "resumed",  # stopped on 2 × 2 at step 10, resumed on 1 device
-  ],
-)
-def test_every_layout_is_as_accurate_as_one_process(final_params, layout):
-  _, params, _ = final_params
+def _check_as_accurate_as_one_process(params, layout):
   reference = params["float64"]
   one = float64_reference.max_deviation(params["one"], reference)
   got = float64_reference.max_deviation(params[layout], reference)
@@ -167,10 +165,9 @@ def test_every_layout_is_as_accurate_as_one_process(final_params, layout):
   assert got <= 2 * one + _floor(reference), (layout, got, one)
 
 
-def test_the_float64_run_is_the_same_training(final_params):
+def _check_the_float64_run_is_the_same_training(variant, params):
   """The runs trained (so agreeing means something), and float32's error is a small fraction
   of what training moved: the float64 run follows the same trajectory (same draws, same data)."""
-  variant, params, _ = final_params
   config = invariance_config.get_config(variant)
   built = train.build(config, sharding.make_mesh(config.mesh, jax.devices()[:4]), 10)
   initial = jax.device_get(jax.jit(built.init_params)(built.init_key))
@@ -180,12 +177,11 @@ def test_the_float64_run_is_the_same_training(final_params):
   assert one < 0.01 * moved
 
 
-def test_two_processes_killed_twice_resume_bitwise(final_params, tmp_path):
+def _check_killed_twice_resumes_bitwise(variant, root):
   """Layout (2) with checkpoints every 5 steps (synchronous), both processes SIGKILLed at their
   8th batch (step 8: step 5 committed), then, resumed, at their 9th (step 14: 5 and 10), then
   resumed to the end: the parameters and their average equal the uninterrupted run's."""
-  variant, _, root = final_params
-  workdir = tmp_path / "killed"
+  workdir = root / "killed"
   flags = [*_mesh_flags(variant, "two"), "--config.checkpoint.every_steps=5"]
   for kill_at, committed in ((8, [5]), (9, [5, 10])):
     results = _cli(variant, workdir, 2, 2, flags, kill_at=kill_at)
