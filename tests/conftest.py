@@ -25,4 +25,3 @@ if "VIT_JAX_TEST_JAX_CACHE" not in os.environ:
   os.environ["VIT_JAX_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="vit_jax_test_jax_cache-")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["VIT_JAX_TEST_JAX_CACHE"])
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-
