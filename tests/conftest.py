@@ -19,9 +19,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # compile the same small programs again and again. The controller makes the directory; workers
 # and children inherit the variables. Entries are keyed on the program, the flags and the
 # versions, so sharing them changes no result.
-if "VIT_JAX_TEST_JAX_CACHE" not in os.environ:
+_OWN_CACHE = "VIT_JAX_TEST_JAX_CACHE" not in os.environ  # made here, removed at the end
+if _OWN_CACHE:
   import tempfile
 
   os.environ["VIT_JAX_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="vit_jax_test_jax_cache-")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["VIT_JAX_TEST_JAX_CACHE"])
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE and not hasattr(config, "workerinput"):  # the process that made it
+    import shutil
+
+    shutil.rmtree(os.environ["VIT_JAX_TEST_JAX_CACHE"], ignore_errors=True)
