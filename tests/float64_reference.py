@@ -10,8 +10,8 @@ one-device float32 run is (`assert_as_close_as`).
 The float64 run is the trainer itself in a child process under JAX_ENABLE_X64, with the model's
 dtype and param_dtype float64, and three things made equal to the float32 run's:
 - initial parameters: the float32 initialisation, cast (float64 initialisers draw other bits);
-- random draws (dropout masks, mixup's weight, MPP's corruption): float32, as in the float32
-  run (with x64 on, they would be float64 draws from other random bits);
+- random draws (dropout masks, mixup's weight, MPP's corruption): float32 and int32, as in the
+  float32 run (with x64 on, they would be 64-bit draws from other random bits);
 - data: the same pipeline, images float32 until the model casts them.
 
 Usable as `python tests/float64_reference.py <module:factory> <workdir>`: the factory (a module
@@ -66,7 +66,13 @@ def main(config_fn: str, workdir: str) -> None:
   def float32_uniform(key, shape=(), dtype=None, *args, **kwargs):  # MPP's corruption
     return uniform(key, shape, dtype or jnp.float32, *args, **kwargs)
 
+  randint = jax.random.randint
+
+  def int32_randint(key, shape, minval, maxval, dtype=None):  # MPP's replacement patches
+    return randint(key, shape, minval, maxval, dtype or jnp.int32)
+
   jax.random.beta, jax.random.uniform = float32_beta, float32_uniform
+  jax.random.randint = int32_randint
 
   build = train.build
 

