@@ -5,13 +5,13 @@ workdir whose average is what a later stage reads), the imagenet2012 preset's de
 SIGKILLed run with EMA that resumes bitwise."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+import random_weights  # tests/
 import test_train  # tests/: the SIGKILL-resume harness and the small pretrain config
 
 from configs import finetune
-from vit_jax import checkpoint, ema, evaluators, models, sharding, train
+from vit_jax import checkpoint, ema, evaluators, sharding, train
 from vit_jax.checkpoint import train_state
 
 
@@ -78,35 +78,13 @@ def _host(tree):
   return jax.tree_util.tree_map(lambda x: np.array(jax.device_get(x), copy=True), tree)
 
 
-def _random_npz(path: str, seed: int, **model_fields) -> str:
-  """A 'testing' ViT's parameters, random (LayerNorm scales 1), as a published-layout .npz;
-  shapes from jax.eval_shape, so nothing is compiled for it."""
-  model = models.get_model("testing", num_classes=10, **model_fields)
-  shapes = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)["params"]
-  )
-  rng = np.random.default_rng(seed)
-  checkpoint.save(
-    jax.tree_util.tree_map_with_path(
-      lambda path, s: (
-        np.ones(s.shape, s.dtype)
-        if path[-1].key == "scale"
-        else rng.normal(0.0, 0.05, s.shape).astype(s.dtype)
-      ),
-      shapes,
-    ),
-    path,
-  )
-  return path
-
-
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory):
   """A random 'testing' ViT (not the trainer's initialisation) saved as an .npz and fine-tuned
   from it with averaging on one device: (config, workdir, the .npz's params, the run's metrics,
   its state before the first step)."""
   root = tmp_path_factory.mktemp("ema_finetune")
-  path = _random_npz(str(root / "pretrained.npz"), seed=1)
+  path = random_weights.random_npz(str(root / "pretrained.npz"), seed=1)
   config = _finetune_config(path)
   seen, report = [], train._report_compiled
 

@@ -13,45 +13,22 @@ import subprocess
 import sys
 import textwrap
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
+import random_weights  # tests/
 import test_vtab  # tests/: mock records for the VTAB builders
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
-from vit_jax import checkpoint, models
 from vit_jax.tools import transfer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _random_npz(path: str, seed: int, **model_fields) -> str:
-  """A 'testing' ViT's parameters, random (LayerNorm scales 1), as a published-layout .npz;
-  shapes from jax.eval_shape, so nothing is compiled for it."""
-  model = models.get_model("testing", num_classes=10, **model_fields)
-  shapes = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)["params"]
-  )
-  rng = np.random.default_rng(seed)
-  checkpoint.save(
-    jax.tree_util.tree_map_with_path(
-      lambda path, s: (
-        np.ones(s.shape, s.dtype)
-        if path[-1].key == "scale"
-        else rng.normal(0.0, 0.05, s.shape).astype(s.dtype)
-      ),
-      shapes,
-    ),
-    path,
-  )
-  return path
-
-
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
   """A 'testing' ViT as a published-layout .npz (what runlocal fine-tunes)."""
-  return _random_npz(str(tmp_path_factory.mktemp("pretrained") / "testing.npz"), seed=0)
+  return random_weights.random_npz(
+    str(tmp_path_factory.mktemp("pretrained") / "testing.npz"), seed=0
+  )
 
 
 def test_bad_suite_and_overrides_are_named():
@@ -156,7 +133,7 @@ def imagenet_suite(tmp_path_factory):
   """One run of the command over mock ImageNet: (the process, its workdir, the checkpoint)."""
   root = tmp_path_factory.mktemp("transfer_cli")
   # A one-layer 'testing' ViT: only the --config_override below makes the runs' model fit it.
-  path = _random_npz(str(root / "one_layer.npz"), seed=0, num_layers=1)
+  path = random_weights.random_npz(str(root / "one_layer.npz"), seed=0, num_layers=1)
   workdir = root / "suite"
   args = [
     f"--checkpoint={path}",
