@@ -27,6 +27,7 @@ import textwrap
 
 import jax
 import numpy as np
+import xla_env  # tests/
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -103,11 +104,7 @@ def main(config_fn: str, workdir: str) -> None:
 
 def run(config_fn: str, workdir: str | os.PathLike, devices: int = 1) -> None:
   """Trains `config_fn` ('module:factory' under tests/) in float64 in a child process."""
-  env = dict(
-    os.environ,
-    JAX_ENABLE_X64="1",
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-  )
+  env = xla_env.child_env(devices, JAX_ENABLE_X64="1")
   code = _CHILD.format(repo=str(REPO), tests=str(REPO / "tests"))
   proc = subprocess.run(
     [sys.executable, "-c", code, config_fn, str(workdir)],

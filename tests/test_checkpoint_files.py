@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import xla_env  # tests/
 
 from vit_jax import checkpoint
 
@@ -58,8 +59,7 @@ def test_each_bad_file_raises_one_line_naming_it(tmp_path):
 
 
 def _run(args):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = xla_env.child_env(TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
   return subprocess.run(
     [sys.executable, "-m", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
   )

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import xla_env  # tests/
 
 # Imported at collection, while the process has one thread (see tests/test_input_sources.py).
 from tensorflow_datasets.testing import mocking as tfds_mocking
@@ -89,8 +90,7 @@ def test_pretraining_evaluators_read_downstream_sets_from_tfds(tmp_path, monkeyp
 def test_command_line_points_an_evaluator_elsewhere(tmp_path):
   shards = _jft_shards(tmp_path / "shards")
   tfds_dir = tmp_path / "tfds"
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = xla_env.child_env(TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
   flags = [
     f"--config.evals.fewshot_{n}.dataset.data_dir={tfds_dir}"
     for n in ("imagenet", "cifar100", "pets")

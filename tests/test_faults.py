@@ -18,6 +18,7 @@ import local_cluster  # tests/
 import numpy as np
 import pytest
 import small_disk  # tests/
+import xla_env  # tests/
 
 from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoint import train_state
@@ -70,11 +71,7 @@ _CHILD = textwrap.dedent(
 def env(tmp_path_factory):
   """The children's environment: one process, one device (the compilation cache is the run's,
   tests/conftest.py)."""
-  return dict(
-    os.environ,
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",
-    TF_CPP_MIN_LOG_LEVEL="2",
-  )
+  return xla_env.child_env(1, TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def _run(env, workdir, extra=(), prefix=(), args=ARGS, **fault) -> tuple[int, list[str]]:

@@ -2,7 +2,6 @@
 held-out minival slice of the folder, and the linear probe with its default `train[:99%]`."""
 
 import json
-import os
 import pathlib
 import re
 import shlex
@@ -13,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import xla_env  # tests/
 
 from vit_jax import checkpoint, models
 from vit_jax.input_pipeline import testing
@@ -35,8 +35,7 @@ def flowers(tmp_path_factory):
 
 
 def _run(args):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = xla_env.child_env(TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
   return subprocess.run(
     [sys.executable, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
   )

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import xla_env  # tests/
 
 from experiments import common, folder_transfer
 from vit_jax.input_pipeline import builtin, sources
@@ -65,8 +66,7 @@ def test_missing_pretrained_workdir_is_one_clear_line(tmp_path):
 
 @pytest.mark.slow  # a pretraining stage and two fine-tuning stages (~2 min on 2 cores)
 def test_quick_folder_transfer_end_to_end(tmp_path):
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-  env.pop("XLA_FLAGS", None)
+  env = xla_env.child_env(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
   # A seconds-long pretraining run of the demo's architecture.
   model = [f"--config.model.{k}={v}" for k, v in common.DEMO_MODEL.items()]
   pretrain = subprocess.run(

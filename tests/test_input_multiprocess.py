@@ -8,6 +8,7 @@ import textwrap
 
 import local_cluster  # tests/
 import pytest
+import xla_env  # tests/
 
 from vit_jax.input_pipeline import testing
 
@@ -44,7 +45,7 @@ _WORKER = textwrap.dedent(
 @pytest.mark.slow
 def test_two_processes_global_batches(tmp_path):
   testing.write_shards(str(tmp_path), "toy-train", testing.id_records(30), 4)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = xla_env.child_env(2)
   env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
   outs = [tmp_path / f"out{i}.json" for i in range(2)]
   results = local_cluster.launch(

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import xla_env  # tests/
 from PIL import Image
 
 from vit_jax import predict
@@ -17,8 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow  # eight short training runs: ~4 min of CPU time
 def test_quick_study_writes_results_table_and_plot(tmp_path):
-  env = dict(os.environ, PYTHONPATH=REPO)
-  env.pop("XLA_FLAGS", None)  # one CPU device, as a user runs it
+  env = xla_env.child_env(PYTHONPATH=REPO)  # one CPU device, as a user runs it
   out = subprocess.run(
     [
       sys.executable,

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import xla_env  # tests/
 from PIL import Image
 
 from experiments import scale_study
@@ -77,8 +78,7 @@ def test_stage_flags_name_fields_the_configs_have(family, profile):
 
 @pytest.mark.slow  # four training stages (minutes on 2 shared cores)
 def test_quick_study_end_to_end_and_resume(tmp_path):
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # as a user runs it: one CPU device
+  env = xla_env.child_env()  # as a user runs it: one CPU device
   cmd = [sys.executable, "-m", "experiments.scale_study", "--quick"]
   cmd += [f"--workdir={tmp_path}", f"--out={tmp_path / 'out'}"]
   out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)

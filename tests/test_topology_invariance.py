@@ -20,7 +20,6 @@ topology: its final parameters and their Polyak average equal the uninterrupted 
 The slow variant does the same with masked patch prediction on an FSDP mesh.
 """
 
-import os
 import pathlib
 import shutil
 import sys
@@ -32,6 +31,7 @@ import jax
 import local_cluster  # tests/
 import numpy as np
 import pytest
+import xla_env  # tests/
 
 from vit_jax import sharding, train
 from vit_jax.checkpoint import train_state
@@ -66,10 +66,7 @@ _KILLED_MAIN = textwrap.dedent(
 def _cli(variant, workdir, processes, devices, extra=(), kill_at=None):
   """Runs the entry point on `processes` processes of `devices` CPU devices each (with
   `kill_at`, each process SIGKILLs itself at that batch)."""
-  env = dict(
-    os.environ,
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-  )
+  env = xla_env.child_env(devices)
   head = [sys.executable, "-m", "vit_jax.main"]
   if kill_at is not None:
     head = [sys.executable, "-c", _KILLED_MAIN, str(kill_at)]

@@ -6,7 +6,6 @@ Runs use the 'testing' model on 16px Fashion-MNIST / Animal-MNIST (the offline `
 datasets) and the 8 simulated CPU devices of conftest.py.
 """
 
-import os
 import pathlib
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+import xla_env  # tests/
 
 from configs import finetune, pretrain
 from vit_jax import main, sharding, train
@@ -272,7 +272,7 @@ def run_child(mode, at, workdir, config_fn="test_train:sigkill_config"):
   SIGKILLs itself after the save of step `at` starts (mode 'save') or at its `at`-th batch
   (mode 'batch')."""
   code = _CHILD.format(repo=str(REPO), tests=str(REPO / "tests"), config_fn=config_fn)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = xla_env.child_env(8)
   proc = subprocess.run(
     [sys.executable, "-c", code, mode, str(at), str(workdir)],
     env=env,

@@ -7,7 +7,6 @@ rerun that skips finished runs and resumes an unfinished one), and the offline s
 pixel baselines."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import textwrap
 import pytest
 import random_weights  # tests/
 import test_vtab  # tests/: mock records for the VTAB builders
+import xla_env  # tests/
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
 from vit_jax.tools import transfer
@@ -113,11 +113,8 @@ GRID = (0.01, 0.03)
 
 def _transfer(args, cache_dir, code=None):
   """The transfer command in a child process (one CPU device) from the repository root."""
-  env = dict(
-    os.environ,
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",
-    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-    TF_CPP_MIN_LOG_LEVEL="2",
+  env = xla_env.child_env(
+    1, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", TF_CPP_MIN_LOG_LEVEL="2"
   )
   # The final run compiles the step of a grid run again: the test session's cache (conftest.py)
   # if it has one, else one of this module's.

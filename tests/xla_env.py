@@ -1,0 +1,40 @@
+"""XLA_FLAGS for the test processes and every child process they start.
+
+The suite's programs are tiny (a 20k-parameter ViT, batches of 16): compiling them costs far
+more than running them, and most of that is LLVM's optimisation of the generated code. So the
+suite compiles at XLA's backend optimisation level 0 (measured on 2 cores: tests/test_models.py
+131 → 56 CPU-seconds). What the tests check holds at any level: float32 results are held to
+float64 references with bounds that do not depend on how XLA orders its sums, bitwise checks
+compare runs compiled with the same flags, and the tests of the CPU kernels that compare with
+XLA's own code (tests/test_cpu_kernels.py) run their children at XLA's default level.
+
+A user's own XLA_FLAGS are kept (their optimisation level, if they set one, wins); only a device
+count of theirs is replaced by the one a test asks for.
+"""
+
+import os
+import re
+
+DEVICE_COUNT = "--xla_force_host_platform_device_count"
+OPT_LEVEL = "--xla_backend_optimization_level"
+SUITE = (f"{OPT_LEVEL}=0",)
+
+
+def flags(devices: int | None = None, environ=None, optimize: bool = False) -> str:
+  """XLA_FLAGS for a process of the suite: the user's flags without their device count, the
+  suite's (unless `optimize`: XLA's defaults), and `devices` simulated CPU devices (None: one,
+  as a user's process has)."""
+  given = (os.environ if environ is None else environ).get("XLA_FLAGS", "")
+  kept = re.sub(rf"{DEVICE_COUNT}=\S*", "", given).split()
+  if optimize:
+    kept = [f for f in kept if not f.startswith(f"{OPT_LEVEL}=")]
+  else:
+    kept += [f for f in SUITE if f.split("=")[0] not in given]
+  if devices is not None:
+    kept.append(f"{DEVICE_COUNT}={devices}")
+  return " ".join(kept)
+
+
+def child_env(devices: int | None = None, optimize: bool = False, **extra: str) -> dict:
+  """os.environ for a child process: `flags(devices, optimize=optimize)`, plus `extra`."""
+  return dict(os.environ, XLA_FLAGS=flags(devices, optimize=optimize), **extra)
