@@ -44,7 +44,8 @@ setup(
   long_description=open("README.md").read(),
   long_description_content_type="text/markdown",
   python_requires=">=3.11",
-  # configs/ is not installed: its files are read by path (vit_jax.config_files).
+  # vit_jax/configs is a link to the top-level configs/: the stage configs install as the
+  # package vit_jax.configs (tests/test_package.py builds the wheel and runs them from it).
   packages=find_packages(include=["vit_jax", "vit_jax.*"]),
   # The C++ kernels' sources, compiled on first use by vit_jax/kernels/cpu.py.
   package_data={"vit_jax.kernels": ["attention.cc", "layer_norm.cc", "parallel.h"]},

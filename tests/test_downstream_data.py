@@ -26,7 +26,7 @@ def _jft_shards(directory) -> str:
 
 
 def _config(shards: str):
-  from configs import pretrain
+  from vit_jax.configs import pretrain
 
   config = pretrain.get_config("dataset=jft,runlocal")
   config.dataset.data_dir = shards
