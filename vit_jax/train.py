@@ -1,7 +1,7 @@
 """The trainer of the pretrain and fine-tune stages: `run(config, workdir)`.
 
-One procedure, in bannered sections read top to bottom: setup, data, model, optimizer,
-checkpoint, loop, evaluators. It runs on any mesh (vit_jax.sharding), on one or many processes,
+One procedure, in bannered sections read top to bottom: setup, data, model and optimizer,
+checkpoint, evaluators, data iterator, loop. It runs on any mesh (vit_jax.sharding), on one or many processes,
 and resumes from the latest complete checkpoint in the workdir.
 
 Determinism, which makes a resumed run bitwise equal to an uninterrupted one on the same
