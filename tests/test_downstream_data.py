@@ -170,7 +170,7 @@ def test_runlocal_leaves_out_downstream_sets_that_are_not_there(tmp_path, caplog
     _build(config, caplog)
 
 
-@pytest.mark.slow  # 6 steps and the evaluators of the stage's own data: ~35 s on 2 cores
+@pytest.mark.slow  # 6 steps and the evaluators of the stage's own data: 26-35 s on 2 cores
 def test_the_readme_jft_command_runs_locally_without_the_downstream_sets(tmp_path):
   out, _ = _main(tmp_path, "dataset=jft,model=testing,epochs=1,lr=0.001,runlocal")
   lines = (out.stdout + out.stderr).splitlines()

@@ -81,7 +81,7 @@ def _python(cwd, env, *args) -> subprocess.CompletedProcess:
   )
 
 
-@pytest.mark.slow  # two 2-3 step runlocal stages and the transfer tool, outside the checkout: ~75 s
+@pytest.mark.slow  # two 2-3 step runlocal stages and the transfer tool outside the checkout: 50-75 s
 def test_the_installed_package_runs_its_configs_outside_a_checkout(wheel, tmp_path):
   cwd, env = _installed(wheel, tmp_path)
   site_dir = env["PYTHONPATH"].split(os.pathsep)[0]
