@@ -26,12 +26,12 @@ INSTALL_REQUIRES = [
 
 EXTRAS_REQUIRE = {
   "test": ["pytest>=8,<10", "pytest-xdist>=3.6,<4", "ruff>=0.15,<1"],
-  # The independent-implementation check and the benchmark's peer. Never needed by the tests:
-  # those that use it are marked slow and skip without it. torch is pinned to the build that the
-  # README installs (see docs/interop.md).
   # libtpu, for the planner (python -m vit_jax.tools.plan): compiles for TPU topologies on a
   # machine without a TPU. Pinned to the jax of INSTALL_REQUIRES (libtpu is built for one jax).
   "tpu": ["jax[tpu]==0.10.2"],
+  # The independent-implementation check and the benchmark's peer. Never needed by the tests:
+  # those that use it are marked slow and skip without it. torch is pinned to the build that the
+  # README installs (see docs/interop.md).
   "timm": ["torch==2.14.1", "torchvision==0.29.1", "timm>=1.0.31,<1.1"],
   # Hugging Face's side of tests/test_torch_interop.py (slow; skipped without it). Needs torch.
   "hf": ["transformers>=5.24,<5.25"],
@@ -44,7 +44,8 @@ setup(
   long_description=open("README.md").read(),
   long_description_content_type="text/markdown",
   python_requires=">=3.11",
-  # configs/ is not installed: its files are read by path (vit_jax.config_files).
+  # vit_jax/configs is a link to the top-level configs/: the stage configs install as the
+  # package vit_jax.configs (tests/test_package.py builds the wheel and runs them from it).
   packages=find_packages(include=["vit_jax", "vit_jax.*"]),
   # The C++ kernels' sources, compiled on first use by vit_jax/kernels/cpu.py.
   package_data={"vit_jax.kernels": ["attention.cc", "layer_norm.cc", "parallel.h"]},

@@ -1,0 +1,14 @@
+"""The stage configs, installed with the package as `vit_jax.configs`.
+
+In a checkout `vit_jax/configs` is a link to this folder; the wheel holds the files themselves.
+They are imported one way only, `from vit_jax.configs import pretrain`, so that each file is one
+module (the files build on each other: `pretrain_mpp.py` on `pretrain.py`, all on `common.py`).
+`--config=configs/<stage>.py:...` names them on the command line, from a checkout or from
+anywhere once the package is installed (vit_jax.config_files).
+"""
+
+if __name__ != "vit_jax.configs":
+  raise ImportError(
+    f"import the stage configs as vit_jax.configs, not as {__name__!r} (each file would then "
+    "exist as two modules)"
+  )

@@ -198,8 +198,9 @@ def runlocal(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Shrinks `config` in place (and returns it) to run in seconds on 2 CPU cores.
 
   Keeps the config's code paths (loss, optimizer kind, evaluator kinds, representation layer,
-  dtype); only sizes change. Fields a config does not have are left alone, so this serves the
-  linear-probe config as well.
+  dtype); only sizes change, and a downstream evaluator whose data is not on the machine is left
+  out with a warning (`skip_if_missing`). Fields a config does not have are left alone, so this
+  serves the linear-probe config as well.
   """
   if "model" in config:
     old = config.model
@@ -228,9 +229,13 @@ def runlocal(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     config.checkpoint.every_steps = 3
     config.checkpoint.keep = 2
   if "evals" in config:
+    stage_dataset = config.dataset.get("name") if "dataset" in config else None
     for entry in config.evals.values():
       entry.every_steps = 3
       entry.update(_RUNLOCAL_EVAL.get(entry.get("type"), {}))
+      # A downstream set not on this machine is left out with a warning (vit_jax.evaluators).
+      if entry.get("dataset") and entry.dataset.get("name", stage_dataset) != stage_dataset:
+        entry.skip_if_missing = True
   return config
 
 

@@ -71,10 +71,8 @@ raw-pixel baselines.
 
 import ml_collections
 
-from vit_jax import config_files
+from vit_jax.configs import common
 from vit_jax.input_pipeline import vtab
-
-common = config_files.sibling(__file__, "common")
 
 _GRID_LARGE = (0.003, 0.01, 0.03, 0.06)
 _GRID_SMALL = (0.001, 0.003, 0.01, 0.03)

@@ -32,9 +32,7 @@ accuracies in the demo's table (docs/demo.md) in well under a minute.
 
 import ml_collections
 
-from vit_jax import config_files
-
-common = config_files.sibling(__file__, "common")
+from vit_jax.configs import common
 
 # Datasets bundled with the code (vit_jax.input_pipeline.builtin); others default to tfds.
 _BUILTIN = ("fashion_mnist", "animal_mnist", "mnist_5k", "digits")

@@ -77,9 +77,8 @@ raw-pixel baselines on the same splits.
 import ml_collections
 from ml_collections import config_dict
 
-from vit_jax import config_files, models
-
-common = config_files.sibling(__file__, "common")
+from vit_jax import models
+from vit_jax.configs import common
 
 # Images per epoch of each pretraining set (the paper's sizes).
 EPOCH_SIZES = {"jft": 303_000_000, "imagenet21k": 14_197_122, "imagenet2012": 1_281_167}

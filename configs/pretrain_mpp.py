@@ -45,11 +45,8 @@ experiments/mpp_study.py compares scratch, MPP and supervised pretraining at tha
 
 import ml_collections
 
-from vit_jax import config_files
+from vit_jax.configs import common, pretrain
 from vit_jax.models import mpp
-
-common = config_files.sibling(__file__, "common")
-pretrain = config_files.sibling(__file__, "pretrain")
 
 # dataset -> (total steps, base lr, warmup steps, batch size, weight decay).
 RECIPES = {

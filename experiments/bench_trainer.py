@@ -23,7 +23,7 @@ from experiments import common
 
 
 def demo_config(batch_size: int, steps: int, log_every: int):
-  from configs import pretrain
+  from vit_jax.configs import pretrain
 
   config = pretrain.get_config("dataset=fashion_mnist,loss=softmax")
   for key, value in common.DEMO_MODEL.items():

@@ -40,9 +40,8 @@ from collections.abc import Callable
 
 from experiments import common
 
-# The checkout: `git archive` reads --baseline_rev's vit_jax from it, and it holds the driver
-# (`experiments`) that every measured process runs.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# common.REPO, the checkout: `git archive` reads --baseline_rev's vit_jax from it, and it holds
+# the driver (`experiments`) that every measured process runs.
 _JSON_MARK = "BENCHMARK_ROWS "
 
 # Default batch sizes per backend: small enough for 2 CPU cores to finish in minutes, large
@@ -334,7 +333,7 @@ def _check_baseline_rev(rev: str, repo: str | None = None) -> None:
   lies in: a copy of the tree without `.git`, one inside another repository, or a machine without
   git cannot give it (--baseline_dir can).
   """
-  repo = repo or _REPO
+  repo = repo or common.REPO
   hint = "; --baseline_dir=<a tree holding the baseline's vit_jax> needs no git"
 
   def git(*args: str) -> subprocess.CompletedProcess:
@@ -374,7 +373,7 @@ def _baseline_tree(args):
       os.symlink(package, os.path.join(tree, "vit_jax"))
     else:
       archive = subprocess.run(
-        ["git", "-C", _REPO, "archive", args.baseline_rev, "vit_jax"], capture_output=True
+        ["git", "-C", common.REPO, "archive", args.baseline_rev, "vit_jax"], capture_output=True
       )
       if archive.returncode:
         raise SystemExit(f"--baseline_rev={args.baseline_rev}: {archive.stderr.decode().strip()}")
@@ -390,13 +389,15 @@ class _Side:
   def __init__(self, impl: str, argv: list[str], env: dict, tree: str | None, paired: bool):
     print(f"\n== {impl} (own process{', taking turns' if paired else ''})", flush=True)
     self.impl = impl
-    path = [p for p in (tree if impl == "baseline" else None, _REPO, env.get("PYTHONPATH")) if p]
+    path = [
+      p for p in (tree if impl == "baseline" else None, common.REPO, env.get("PYTHONPATH")) if p
+    ]
     env = dict(env, PYTHONPATH=os.pathsep.join(path))
     if paired:  # both sides hold their model at once: on a GPU JAX must not take most memory
       env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     cmd = [sys.executable, "-P", "-m", "experiments.benchmark_model", *argv, f"--process={impl}"]
     self.proc = subprocess.Popen(
-      cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=_REPO
+      cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=common.REPO
     )
     self.variants = self._answer()
 

@@ -105,8 +105,6 @@ def write_json(path: str, value: Any, **kwargs) -> None:
 # `python -m vit_jax.main` stages.
 
 DONE = "metrics.json"  # written into a stage's workdir when it finished
-# What a finished stage leaves in its workdir: the last value of every metric (vit_jax.main).
-FINAL_METRICS = "final_metrics.json"
 
 
 def _shown(line: str) -> bool:
@@ -163,7 +161,9 @@ def run_stage(
   if proc.returncode:
     print("\n".join(tail), file=sys.stderr)
     raise SystemExit(f"stage '{title}' failed (exit {proc.returncode}); log tail above")
-  with open(os.path.join(workdir, FINAL_METRICS)) as f:
+  from vit_jax import workdir as workdir_lib  # the stage's last metrics (vit_jax.main)
+
+  with open(os.path.join(workdir, workdir_lib.FINAL_METRICS_FILE)) as f:
     metrics = json.load(f)
   metrics["wall_seconds"] = seconds
   with open(done, "w") as f:

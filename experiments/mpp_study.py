@@ -89,7 +89,7 @@ def _common(config, profile: Profile, steps: int, batch: int) -> None:
 
 def pretrain_config(kind: str, profile: Profile):
   """Fashion-MNIST pretraining, MPP or supervised, with the profile's budget."""
-  from configs import pretrain, pretrain_mpp
+  from vit_jax.configs import pretrain, pretrain_mpp
 
   if kind == "mpp":
     config = pretrain_mpp.get_config("dataset=fashion_mnist")
@@ -109,7 +109,7 @@ def scored_split(profile: Profile) -> str:
 
 def finetune_config(dataset: str, init: str, profile: Profile, workdir: str):
   """Fine-tuning on `dataset`'s whole training split, top-1 on its test split."""
-  from configs import finetune
+  from vit_jax.configs import finetune
 
   config = finetune.get_config("dataset=animal_mnist,holdout=false")
   config.dataset.name = dataset

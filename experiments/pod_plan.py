@@ -32,7 +32,7 @@ RUNS = [(model, topology) for topology in TOPOLOGIES for model in ("B/16", "L/16
 
 
 def run_one(model: str, topology: str, efficiency: float, max_trials: int) -> dict:
-  from configs import pretrain  # noqa: PLC0415 (imports JAX: after the planner's environment)
+  from vit_jax.configs import pretrain  # noqa: PLC0415 (imports JAX: after the planner's environment)
 
   config = pretrain.get_config(f"dataset=jft,model={model}")
   # Scanned blocks: the same step, with one block compiled instead of 12-32 (about a minute per

@@ -11,7 +11,7 @@ and the mesh's data axis taking the remaining devices.
 
 import ml_collections
 
-from configs import pretrain, pretrain_mpp
+from vit_jax.configs import pretrain, pretrain_mpp
 
 STEPS = 20
 CHECKPOINT_STEP = 10

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from configs import common
 from vit_jax import mixup, sharding
+from vit_jax.configs import common
 from vit_jax.input_pipeline import preprocess
 
 DRAWS = 1000

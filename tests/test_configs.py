@@ -7,8 +7,8 @@ import re
 import ml_collections
 import pytest
 
-from configs import common, pretrain
 from vit_jax import models
+from vit_jax.configs import common, pretrain
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -55,7 +55,7 @@ def _config_files():
 
 
 def _get(name, arg):
-  return importlib.import_module(f"configs.{name}").get_config(arg)
+  return importlib.import_module(f"vit_jax.configs.{name}").get_config(arg)
 
 
 def test_every_config_file_is_listed():
@@ -84,7 +84,7 @@ def test_config_builds(name, arg, runlocal):
 
 @pytest.mark.parametrize("name", sorted(ARGS))
 def test_docstring_has_command(name):
-  doc = importlib.import_module(f"configs.{name}").__doc__
+  doc = importlib.import_module(f"vit_jax.configs.{name}").__doc__
   assert f"python -m vit_jax.main --config=configs/{name}.py" in doc
 
 

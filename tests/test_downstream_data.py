@@ -27,7 +27,7 @@ def _jft_shards(directory) -> str:
 
 
 def _config(shards: str):
-  from configs import pretrain
+  from vit_jax.configs import pretrain
 
   config = pretrain.get_config("dataset=jft,runlocal")
   config.dataset.data_dir = shards
@@ -87,18 +87,13 @@ def test_pretraining_evaluators_read_downstream_sets_from_tfds(tmp_path, monkeyp
   )  # runlocal's max_examples, from the shards
 
 
-def test_command_line_points_an_evaluator_elsewhere(tmp_path):
+def _main(tmp_path, config: str, *flags: str) -> tuple[subprocess.CompletedProcess, str]:
+  """vit_jax.main with `config` on digits shards named jft (train and test splits)."""
   shards = _jft_shards(tmp_path / "shards")
-  tfds_dir = tmp_path / "tfds"
   env = xla_env.child_env(TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
-  flags = [
-    f"--config.evals.fewshot_{n}.dataset.data_dir={tfds_dir}"
-    for n in ("imagenet", "cifar100", "pets")
-  ]
   out = subprocess.run(
-    [sys.executable, "-m", "vit_jax.main", "--config=configs/pretrain.py:dataset=jft,runlocal"]
-    + [f"--config.dataset.data_dir={shards}", "--config.dataset.eval_split=test"]
-    + flags
+    [sys.executable, "-m", "vit_jax.main", f"--config=configs/pretrain.py:{config}"]
+    + [f"--config.dataset.data_dir={shards}", "--config.dataset.eval_split=test", *flags]
     + [f"--workdir={tmp_path / 'pt'}"],
     capture_output=True,
     text=True,
@@ -106,9 +101,81 @@ def test_command_line_points_an_evaluator_elsewhere(tmp_path):
     cwd=REPO,
     timeout=300,
   )
-  # No tfds data there (no network): the run stops at startup naming the directory it was given.
+  return out, shards
+
+
+def test_command_line_points_an_evaluator_elsewhere(tmp_path):
+  # The README's JFT command on a laptop, without runlocal: its downstream sets are not there.
+  tfds_dir = tmp_path / "tfds"
+  flags = [
+    f"--config.evals.fewshot_{n}.dataset.data_dir={tfds_dir}"
+    for n in ("imagenet", "cifar100", "pets")
+  ]
+  out, shards = _main(tmp_path, "dataset=jft,model=testing,epochs=1,lr=0.001", *flags)
+  # No tfds data there (no network): the run stops at startup in one line naming the first
+  # evaluator without data, the others, the directory it was given and both ways out.
   assert out.returncode == 1
   last = out.stderr.strip().splitlines()[-1]
-  assert f"(data_dir='{tfds_dir}')" in last and shards not in last, last
+  assert last.startswith(
+    "vit_jax: error: MissingDataError: evals.fewshot_cifar100 has no data (so have "
+    "evals.fewshot_imagenet, evals.fewshot_pets): Cannot read split 'train' of tfds dataset "
+    f"'cifar100' (data_dir='{tfds_dir}')"
+  ), last
+  assert (
+    "; give it its data (--config.evals.fewshot_cifar100.dataset.data_dir=<dir>) or switch it "
+    "off (--config.evals.fewshot_cifar100.every_steps=-1) (full log: "
+  ) in last, last
+  assert shards not in last
   saved = json.loads((tmp_path / "pt" / "config.json").read_text())
   assert saved["evals"]["fewshot_pets"]["dataset"]["data_dir"] == str(tfds_dir)
+
+
+def _build(config, caplog) -> list[str]:
+  """The names of the evaluators `config.evals` builds (nothing is run)."""
+  from vit_jax import models
+
+  model = models.get_model(config.model, 10)
+  with caplog.at_level("WARNING"):
+    return [e.name for e in evaluators.build(config.evals, model=model, dataset=config.dataset)]
+
+
+def test_runlocal_leaves_out_downstream_sets_that_are_not_there(tmp_path, caplog):
+  config = _config(_jft_shards(tmp_path / "shards"))
+  for entry in config.evals.values():
+    if entry.type == "fewshot":
+      entry.dataset.data_dir = str(tmp_path / "tfds")  # empty: none of them is there
+  assert _build(config, caplog) == ["val"]
+  lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert len(lines) == 3 and all("\n" not in line for line in lines), lines
+  assert lines[0].startswith(
+    "runlocal: evals.fewshot_cifar100 left out, its data is not there: Cannot read split "
+    f"'train' of tfds dataset 'cifar100' (data_dir='{tmp_path / 'tfds'}')"
+  ), lines[0]
+  assert [line.split()[1] for line in lines] == [
+    "evals.fewshot_cifar100",
+    "evals.fewshot_imagenet",
+    "evals.fewshot_pets",
+  ]
+  # Without runlocal's mark the run stops; switched off, an evaluator's data is never opened.
+  caplog.clear()
+  config.evals.fewshot_pets.skip_if_missing = False
+  with pytest.raises(sources.MissingDataError, match=r"^evals\.fewshot_pets has no data: "):
+    _build(config, caplog)
+  config.evals.fewshot_pets.every_steps = -1
+  assert _build(config, caplog) == ["val"]
+  assert "fewshot_pets" not in caplog.text
+  # The stage's own evaluator is never left out: its split not there is the stage's mistake.
+  config.dataset.eval_split = "val"
+  with pytest.raises(sources.MissingDataError, match=r"--config\.dataset\.eval_split / data_dir"):
+    _build(config, caplog)
+
+
+@pytest.mark.slow  # 6 steps and the evaluators of the stage's own data: 26-35 s on 2 cores
+def test_the_readme_jft_command_runs_locally_without_the_downstream_sets(tmp_path):
+  out, _ = _main(tmp_path, "dataset=jft,model=testing,epochs=1,lr=0.001,runlocal")
+  lines = (out.stdout + out.stderr).splitlines()
+  assert out.returncode == 0, "\n".join(lines[-20:])
+  left_out = [line for line in lines if "runlocal: evals." in line]
+  assert len(left_out) == 3 and all(" WARNING runlocal: " in line for line in left_out), left_out
+  metrics = json.loads((tmp_path / "pt" / "final_metrics.json").read_text())
+  assert "val/accuracy" in metrics and not [k for k in metrics if k.startswith("fewshot_")]

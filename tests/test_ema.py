@@ -10,9 +10,9 @@ import pytest
 import random_weights  # tests/
 import test_train  # tests/: the SIGKILL-resume harness and the small pretrain config
 
-from configs import finetune
 from vit_jax import checkpoint, ema, evaluators, sharding, train
 from vit_jax.checkpoint import train_state
+from vit_jax.configs import finetune
 
 
 def test_update_equals_float64_average():

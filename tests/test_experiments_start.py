@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import pytest
 
 from experiments import common
+from vit_jax import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,7 +58,6 @@ def _run_stage_here(
   from ml_collections import config_flags
 
   from vit_jax import main as vit_main
-  from vit_jax import workdir as workdir_lib
 
   del title, verbose
   done = os.path.join(workdir, common.DONE)
@@ -74,7 +74,7 @@ def _run_stage_here(
   start = time.perf_counter()
   workdir_lib.save_final_metrics(workdir, vit_main.run(values.config, workdir))
   seconds = time.perf_counter() - start
-  with open(os.path.join(workdir, common.FINAL_METRICS)) as f:
+  with open(os.path.join(workdir, workdir_lib.FINAL_METRICS_FILE)) as f:
     metrics = json.load(f)
   metrics["wall_seconds"] = seconds
   common.write_json(done, metrics)

@@ -255,7 +255,16 @@ def test_a_stale_lock_is_taken_over(tmp_path, caplog):
       ["--config=configs/pretrain.py:dataset=fashion_mnst,runlocal"],
       "ValueError: pretrain dataset='fashion_mnst' is not one of [",
     ),
-    (["--config.modle.name=B/16"], "--config.modle.name: the config has no field 'modle'"),
+    (
+      ["--config.modle.name=B/16"],
+      "UnknownFieldError: --config.modle.name: the config has no field 'modle'; did you mean "
+      "'model.name'?",
+    ),
+    (
+      ["--config.learning_rat=0.1"],
+      "UnknownFieldError: --config.learning_rat: the config has no field 'learning_rat'; did you "
+      "mean 'schedule.base_lr'?",
+    ),
     (["--config=configs/pretrain.py:datset=x"], "unknown config argument 'datset'; did you mean"),
   ],
 )

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import pretrain
 from vit_jax import input_pipeline, models
+from vit_jax.configs import pretrain
 from vit_jax.models import mpp
 
 B = 8

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import linear_probe as linear_probe_config
 from vit_jax import checkpoint, linear_probe, models
 from vit_jax.checkpoint import train_state
+from vit_jax.configs import linear_probe as linear_probe_config
 
 
 def _backbone(image_size=16, num_classes=10, **overrides):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from test_train import _assert_trees, _params, run_child
 
-from configs import finetune, pretrain_mpp
 from vit_jax import checkpoint, models, train
+from vit_jax.configs import finetune, pretrain_mpp
 from vit_jax.models import mpp
 from vit_jax.objectives import mpp as mpp_objective
 

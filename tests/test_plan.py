@@ -23,8 +23,8 @@ import tempfile
 import jax
 import pytest
 
-from configs import pretrain
 from vit_jax import sharding, train
+from vit_jax.configs import pretrain
 from vit_jax.cost import compiled_stats
 from vit_jax.tools import plan as planner
 

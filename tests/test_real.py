@@ -8,8 +8,8 @@ import tensorflow as tf
 # Imported at collection, while the process has one thread (see tests/test_input_sources.py).
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
-from configs import finetune
 from vit_jax import evaluators
+from vit_jax.configs import finetune
 from vit_jax.evaluators import real
 
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import xla_env  # tests/
 
-from configs import finetune, pretrain
 from vit_jax import main, sharding, train
 from vit_jax.checkpoint import train_state
+from vit_jax.configs import finetune, pretrain
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -79,8 +79,8 @@ def test_linear_probe_stage_runs(tmp_path, monkeypatch):
   train.run(config, str(tmp_path / "pretrain"))
   from sklearn.linear_model import LogisticRegression, RidgeClassifier
 
-  from configs import linear_probe as probe_config
   from vit_jax import evaluators, linear_probe
+  from vit_jax.configs import linear_probe as probe_config
 
   features = []
   score = evaluators.LinearProbeEvaluator.score
@@ -155,8 +155,8 @@ def test_bit_stages_run_and_chain(tmp_path):
   config.total_steps = 2
   metrics = main.run(config, str(tmp_path / "finetune"))
   assert np.isfinite(metrics["loss"]) and "val/accuracy" in metrics
-  from configs import linear_probe
   from vit_jax import predict
+  from vit_jax.configs import linear_probe
 
   probe = linear_probe.get_config("dataset=mnist_5k,runlocal")
   probe.model_init = str(tmp_path / "pretrain")

@@ -13,9 +13,9 @@ import numpy as np
 import optax
 import pytest
 
-from configs import finetune, pretrain
 from vit_jax import logging_util, models, optim, sharding, train, workdir
 from vit_jax.checkpoint import train_state
+from vit_jax.configs import finetune, pretrain
 from vit_jax.objectives import supervised
 
 

@@ -11,8 +11,8 @@ from tensorflow_datasets.core import naming
 from tensorflow_datasets.core import splits as splits_lib
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
-from configs import finetune
 from vit_jax import input_pipeline
+from vit_jax.configs import finetune
 from vit_jax.input_pipeline import preprocess, vtab
 
 

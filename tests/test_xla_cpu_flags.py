@@ -31,8 +31,21 @@ def test_apply_adds_missing_flags_and_keeps_the_users():
   assert empty["XLA_FLAGS"].split() == list(xla_cpu_flags.DEFAULTS)
 
 
-def _hlo(xla_flags):
-  env = dict(os.environ)
+def test_the_opt_out_leaves_xla_flags_alone():
+  for value in ("1", "true"):
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", xla_cpu_flags.OPT_OUT: value}
+    xla_cpu_flags.apply(env)
+    assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
+    bare = {xla_cpu_flags.OPT_OUT: value}
+    xla_cpu_flags.apply(bare)
+    assert "XLA_FLAGS" not in bare
+  off = {xla_cpu_flags.OPT_OUT: "0"}
+  xla_cpu_flags.apply(off)
+  assert off["XLA_FLAGS"].split() == list(xla_cpu_flags.DEFAULTS)
+
+
+def _hlo(xla_flags, **extra):
+  env = dict(os.environ, **extra)
   env.pop("XLA_FLAGS", None)
   if xla_flags is not None:
     env["XLA_FLAGS"] = xla_flags
@@ -46,3 +59,4 @@ def _hlo(xla_flags):
 def test_matmuls_leave_ynnpack_unless_the_user_asks_for_it():
   assert "__ynn_fusion" not in _hlo(None)
   assert "__ynn_fusion" in _hlo(f"{FLAG}=individual_dot")
+  assert "__ynn_fusion" in _hlo(None, **{xla_cpu_flags.OPT_OUT: "1"})  # XLA's own default

@@ -27,7 +27,6 @@ from vit_jax import checkpoint, evaluators, sharding
 from vit_jax import workdir as workdir_lib
 
 RESULTS_FILE = "linear_probe.json"
-CONFIG_FILE = workdir_lib.CONFIG_FILE
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 r"""Entry point of every stage: `python -m vit_jax.main --config=... --workdir=...`.
 
-The config (configs/*.py, selected and parameterised with one string, see configs/common.py)
-names its stage: 'pretrain' and 'finetune' run vit_jax.train, 'linear_probe' runs
-vit_jax.linear_probe. Fields are overridden with `--config.field=value`; configs are locked, so a
-misspelt field is an error.
+The config (configs/*.py, installed as vit_jax.configs; selected and parameterised with one
+string, see configs/common.py; a file of the user's own: vit_jax.config_files) names its stage:
+'pretrain' and 'finetune' run vit_jax.train, 'linear_probe' runs vit_jax.linear_probe. Fields are
+overridden with `--config.field=value`; configs are locked, so a misspelt field is an error
+naming the nearest field.
 
 The terminal shows progress, metrics, warnings and errors; everything else (library chatter,
 native messages) goes to the log file named on the first line (vit_jax.console), and a failed run
@@ -23,13 +24,10 @@ import sys
 
 import jax
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-from vit_jax import distributed
+from vit_jax import config_files, distributed
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Stage config: configs/<stage>.py:<key=value,...>.", lock_config=True
-)
+_CONFIG = config_files.define_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and logs go here.")
 _DISTRIBUTED = flags.DEFINE_enum(
   "distributed",
@@ -88,17 +86,8 @@ def _flag_value(argv: list[str], name: str) -> str | None:
   return None
 
 
-def _flag_error(error: BaseException, argv: list[str]) -> tuple[BaseException, str]:
+def _flag_error(error: BaseException) -> tuple[BaseException, str]:
   """The exception to name and its one line, for a bad --config (or another flag)."""
-  if isinstance(error, KeyError) and error.args:
-    # ml_collections: a misspelt `--config.<field>`, its message "'field'\nDid you mean ...".
-    name, _, hint = str(error.args[0]).partition("\n")
-    flag = next(
-      (a.split("=")[0] for a in argv if a.startswith("--config.") and name.strip("'") in a), None
-    )
-    return error, f"{flag or '--config'}: the config has no field {name}" + (
-      f"; {hint}" if hint else ""
-    )
   chain = []
   while error is not None and len(chain) < 10:
     chain.append(error)
@@ -132,7 +121,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
     workdir = _flag_value(argv, "workdir")
     log = _setup_console(workdir, int(_flag_value(argv, "process_id") or 0)) if workdir else None
-    named, line = _flag_error(e, argv)
+    named, line = _flag_error(e)
     console.fail(e, log, message=line, kind=type(named).__name__)
     sys.exit(1)
 
@@ -149,11 +138,6 @@ def main(argv):
       _DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value
     )
     config = _CONFIG.value
-    try:
-      config.get("stage")
-    except OSError as e:  # ml_collections reports a config file that failed to load only now
-      reason = str(e).strip().splitlines()[-1].strip()
-      raise FileNotFoundError(f"--config={_flag_value(sys.argv, 'config')}: {reason}") from e
     logging.info("config:\n%s", config, extra={"terminal": False})
     logging.info(
       "%s: model %s on %s, %s steps, workdir %s",

@@ -1,7 +1,7 @@
 """The trainer of the pretrain and fine-tune stages: `run(config, workdir)`.
 
-One procedure, in bannered sections read top to bottom: setup, data, model, optimizer,
-checkpoint, loop, evaluators. It runs on any mesh (vit_jax.sharding), on one or many processes,
+One procedure, in bannered sections read top to bottom: setup, data, model and optimizer,
+checkpoint, evaluators, data iterator, loop. It runs on any mesh (vit_jax.sharding), on one or many processes,
 and resumes from the latest complete checkpoint in the workdir.
 
 Determinism, which makes a resumed run bitwise equal to an uninterrupted one on the same
@@ -154,7 +154,7 @@ def make_train_step(
   def train_step(state: State, batch: dict[str, jax.Array], window: Window):
     params, step = state["params"], state["step"]
     model_key, mixup_key = jax.random.split(jax.random.fold_in(state["rng"], step))
-    batch = {k: batch[k] for k in ("image", "label", "mask")}
+    batch = _select(batch)
     if mixup_alpha > 0:
       batch = mixup.mix(batch, mixup_key, mixup_alpha, num_classes)
     batch["index"] = jnp.arange(batch["mask"].shape[0], dtype=jnp.int32)
@@ -447,13 +447,13 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
         metrics.update(evaluator.run(state.get("ema", state["params"])))
     for step in range(start_step + 1, total_steps + 1):
       with jax.profiler.StepTraceAnnotation("train", step_num=step):
-        batch = next(train_iter)
+        batch = _select(next(train_iter))
         if compiled is None:
           # Compiled ahead of time once: XLA's cost analysis gives the FLOPs for the MFU.
-          compiled = built.jit_step(_select(batch)).lower(state, _select(batch), window).compile()
-          throughput = _report_compiled(compiled, state, built, _select(batch), batch_size)
+          compiled = built.jit_step(batch).lower(state, batch, window).compile()
+          throughput = _report_compiled(compiled, state, built, batch, batch_size)
           throughput(step - 1)
-        state, window, learning_rate = compiled(state, _select(batch), window)
+        state, window, learning_rate = compiled(state, batch, window)
 
       if step % config.log_every_steps == 0 or step == total_steps:
         _check_finite(window, checkpointer)
@@ -553,6 +553,7 @@ def _local_data_state(saved: dict[str, Any] | None) -> dict[str, int] | None:
 
 
 def _select(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """The fields of a batch the step reads (the step is compiled for exactly these)."""
   return {k: batch[k] for k in ("image", "label", "mask")}
 
 

@@ -15,6 +15,7 @@ The names below are the public API; `from vit_jax import checkpoint` is all a us
 """
 
 from vit_jax.checkpoint.adapt import fit_posemb, load_pretrained, patch_grid, resize_posemb
+from vit_jax.checkpoint.layouts import POSEMB
 from vit_jax.checkpoint.loader import (
   Loaded,
   load,
@@ -25,8 +26,7 @@ from vit_jax.checkpoint.loader import (
   saved_config,
 )
 from vit_jax.checkpoint.npz import (
-  CONFIG_FILE,
-  POSEMB,
+  WEIGHTS_CONFIG_FILE,
   file_layout,
   flatten_params,
   is_params_file,
@@ -39,8 +39,8 @@ from vit_jax.checkpoint.npz import (
 )
 
 __all__ = [
-  "CONFIG_FILE",
   "POSEMB",
+  "WEIGHTS_CONFIG_FILE",
   "Loaded",
   "file_layout",
   "fit_posemb",

@@ -20,7 +20,9 @@ import ml_collections
 import numpy as np
 
 from vit_jax.checkpoint import layouts
-from vit_jax.checkpoint.npz import POSEMB, Params, flatten_params, load, unflatten_params
+from vit_jax.checkpoint.layouts import POSEMB
+from vit_jax.checkpoint.npz import Params, flatten_params, load, unflatten_params
+from vit_jax.models import mpp
 
 # Entries beyond this many are counted, not listed, in error messages.
 _MAX_LISTED = 40
@@ -203,7 +205,7 @@ def load_pretrained(
       logging.info("load_pretrained: dropping pre_logits (representation_size=None)")
     restored = {k: v for k, v in restored.items() if not k.startswith("pre_logits/")}
   restored = {k: v for k, v in restored.items() if not k.startswith("head/")}
-  mpp_keys = [k for k in restored if k == "mask_embedding" or k.startswith("mpp_head/")]
+  mpp_keys = [k for k in restored if k.split("/")[0] in mpp.PARAMS]
   if mpp_keys and not any(k in expected for k in mpp_keys):
     logging.info(
       "load_pretrained: dropping the masked patch prediction head and [mask] embedding (%s)",

@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 
+# The published layout's position embeddings [1, tokens, width] (class token first).
+POSEMB = "Transformer/posembed_input/pos_embedding"
+
 # big_vision (linen counters) -> published vit_jax (pre-linen counters), inside an encoder block.
 _BLOCK_RENAMES = {
   "LayerNorm_0": "LayerNorm_0",
@@ -38,7 +41,6 @@ _BLOCK_RENAMES = {
 _PUBLISHED_BLOCK_MODULES = frozenset(_BLOCK_RENAMES.values())
 _BLOCK_RE = re.compile(r"^(Transformer/encoderblock(?:_\d+)?)/([^/]+)/(.+)$")
 _GROUPNORM_RE = re.compile(r"(^|/)gn(\d+|_root|_proj)/(scale|bias)$")
-_POSEMB = "Transformer/posembed_input/pos_embedding"
 _STACKED = "Transformer/encoderblock/"
 _UNSTACKED_RE = re.compile(r"^Transformer/encoderblock_(\d+)/(.+)$")
 _PREFIXES = ("params/", "opt/target/", "resnet/")
@@ -127,10 +129,10 @@ def _convert_posemb(flat):
   does this function (they are kept as they are). Without `cls` ('gap' pooling) the embedding is
   the grid as it is.
   """
-  names = [k for k in ("pos_embedding", "Transformer/pos_embedding", _POSEMB) if k in flat]
+  names = [k for k in ("pos_embedding", "Transformer/pos_embedding", POSEMB) if k in flat]
   if len(names) > 1:
     raise ValueError(f"checkpoint has position embeddings in several places: {names}")
-  if not names or names[0] == _POSEMB:
+  if not names or names[0] == POSEMB:
     return flat
   flat = dict(flat)
   posemb = flat.pop(names[0])  # [1, N, D]
@@ -140,7 +142,7 @@ def _convert_posemb(flat):
   if "cls" in flat and not _has_class_slot(n):
     logging.info("checkpoint: big_vision posemb %s gets a zero class slot", posemb.shape)
     posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
-  flat[_POSEMB] = posemb
+  flat[POSEMB] = posemb
   return flat
 
 

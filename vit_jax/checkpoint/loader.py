@@ -21,8 +21,7 @@ from etils import epath
 from vit_jax import models
 from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoint import adapt, npz, timm_hf, train_state
-
-CONFIG_FILE = workdir_lib.CONFIG_FILE
+from vit_jax.models import mpp
 
 
 def load(path: str | os.PathLike, num_heads: int | None = None) -> dict[str, Any]:
@@ -68,7 +67,7 @@ def load_model(
   prediction (`mpp_head`, `mask_embedding`) are dropped: the model is the plain ViT.
   """
   model_config, params, stage_config = load_backbone(os.fspath(path), model_config)
-  params = {k: v for k, v in params.items() if k not in ("mpp_head", "mask_embedding")}
+  params = {k: v for k, v in params.items() if k not in mpp.PARAMS}
   head = params.get("head")
   if head is not None:
     bias = head["bias"] if "bias" in head else head["conv2d"]["bias"]
@@ -135,7 +134,7 @@ def _checkpoint_dir(path: str) -> epath.Path | None:
   """The workdir that holds a checkpoint path (None for a file such as an `.npz`)."""
   path = epath.Path(path)
   for candidate in (path, path.parent, path.parent.parent):
-    if (candidate / CONFIG_FILE).exists():
+    if (candidate / workdir_lib.CONFIG_FILE).exists():
       return candidate
   return None
 
@@ -150,13 +149,13 @@ def saved_config(path: str) -> ml_collections.ConfigDict | None:
     return None
   if str(path).endswith(".npz"):
     directory = epath.Path(path).parent
-    if not (directory / CONFIG_FILE).exists():
+    if not (directory / workdir_lib.CONFIG_FILE).exists():
       return None
   else:
     directory = _checkpoint_dir(path)
     if directory is None:
       return None
-  return ml_collections.ConfigDict(json.loads((directory / CONFIG_FILE).read_text()))
+  return ml_collections.ConfigDict(json.loads((directory / workdir_lib.CONFIG_FILE).read_text()))
 
 
 def load_backbone(
@@ -208,7 +207,7 @@ def representation_model(
   """
   if representation not in ("pre_logits", "pooled"):
     raise ValueError(f"representation={representation!r}; expected 'pre_logits' or 'pooled'")
-  params = {k: v for k, v in params.items() if k not in ("head", "mpp_head", "mask_embedding")}
+  params = {k: v for k, v in params.items() if k != "head" and k not in mpp.PARAMS}
   rep_size = None
   if representation == "pre_logits" and "pre_logits" in params:
     rep_size = int(np.shape(params["pre_logits"]["kernel"])[-1])

@@ -39,13 +39,13 @@ from vit_jax.checkpoint import layouts, timm_hf
 
 Params = dict[str, Any]  # nested dict of np.ndarray
 
-POSEMB = "Transformer/posembed_input/pos_embedding"
 # Files of parameters (as opposed to Orbax checkpoint directories).
 PARAM_FILE_SUFFIXES = (".npz", ".safetensors")
 # PyTorch's pickled checkpoints, which `load` refuses by name (never unpickled).
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-# What a Hugging Face or timm model directory holds next to its weights.
-CONFIG_FILE = "config.json"
+# What a Hugging Face or timm model directory holds next to its weights (and vit_jax.tools.convert
+# writes there). Not the workdir's stage config, vit_jax.workdir.CONFIG_FILE.
+WEIGHTS_CONFIG_FILE = "config.json"
 # How a zip file starts (a first entry, or an empty archive): every `.npz` is one.
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
@@ -233,7 +233,7 @@ def read_foreign_config(path: str | os.PathLike) -> dict[str, Any] | None:
   A vit_jax stage config (the trainer's `config.json`, with a `model` entry) is not one.
   """
   path = os.fspath(path)
-  config_path = os.path.join(os.path.dirname(path), CONFIG_FILE)
+  config_path = os.path.join(os.path.dirname(path), WEIGHTS_CONFIG_FILE)
   if _is_remote(path):
     gfile = _gfile()
     if not gfile.exists(config_path):

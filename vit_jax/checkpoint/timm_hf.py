@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from vit_jax.checkpoint.layouts import POSEMB
+
 TIMM, HF = "timm", "hf"
-POSEMB = "Transformer/posembed_input/pos_embedding"
 _BLOCK = "Transformer/encoderblock_{i}/"
 _ATTN = _BLOCK + "MultiHeadDotProductAttention_1/"
 

@@ -31,7 +31,8 @@ The trainer builds them from the stage config with `build`:
       if ev.every_steps and step % ev.every_steps == 0 or step == total_steps:
         writer.write_scalars(step, ev.run(params))
 
-Fields of each entry: `type`; `every_steps`; `dataset` (overrides of
+Fields of each entry: `type`; `every_steps` (negative: off, the evaluator is not built and
+its data never read); `dataset` (overrides of
 `input_pipeline.dataset_config`, default the stage's dataset; an entry naming another dataset
 reads it from its own `data_dir`, tfds's default unless set, never the stage's: see
 `downstream_dataset`); `split` (classification, real; '' or None: the dataset's `eval_split`,
@@ -39,6 +40,12 @@ read when the evaluators are built, so that a command-line override of it counts
 `train_split` / `test_split` (fewshot, linear; default the dataset's `train_split` and
 `eval_split`); `batch_size`; every other field is passed to the evaluator's constructor (`loss`,
 `shots`, `l2_reg`, `seed`, `ridge_l2_regs`, ...).
+
+Data that is not there (input_pipeline.MissingDataError: no files, an unprepared tfds dataset)
+is found when the evaluators are built, each split opened without reading it: the run stops at
+startup with one line naming every such evaluator and both ways out (its `dataset.data_dir`, or
+`every_steps=-1`). An entry with `skip_if_missing` (set by `runlocal` on the entries of another
+dataset than the stage's) is left out instead, with one warning line.
 
 Representations come from `model.apply(..., train=False, return_representation=True)` (the
 pre-logits, or the pooled token when the model has none). Data is read with the input
@@ -52,6 +59,7 @@ from typing import Any, Protocol
 import flax.linen as nn
 import jax
 import ml_collections
+from absl import logging
 
 from vit_jax.evaluators._utils import ArrayFn, DataSource
 from vit_jax.evaluators.classification import ClassificationEvaluator
@@ -101,6 +109,9 @@ def input_pipeline_data(mesh: Any = None, data_axes: Any = None) -> DataFactory:
     cfg = input_pipeline.dataset_config(**dict(dataset))
     kwargs = {} if data_axes is None else {"data_axes": data_axes}
     iterable = None
+
+    # Opened now, not at the first evaluation: a split that is not there stops the run at startup.
+    input_pipeline.check_readable(cfg, split or cfg.eval_split)
 
     def source():
       nonlocal iterable
@@ -176,26 +187,63 @@ def build(
   if mesh is not None:
     spec = jax.sharding.PartitionSpec(data_axes if data_axes is not None else mesh.axis_names)
     sharding = jax.sharding.NamedSharding(mesh, spec)
-  out = []
+  out, missing = [], []
   for name, entry in _as_dict(evals).items():
     kwargs = _as_dict(entry)
     kind = kwargs.pop("type", None)
     if kind not in REGISTRY:
       raise ValueError(f"evals.{name}.type={kind!r}; expected one of {sorted(REGISTRY)}")
+    skip_if_missing = kwargs.pop("skip_if_missing", False)
+    if int(kwargs.get("every_steps", 0)) < 0:
+      continue
     ds = downstream_dataset(dataset, kwargs.pop("dataset", None))
     bs = kwargs.pop("batch_size", None) or batch_size
     kwargs.setdefault("name", name)
-    # Default splits: the dataset's own (`train_split`, and `eval_split` for None).
-    if kind in ("classification", "real"):
-      data = make_data(ds, kwargs.pop("split", None) or None, bs)
-      out.append(REGISTRY[kind](predict, data, **kwargs))
-      continue
-    train = make_data(ds, kwargs.pop("train_split", None) or ds.get("train_split", "train"), bs)
-    test = make_data(ds, kwargs.pop("test_split", None), bs)
-    if kind == "fewshot":
-      kwargs.setdefault("sharding", sharding)
-    out.append(REGISTRY[kind](represent, train, test, num_classes(ds), **kwargs))
+    try:
+      # Default splits: the dataset's own (`train_split`, and `eval_split` for None).
+      if kind in ("classification", "real"):
+        data = make_data(ds, kwargs.pop("split", None) or None, bs)
+        out.append(REGISTRY[kind](predict, data, **kwargs))
+        continue
+      train = make_data(ds, kwargs.pop("train_split", None) or ds.get("train_split", "train"), bs)
+      test = make_data(ds, kwargs.pop("test_split", None), bs)
+      if kind == "fewshot":
+        kwargs.setdefault("sharding", sharding)
+      out.append(REGISTRY[kind](represent, train, test, num_classes(ds), **kwargs))
+    except ValueError as e:
+      from vit_jax.input_pipeline import MissingDataError  # TensorFlow: data was read
+
+      if not isinstance(e, MissingDataError):
+        raise
+      reason = str(e).strip().splitlines()[0].rstrip(".")
+      downstream = ds.get("name") != _as_dict(dataset).get("name")
+      if skip_if_missing and downstream:
+        logging.warning("runlocal: evals.%s left out, its data is not there: %s", name, reason)
+      else:
+        missing.append((name, reason, downstream))
+  if missing:
+    raise _missing_data_error(missing)
   return out
+
+
+def _missing_data_error(missing: list[tuple[str, str, bool]]) -> Exception:
+  """One line for the evaluators (name, reason, downstream) whose data is not there, and the
+  ways out: a downstream set's own data_dir, the stage's split, or switching the evaluator off."""
+  from vit_jax.input_pipeline import MissingDataError
+
+  def ways_out(name: str, downstream: bool) -> str:
+    where = (
+      f"--config.evals.{name}.dataset.data_dir=<dir>"
+      if downstream
+      else ("--config.dataset.eval_split / data_dir")
+    )
+    return f"give it its data ({where}) or switch it off (--config.evals.{name}.every_steps=-1)"
+
+  (first, reason, downstream), others = missing[0], [f"evals.{m[0]}" for m in missing[1:]]
+  also = f" (so have {', '.join(others)})" if others else ""
+  return MissingDataError(
+    f"evals.{first} has no data{also}: {reason}; {ways_out(first, downstream)}"
+  )
 
 
 __all__ = [

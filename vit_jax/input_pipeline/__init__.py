@@ -44,17 +44,25 @@ Usage (what the trainer calls):
 
 Bad data: an undecodable image or unreadable/truncated TFRecord becomes a mask-0 example and is
 counted; a label outside [0, num_classes) raises ValueError naming the file and record; an empty
-glob or a missing split raises ValueError naming the pattern.
+glob, a missing split or an unprepared tfds dataset raises MissingDataError (a ValueError) naming
+the pattern or the data_dir; `check_readable` asks that of a split without reading it.
 """
 
 from vit_jax.input_pipeline.config import dataset_config
 from vit_jax.input_pipeline.pipeline import EvalIterable, TrainIterator
-from vit_jax.input_pipeline.sources import DatasetInfo, get_dataset_info
+from vit_jax.input_pipeline.sources import (
+  DatasetInfo,
+  MissingDataError,
+  check_readable,
+  get_dataset_info,
+)
 
 __all__ = [
   "DatasetInfo",
   "EvalIterable",
+  "MissingDataError",
   "TrainIterator",
+  "check_readable",
   "dataset_config",
   "get_dataset_info",
   "make_eval_iterator",

@@ -36,6 +36,10 @@ _TFRECORD_FRAMING_BYTES = 16  # uint64 length, uint32 length CRC, data, uint32 d
 _CHUNK = 64  # records handed from Python to tf.data per call.
 
 
+class MissingDataError(ValueError):
+  """A split is not where the dataset config points (no files, an unprepared tfds dataset)."""
+
+
 @dataclasses.dataclass
 class DatasetInfo:
   """What the trainer needs to know about a dataset.
@@ -156,12 +160,7 @@ class FolderSource(_IndexedSource):
 
   def __init__(self, config, split, process_index, process_count):
     super().__init__(config, split, process_index, process_count)
-    root = config.data_dir
-    split_dir = os.path.join(root or "", splits.base_split(split))
-    if not root or not tf.io.gfile.isdir(split_dir):
-      raise ValueError(
-        f"Image folder split {split_dir!r} does not exist (dataset.data_dir={root!r})."
-      )
+    root, split_dir = config.data_dir, folder_split_dir(config, split)
     self.class_names = folder_class_names(root)
     paths, labels = [], []
     for label, name in enumerate(self.class_names):
@@ -173,7 +172,7 @@ class FolderSource(_IndexedSource):
           paths.append(os.path.join(class_dir, filename))
           labels.append(label)
     if not paths:
-      raise ValueError(f"No images match {split_dir}/<class>/*.{{jpg,jpeg,png}}.")
+      raise MissingDataError(f"No images match {split_dir}/<class>/*.{{jpg,jpeg,png}}.")
     rows = splits.slice_rows(split, len(paths), f"Image folder {split_dir!r}")
     if rows is not None:
       paths, labels = [paths[i] for i in rows], [labels[i] for i in rows]
@@ -188,6 +187,16 @@ class FolderSource(_IndexedSource):
 
   def where(self, raw):
     return tf.gather(self.paths, raw["index"])
+
+
+def folder_split_dir(config, split: str) -> str:
+  """`data_dir/<split>` of an image folder; MissingDataError if it is not a directory."""
+  split_dir = os.path.join(config.data_dir or "", splits.base_split(split))
+  if not config.data_dir or not tf.io.gfile.isdir(split_dir):
+    raise MissingDataError(
+      f"Image folder split {split_dir!r} does not exist (dataset.data_dir={config.data_dir!r})."
+    )
+  return split_dir
 
 
 @functools.cache
@@ -325,7 +334,7 @@ def tfrecord_pattern(config, split: str) -> str:
   if "/" in split or any(c in split for c in "*?["):
     return split
   if not config.data_dir:
-    raise ValueError(f"dataset.data_dir must be set to find TFRecord split {split!r}.")
+    raise MissingDataError(f"dataset.data_dir must be set to find TFRecord split {split!r}.")
   return os.path.join(config.data_dir, config.file_pattern.format(name=config.name, split=split))
 
 
@@ -337,7 +346,7 @@ class TFRecordSource(Source):
     self.pattern = tfrecord_pattern(config, split)
     self.files = sorted(tf.io.gfile.glob(self.pattern))
     if not self.files:
-      raise ValueError(f"No TFRecord files match {self.pattern!r} (split {split!r}).")
+      raise MissingDataError(f"No TFRecord files match {self.pattern!r} (split {split!r}).")
     self.by_file = _uses_files_by_host(len(self.files), process_count)
     self.image_key = config.image_key or IMAGE_KEY
     self.label_key = config.label_key or LABEL_KEY
@@ -453,7 +462,7 @@ class TfdsSource(Source):
         read_config=self._tfds.ReadConfig(add_tfds_id=True),
       )
     except Exception as e:
-      raise ValueError(
+      raise MissingDataError(
         f"Cannot read split {self.split!r} of tfds dataset {self.config.name!r} "
         f"(data_dir={self.config.data_dir!r}): {e}"
       ) from e
@@ -507,6 +516,17 @@ def get_source(config, split: str, process_index: int, process_count: int) -> So
   if config.source not in SOURCES:
     raise ValueError(f"dataset.source={config.source!r}; expected one of {sorted(SOURCES)}")
   return SOURCES[config.source](config, split, process_index, process_count)
+
+
+def check_readable(config, split: str) -> None:
+  """Raises MissingDataError unless `split` of the dataset is where the config says: its files
+  found (a tfds dataset opened), no example read, an image folder not listed."""
+  if config.source == "tfds":
+    TfdsSource(config, split, 0, 1)._as_dataset(0)
+  elif config.source == "tfrecord":
+    TFRecordSource(config, split, 0, 1)
+  elif config.source == "folder":
+    folder_split_dir(config, split)
 
 
 def get_dataset_info(config) -> DatasetInfo:

@@ -8,10 +8,11 @@ ViT-Ti/16 (batch 32) and from 0.74 to 0.90 for ViT-B/16 (batch 8) with
 convolutions); the demo's small model (width 64) lost about 6% (302 to 284).
 docs/benchmarks.md has the figures against timm.
 
-`apply()` runs when vit_jax is imported. It only adds flags XLA_FLAGS does not already set, so
-`XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=` (or any other value) overrides it, and it
-changes nothing once JAX has created a backend (XLA reads XLA_FLAGS once). GPU and TPU backends
-ignore XLA:CPU flags.
+`apply()` runs when vit_jax is imported: it rewrites the process's XLA_FLAGS. It only adds flags
+XLA_FLAGS does not already set, so `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=` (or any
+other value) overrides it; `VIT_JAX_KEEP_XLA_FLAGS=1` leaves XLA_FLAGS as it is. It changes
+nothing once JAX has created a backend (XLA reads XLA_FLAGS once). GPU and TPU backends ignore
+XLA:CPU flags.
 
 This file must not import JAX.
 """
@@ -19,10 +20,15 @@ This file must not import JAX.
 import os
 
 DEFAULTS = ("--xla_cpu_experimental_ynn_fusion_type=-individual_dot",)
+# Set (to anything but '' or '0'), `apply` leaves XLA_FLAGS alone.
+OPT_OUT = "VIT_JAX_KEEP_XLA_FLAGS"
 
 
 def apply(environ=os.environ) -> None:
-  """Adds each of DEFAULTS to environ['XLA_FLAGS'] unless that flag is already there."""
+  """Adds each of DEFAULTS to environ['XLA_FLAGS'] unless that flag is already there (or
+  environ[OPT_OUT] is set)."""
+  if environ.get(OPT_OUT, "") not in ("", "0"):
+    return
   flags = environ.get("XLA_FLAGS", "")
   present = {f.split("=")[0] for f in flags.split()}
   added = [f for f in DEFAULTS if f.split("=")[0] not in present]

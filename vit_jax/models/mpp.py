@@ -37,6 +37,9 @@ from vit_jax import models
 from vit_jax.models import vit
 
 TARGETS = ("mean_color", "downsample4x4", "l2")
+# The parameters the model adds to the ViT's (dropped where a checkpoint is read as a plain ViT).
+MASK_EMBEDDING, HEAD = "mask_embedding", "mpp_head"
+PARAMS = (MASK_EMBEDDING, HEAD)
 COLOR_BITS = 3
 NUM_COLORS = 2 ** (3 * COLOR_BITS)  # 512
 # Kinds of patch after `corrupt`.
@@ -200,7 +203,7 @@ class MaskedPatchPredictor(vit.VisionTransformer):
       tokens = super().__call__(images, train=train, return_tokens=True)
       return jnp.mean(tokens, axis=1)
     mask_embedding = self.param(
-      "mask_embedding", nn.initializers.normal(0.02), (self.hidden_size,), self.param_dtype
+      MASK_EMBEDDING, nn.initializers.normal(0.02), (self.hidden_size,), self.param_dtype
     )
     key = self.make_rng("mpp") if self.has_rng("mpp") else jax.random.PRNGKey(0)
     kinds = []
@@ -219,7 +222,7 @@ class MaskedPatchPredictor(vit.VisionTransformer):
       num_outputs(self.target, self.patch_size),
       dtype=self.dtype,
       param_dtype=self.param_dtype,
-      name="mpp_head",
+      name=HEAD,
     )(tokens)
     return dict(outputs=outputs.astype(jnp.float32), kind=kinds[0])
 

@@ -125,7 +125,7 @@ def convert(
     checkpoint.save(checkpoint.unflatten_params(flat), weights)
   else:
     checkpoint.save_safetensors(state_dict, weights)
-  config_path = os.path.join(out_dir, checkpoint.CONFIG_FILE)
+  config_path = os.path.join(out_dir, checkpoint.WEIGHTS_CONFIG_FILE)
   with open(config_path, "w") as f:
     json.dump(config, f, indent=2)
   logging.info(

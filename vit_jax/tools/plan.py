@@ -28,7 +28,8 @@ import time
 from typing import Any
 
 from absl import app, flags, logging
-from ml_collections import config_flags
+
+from vit_jax import config_files
 
 
 def _quiet_env() -> None:
@@ -46,9 +47,7 @@ FLAGS = flags.FLAGS
 def _define_flags() -> None:
   # Defined only when run as the command: the trainer's entry point (vit_jax.main), which tests
   # import into the same process, has a --config flag of its own.
-  config_flags.DEFINE_config_file(
-    "config", None, "Stage config: configs/<stage>.py:<key=value,...>.", lock_config=True
-  )
+  config_files.define_flag()
   flags.DEFINE_string("topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.")
   flags.DEFINE_integer(
     "num_classes", None, "Classes of the head (default: known for jft, imagenet21k, imagenet2012)."

@@ -42,11 +42,9 @@ from typing import Any
 from absl import app, flags
 from etils import epath
 
-from vit_jax import config_files, distributed
+from vit_jax import distributed
 from vit_jax import workdir as workdir_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FINETUNE_CONFIG = os.path.join(REPO, "configs", "finetune.py")
 RESULTS_FILE, TABLE_FILE = "results.json", "table.md"
 
 # Paper Table 2 (fine-tuned top-1, %). VTAB-1k's per-task numbers (Table 9) are not recorded
@@ -68,7 +66,10 @@ PAPER = {
 
 
 def finetune_module():
-  return config_files.sibling(FINETUNE_CONFIG, "finetune")
+  """The finetune stage config (imported when first needed: its VTAB tasks import TensorFlow)."""
+  from vit_jax.configs import finetune
+
+  return finetune
 
 
 def suite_datasets(suite: str) -> list[str]:
