@@ -127,6 +127,18 @@ def max_deviation(params, reference) -> float:
   )
 
 
+def rms_deviation(params, reference) -> float:
+  """Root-mean-square of params - reference over every parameter (float64 arithmetic)."""
+  leaves = jax.tree_util.tree_leaves(params)
+  ref = jax.tree_util.tree_leaves(reference)
+  assert len(leaves) == len(ref)
+  squares = sum(
+    float(np.sum(np.square(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+    for a, b in zip(leaves, ref, strict=True)
+  )
+  return float(np.sqrt(squares / sum(np.size(a) for a in ref)))
+
+
 if __name__ == "__main__":
   sys.path[:0] = [str(REPO), str(REPO / "tests")]
   main(sys.argv[1], sys.argv[2])

@@ -78,8 +78,11 @@ def _run(env, workdir, extra=(), prefix=(), args=ARGS, **fault) -> tuple[int, li
   """Runs the entry point (with `fault`: FAULT_AT=..., ...) into `workdir`, through `prefix`
   (e.g. a small disk's nsenter); (status, the terminal's non-empty lines, stdout then stderr)."""
   child_env = dict(env, **{f"FAULT_{k.upper()}": str(v) for k, v in fault.items()})
+  # Without a fault, the entry point itself (which imports TensorFlow only once it builds the
+  # input pipeline: a config mistake ends in ~2 s instead of ~10).
+  head = ["-c", _CHILD] if fault else ["-m", "vit_jax.main"]
   proc = subprocess.run(
-    [*prefix, sys.executable, "-c", _CHILD, *args, f"--workdir={workdir}", *extra],
+    [*prefix, sys.executable, *head, *args, f"--workdir={workdir}", *extra],
     env=child_env,
     cwd=REPO,
     capture_output=True,

@@ -3,19 +3,21 @@ attention dropout, inception crop, flips and mixup on; tests/invariance_config.p
 
   (1) 1 process × 4 devices, mesh data=4,
   (2) 2 processes × 2 devices (`python -m vit_jax.main` over 127.0.0.1, tests/local_cluster.py),
-      mesh fsdp=2 × model=2: parameters, optimizer state and heads split across the processes,
+      mesh fsdp=2 × model=2: parameters, optimizer state and heads split across the processes;
+      both processes SIGKILLed twice and resumed each time,
   (3) 1 process × 8 devices, mesh data=2 × fsdp=2 × model=2, with accum_steps=2,
-  (4) layout (2)'s step-10 checkpoint resumed on one device (a run stopped after that
-      checkpoint and restarted on another topology),
+  (4) layout (2)'s workdir after its second kill (steps 5 and 10 committed) resumed on one
+      device (a run stopped after a checkpoint and restarted on another topology),
 
 is the same training up to floating-point summation order. That is measured against the same
 training in float64 (tests/float64_reference.py, same initial parameters, data and random
-draws): every layout must be as close to it as layout (1) is (twice its deviation, plus a few
-float32 ulps of the largest parameter). A fixed tolerance between two float32 runs would test
-how 20 Adam steps magnify their rounding noise, which depends on the CPU's vector width.
+draws): every layout must be as close to it as layout (1) is (at most twice its root-mean-square
+deviation), and no parameter further from it than 1% of what training changed. A fixed
+tolerance between two float32 runs would test how 20 Adam steps magnify their rounding noise,
+which depends on the CPU's vector width.
 
-Layout (2) is also SIGKILLed twice on both processes and resumed each time on the same
-topology: its final parameters and their Polyak average equal the uninterrupted run's, bitwise.
+Layout (2), killed twice, ends with the parameters and Polyak average of its mesh run
+uninterrupted in one process × 4 devices, bitwise.
 
 The slow variant does the same with masked patch prediction on an FSDP mesh.
 """
@@ -97,10 +99,9 @@ def test_the_trajectory_does_not_depend_on_the_topology(variant, tmp_path):
   """One test for all the runs, so that no scheduling (pytest -n) splits them and runs them
   twice."""
   params = _train_every_layout(variant, tmp_path)
-  _check_the_float64_run_is_the_same_training(variant, params)
+  same_training = _check_the_float64_run_is_the_same_training(variant, params)
   for layout in ("two", "accum", "resumed"):
-    _check_as_accurate_as_one_process(params, layout)
-  _check_killed_twice_resumes_bitwise(variant, tmp_path)
+    _check_as_accurate_as_one_process(params, layout, same_training)
 
 
 def _train_every_layout(variant, root):
@@ -108,21 +109,15 @@ def _train_every_layout(variant, root):
   devices = jax.devices()[:4]
   float64_reference.run(f"invariance_config:{variant}", root / "float64", devices=4)
   train.run(invariance_config.get_config(variant), str(root / "one"), devices=devices)
-  _assert_ok(_cli(variant, root / "two", 2, 2, _mesh_flags(variant, "two")))
+  # Layout (2)'s mesh in this process, uninterrupted: what the killed runs must end with.
+  same_mesh = invariance_config.get_config(variant)
+  same_mesh.mesh.update(_mesh(variant, "two"))
+  train.run(same_mesh, str(root / "same_mesh"), devices=devices)
+  _train_two_processes_killed_twice(variant, root)
   accum = invariance_config.get_config(variant)
   accum.mesh.update(_mesh(variant, "accum"))
   accum.accum_steps = 2
   train.run(accum, str(root / "accum"), devices=jax.devices()[:8])
-  # Only process 0 writes TensorBoard event files.
-  assert len(list((root / "two").glob("events.out.tfevents.*"))) == 1
-  # Layout (2)'s workdir as a run stopped after its step-10 checkpoint left it.
-  last = str(invariance_config.STEPS)
-  shutil.copytree(
-    root / "two",
-    root / "resumed",
-    ignore=lambda d, names: [last] if pathlib.Path(d).name == "checkpoints" else [],
-  )
-  assert train_state.committed_steps(root / "resumed") == [invariance_config.CHECKPOINT_STEP]
   resumed = invariance_config.get_config(variant)
   resumed.mesh.update(data=1, fsdp=1, model=1)
   train.run(resumed, str(root / "resumed"), devices=jax.devices()[:1])
@@ -144,27 +139,29 @@ def _mesh_flags(variant, layout) -> list[str]:
   return [f"--config.mesh.{axis}={size}" for axis, size in _mesh(variant, layout).items()]
 
 
-def _floor(params) -> float:
-  """A few float32 ulps of the largest parameter."""
-  largest = max(float(np.max(np.abs(x))) for x in jax.tree_util.tree_leaves(params))
-  return 4 * float(np.finfo(np.float32).eps) * largest
-
-
-def _check_as_accurate_as_one_process(params, layout):
+def _check_as_accurate_as_one_process(params, layout, same_training):
+  """Rounding noise is measured by the root-mean-square deviation from float64 over all
+  parameters: the maximum is one parameter's, one whose gradient is near zero so that Adam
+  magnifies its rounding, and varies about 2x between layouts of equal accuracy (measured: max
+  9.5e-6 to 1.8e-5, RMS 1.8e-7 to 2.3e-7). A mistake (another example order, other random draws,
+  a wrong reduction) moves the parameters by as much as training does (its change: 6e-3)."""
   reference = params["float64"]
-  one = float64_reference.max_deviation(params["one"], reference)
-  got = float64_reference.max_deviation(params[layout], reference)
+  one = float64_reference.rms_deviation(params["one"], reference)
+  got = float64_reference.rms_deviation(params[layout], reference)
+  largest = float64_reference.max_deviation(params[layout], reference)
   between = float64_reference.max_deviation(params[layout], params["one"])
   print(
-    f"{layout}: max |Δ| from float64 {got:.3g} (one process × 4 devices: {one:.3g}); "
-    f"from one process × 4 devices {between:.3g}"
+    f"{layout}: from float64 RMS {got:.3g} (one process × 4 devices: {one:.3g}), max |Δ| "
+    f"{largest:.3g}; from one process × 4 devices max |Δ| {between:.3g}"
   )
-  assert got <= 2 * one + _floor(reference), (layout, got, one)
+  assert got <= 2 * one, (layout, got, one)
+  assert largest < same_training, (layout, largest, same_training)
 
 
 def _check_the_float64_run_is_the_same_training(variant, params):
   """The runs trained (so agreeing means something), and float32's error is a small fraction
-  of what training moved: the float64 run follows the same trajectory (same draws, same data)."""
+  of what training moved: the float64 run follows the same trajectory (same draws, same data).
+  Returns that fraction of the change, the bound on every layout's largest deviation."""
   config = invariance_config.get_config(variant)
   built = train.build(config, sharding.make_mesh(config.mesh, jax.devices()[:4]), 10)
   initial = jax.device_get(jax.jit(built.init_params)(built.init_key))
@@ -174,14 +171,19 @@ def _check_the_float64_run_is_the_same_training(variant, params):
   # MPP's targets are colours quantised to 3 bits per channel: float32 rounding moves a few
   # patches' means across a bin edge, so its float32 run strays further (measured 1.3% of the
   # change; before its draws were made int32 in the float64 run, 64%).
-  assert one < (0.01 if variant == "supervised" else 0.05) * moved
+  same_training = (0.01 if variant == "supervised" else 0.05) * moved
+  assert one < same_training
+  return same_training
 
 
-def _check_killed_twice_resumes_bitwise(variant, root):
+def _train_two_processes_killed_twice(variant, root):
   """Layout (2) with checkpoints every 5 steps (synchronous), both processes SIGKILLed at their
   8th batch (step 8: step 5 committed), then, resumed, at their 9th (step 14: 5 and 10), then
-  resumed to the end: the parameters and their average equal the uninterrupted run's."""
-  workdir = root / "killed"
+  resumed to the end: the parameters and their average equal, bitwise, those of the same mesh
+  run uninterrupted in one process (every collective of these meshes sums two values, in
+  either order the same float32 number). Its workdir after the second kill, copied, is layout
+  (4)'s start: a run stopped after its step-10 checkpoint, resumed on another topology."""
+  workdir = root / "two"
   flags = [*_mesh_flags(variant, "two"), "--config.checkpoint.every_steps=5"]
   for kill_at, committed in ((8, [5]), (9, [5, 10])):
     results = _cli(variant, workdir, 2, 2, flags, kill_at=kill_at)
@@ -194,10 +196,13 @@ def _check_killed_twice_resumes_bitwise(variant, root):
     # been ended by the coordination service before its own kill.
     assert any(f"[killed_main: SIGKILL at batch {kill_at}]" in out for _, out in results), tails
     assert train_state.committed_steps(workdir) == committed, tails
+  shutil.copytree(workdir, root / "resumed")
   _assert_ok(_cli(variant, workdir, 2, 2, flags))
+  # Only process 0 writes TensorBoard event files: one per launch.
+  assert len(list(workdir.glob("events.out.tfevents.*"))) == 3
   for ema in (False, True):
     got = train_state.restore_params(workdir, ema=ema)
-    want = train_state.restore_params(root / "two", ema=ema)
+    want = train_state.restore_params(root / "same_mesh", ema=ema)
     for (path, x), (_, y) in zip(
       jax.tree_util.tree_leaves_with_path(got),
       jax.tree_util.tree_leaves_with_path(want),
