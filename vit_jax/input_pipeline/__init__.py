@@ -1,7 +1,8 @@
 """Input pipeline: sources → per-host split → preprocessing → global batches on the mesh.
 
-The only module of vit_jax that imports TensorFlow (tf.data); model and checkpoint code must not
-import it.
+The package of vit_jax that reads data with TensorFlow (tf.data), imported when its readers are
+first used (`dataset_config` alone does not import it); model and checkpoint code must not
+import TensorFlow.
 
 Usage (what the trainer calls):
 
@@ -48,14 +49,32 @@ glob, a missing split or an unprepared tfds dataset raises MissingDataError (a V
 the pattern or the data_dir; `check_readable` asks that of a split without reading it.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from vit_jax.input_pipeline.config import dataset_config
-from vit_jax.input_pipeline.pipeline import EvalIterable, TrainIterator
-from vit_jax.input_pipeline.sources import (
-  DatasetInfo,
-  MissingDataError,
-  check_readable,
-  get_dataset_info,
-)
+
+if TYPE_CHECKING:
+  from vit_jax.input_pipeline.pipeline import EvalIterable, TrainIterator
+
+# Imported on first use: they import TensorFlow (seconds), which building a config does not need
+# (a command that stops at a config mistake ends before it).
+_LAZY = {
+  "EvalIterable": "pipeline",
+  "TrainIterator": "pipeline",
+  "DatasetInfo": "sources",
+  "MissingDataError": "sources",
+  "check_readable": "sources",
+  "get_dataset_info": "sources",
+}
+
+
+def __getattr__(name: str):
+  if name in _LAZY:
+    module = importlib.import_module(f"vit_jax.input_pipeline.{_LAZY[name]}")
+    return getattr(module, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
   "DatasetInfo",
@@ -80,7 +99,7 @@ def make_train_iterator(
   state=None,
   process_index: int | None = None,
   process_count: int | None = None,
-) -> TrainIterator:
+) -> "TrainIterator":
   """Endless, resumable iterator of global training batches.
 
   Args:
@@ -96,6 +115,8 @@ def make_train_iterator(
   Returns:
     A TrainIterator (iterator of dicts, plus get_state(), num_skipped, close()).
   """
+  from vit_jax.input_pipeline.pipeline import TrainIterator
+
   return TrainIterator(
     dataset_config,
     global_batch_size=global_batch_size,
@@ -108,7 +129,7 @@ def make_train_iterator(
   )
 
 
-def make_eval_iterator(dataset_config, split: str | None = None, **kwargs) -> EvalIterable:
+def make_eval_iterator(dataset_config, split: str | None = None, **kwargs) -> "EvalIterable":
   """Re-iterable eval batches covering `split` (default eval_split) exactly once.
 
   Args:
@@ -122,4 +143,6 @@ def make_eval_iterator(dataset_config, split: str | None = None, **kwargs) -> Ev
   Returns:
     An EvalIterable (len() = batches per pass; .num_examples).
   """
+  from vit_jax.input_pipeline.pipeline import EvalIterable
+
   return EvalIterable(dataset_config, split, **kwargs)
