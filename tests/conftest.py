@@ -14,22 +14,32 @@ import xla_env  # tests/
 os.environ["XLA_FLAGS"] = xla_env.flags(devices=8)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# One persistent compilation cache for the whole run: the test processes, every xdist worker and
-# every child process they start (entry points, multi-process launches, float64 references)
-# compile the same small programs again and again. The controller makes the directory; workers
-# and children inherit the variables. Entries are keyed on the program, the flags and the
-# versions, so sharing them changes no result.
-_OWN_CACHE = "VIT_JAX_TEST_JAX_CACHE" not in os.environ  # made here, removed at the end
-if _OWN_CACHE:
+# One directory for the run, made by the controller and removed at its end, holding
+# - one persistent compilation cache: the test processes, every xdist worker and every child
+#   process they start (entry points, multi-process launches, float64 references) compile the
+#   same small programs again and again. Entries are keyed on the program, the flags and the
+#   versions, so sharing them changes no result;
+# - the temporary directory (TMPDIR) of the workers and children: tensorflow_datasets leaves an
+#   empty directory there whenever it builds an unprepared dataset's info (DatasetInfo.
+#   initialize_from_bucket), hundreds per run.
+# Workers and children inherit the variables.
+_OWN_RUN_DIR = "VIT_JAX_TEST_RUN_DIR" not in os.environ  # made here, removed at the end
+if _OWN_RUN_DIR:
   import tempfile
 
-  os.environ["VIT_JAX_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="vit_jax_test_jax_cache-")
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["VIT_JAX_TEST_JAX_CACHE"])
+  os.environ["VIT_JAX_TEST_RUN_DIR"] = tempfile.mkdtemp(prefix="vit_jax_test_run-")
+  for _sub in ("jax_cache", "tmp"):
+    os.makedirs(os.path.join(os.environ["VIT_JAX_TEST_RUN_DIR"], _sub))
+  # tempfile has cached this process's own temporary directory: pytest's tmp_path stays there.
+  os.environ["TMPDIR"] = os.path.join(os.environ["VIT_JAX_TEST_RUN_DIR"], "tmp")
+os.environ.setdefault(
+  "JAX_COMPILATION_CACHE_DIR", os.path.join(os.environ["VIT_JAX_TEST_RUN_DIR"], "jax_cache")
+)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 def pytest_unconfigure(config):
-  if _OWN_CACHE and not hasattr(config, "workerinput"):  # the process that made it
+  if _OWN_RUN_DIR and not hasattr(config, "workerinput"):  # the process that made it
     import shutil
 
-    shutil.rmtree(os.environ["VIT_JAX_TEST_JAX_CACHE"], ignore_errors=True)
+    shutil.rmtree(os.environ["VIT_JAX_TEST_RUN_DIR"], ignore_errors=True)
