@@ -1,0 +1,267 @@
+"""gs:// end to end, against a local GCS API server (tests/gcs.py): every stage and tool through
+its entry point in a child process whose environment points its GCS clients at the server.
+
+Default run: a short pretraining run that reads TFRecord shards on gs:// and writes a gs://
+workdir (one run, checked by several tests), `checkpoint.load` of
+it, the lock's atomic create, and the one line for a missing client library. Slow: the rest
+(make_shards, resume, SIGKILL, fine-tuning, predict, the linear probe, faults).
+"""
+
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint, gcs
+from vit_jax import workdir as workdir_lib
+from vit_jax.checkpoint import train_state
+from vit_jax.tools import make_shards
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BUCKET = "vit-jax-test"
+ROOT = f"gs://{BUCKET}"
+SHARDS = f"{ROOT}/shards"
+PRETRAIN = [
+  "--config=configs/pretrain.py:dataset=fashion_mnist,runlocal",
+  # The digits written to gs:// by make_shards, through the TFRecord source (as JFT-style shards).
+  "--config.dataset.source=tfrecord",
+  "--config.dataset.name=digits",
+  f"--config.dataset.data_dir={SHARDS}",
+  "--config.total_steps=4",
+  "--config.checkpoint.every_steps=2",
+  "--config.evals.val.every_steps=0",  # evaluators at the end only
+  "--config.evals.fewshot_animal_mnist.every_steps=0",
+  "--config.evals.fewshot_mnist_5k.every_steps=0",
+]
+
+# `python -m vit_jax.main` whose data iterator sends this process FAULT_SIGNAL when it fetches
+# batch FAULT_AT (counted from this process's start): a kill at a chosen step.
+_SIGNALLING_MAIN = textwrap.dedent(
+  """
+  import os, signal, sys
+  from absl import app
+  from vit_jax import input_pipeline, main
+  sig = getattr(signal, os.environ.get("FAULT_SIGNAL", "SIGKILL"))
+  at = int(os.environ.get("FAULT_AT", 0))
+  fetch, count = input_pipeline.TrainIterator.__next__, [0]
+  def signalling_next(self):
+    count[0] += 1
+    if count[0] == at:
+      os.kill(os.getpid(), sig)
+    return fetch(self)
+  input_pipeline.TrainIterator.__next__ = signalling_next
+  sys.argv[0] = "vit_jax.main"
+  app.run(main.main, flags_parser=main.parse_flags)
+  """
+)
+
+
+@pytest.fixture(scope="module")
+def env(local_gcs):
+  """A child's environment: the server's variables, one process with one device (the
+  compilation cache is the run's, tests/conftest.py)."""
+  return dict(
+    os.environ,
+    **local_gcs.env(),
+    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    TF_CPP_MIN_LOG_LEVEL="2",
+  )
+
+
+def run(env, *args, timeout=600, **fault) -> tuple[int, str]:
+  """Runs `python *args` (a module's entry point, or '-c' code) in the checkout; (exit status,
+  the terminal's last line). Prints both and the command (shown with -s)."""
+  child_env = dict(env, **{f"FAULT_{k.upper()}": str(v) for k, v in fault.items()})
+  proc = subprocess.run(
+    [sys.executable, *args], env=child_env, cwd=REPO, capture_output=True, text=True,
+    timeout=timeout,
+  )  # fmt: skip
+  # The entry points' terminal is stderr (vit_jax.console); make_shards prints to stdout.
+  lines = [x for x in proc.stderr.splitlines() or proc.stdout.splitlines() if x.strip()]
+  last = lines[-1] if lines else ""
+  shown = " ".join(a if len(a) < 200 else "<code>" for a in args)
+  print(f"\n$ python {shown}\nexit {proc.returncode}: {last}")
+  if proc.returncode not in (0, -9):
+    print("\n".join(lines[-30:]))
+  return proc.returncode, last
+
+
+def main_args(workdir, *extra, config=PRETRAIN):
+  return ["-m", "vit_jax.main", *config, f"--workdir={workdir}", *extra]
+
+
+@pytest.fixture(scope="module")
+def shards(local_gcs, tmp_path_factory):
+  """The digits as TFRecord shards on gs://.../shards, written locally by make_shards and
+  uploaded straight to the server (the make_shards command on gs:// is a slow test); the local
+  directory."""
+  local = tmp_path_factory.mktemp("shards")
+  for split in ("train", "test"):
+    make_shards.shard_builtin("digits", split, str(local), num_shards=2)
+  for path in sorted(local.iterdir()):
+    local_gcs.upload(BUCKET, f"shards/{path.name}", path.read_bytes())
+  return local
+
+
+@pytest.fixture(scope="module")
+def pretrained(env, shards):
+  """A 4-step pretraining run on the gs:// shards into gs://.../pretrain; the workdir."""
+  workdir = f"{ROOT}/pretrain"
+  code, last = run(env, *main_args(workdir))
+  assert code == 0, last
+  return workdir
+
+
+def _restore_local(local_gcs, prefix, tmp_path):
+  """The parameters of the workdir `prefix`, read from a local copy of its objects."""
+  local = tmp_path / prefix.replace("/", "_")
+  local_gcs.copy_to(BUCKET, prefix, local)
+  return train_state.restore_params(local)
+
+
+def _assert_same(a, b):
+  la, lb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
+  assert [p for p, _ in la] == [p for p, _ in lb]
+  for (path, x), (_, y) in zip(la, lb, strict=True):
+    np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
+
+
+def test_pretraining_reads_and_writes_gcs(pretrained, local_gcs):
+  """The run read the gs:// shards (its log names the digits and 2 train shards) and wrote its
+  workdir: metrics, config.json, both checkpoints committed, the lock released."""
+  objects = local_gcs.objects(BUCKET)
+  run_objects = [o.removeprefix("pretrain/") for o in objects if o.startswith("pretrain/")]
+  assert {"config.json", "final_metrics.json"} <= set(run_objects)
+  assert any(o.startswith("events.out.tfevents.") for o in run_objects)  # the metrics
+  assert workdir_lib.LOCK_FILE not in run_objects  # taken, then released
+  # Both steps committed (Orbax's commit marker on an object store), nothing half-written.
+  for step in (2, 4):
+    assert f"checkpoints/{step}/commit_success.txt" in run_objects
+  assert not any(".orbax-checkpoint-tmp" in o for o in run_objects)
+  metrics = json.loads(local_gcs.download(BUCKET, "pretrain/final_metrics.json"))
+  assert np.isfinite(metrics["loss"]) and "val/accuracy" in metrics
+  config = json.loads(local_gcs.download(BUCKET, "pretrain/config.json"))
+  assert config["dataset"]["data_dir"] == SHARDS and config["dataset"]["name"] == "digits"
+  # The evaluator read the gs:// test split: 179 digits, of which runlocal's val takes 64.
+  assert metrics["val/num_examples"] == 64
+
+
+def test_checkpoint_load_from_gcs(pretrained, local_gcs, monkeypatch, tmp_path):
+  """`checkpoint.load('gs://...')` in this process gives the parameters a local copy of the
+  same objects gives; and `committed_steps` lists the steps on gs://."""
+  for key, value in local_gcs.env().items():
+    monkeypatch.setenv(key, value)
+  params = checkpoint.load(pretrained)
+  assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 17, 32)
+  _assert_same(params, _restore_local(local_gcs, "pretrain", tmp_path))
+  assert train_state.committed_steps(pretrained) == [2, 4]
+
+
+def test_lock_create_is_atomic_on_gcs(local_gcs, monkeypatch):
+  """Of threads creating the same lock object at once, exactly one wins (each round)."""
+  for key, value in local_gcs.env().items():
+    monkeypatch.setenv(key, value)
+  for round_ in range(4):
+    path = f"{ROOT}/race-{round_}/{workdir_lib.LOCK_FILE}"
+    barrier, won = threading.Barrier(4), []
+
+    def take(i, path=path, barrier=barrier, won=won):
+      barrier.wait()
+      if gcs.create_exclusive(path, f'{{"pid": {i}}}'):
+        won.append(i)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(4)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    assert len(won) == 1, won
+    assert local_gcs.download(BUCKET, f"race-{round_}/lock.json") == f'{{"pid": {won[0]}}}'.encode()
+
+
+def test_missing_client_library_is_one_line(monkeypatch):
+  """A gs:// workdir without google-cloud-storage: an ImportError of one line saying what to
+  install, before anything is written (main.py prints it as the run's last line)."""
+  from configs import pretrain
+  from vit_jax import main
+
+  monkeypatch.setitem(sys.modules, "google.cloud.storage", None)  # as if not installed
+  with pytest.raises(ImportError) as raised:
+    main.run(pretrain.get_config("dataset=fashion_mnist,runlocal"), f"{ROOT}/no-client")
+  message = str(raised.value)
+  assert "\n" not in message and gcs.CLIENT_REQUIREMENT in message, message
+  assert message.startswith(f"{ROOT}/no-client is on Google Cloud Storage"), message
+  with pytest.raises(ImportError, match="needs the google-cloud-storage library"):
+    train_state.Checkpointer(f"{ROOT}/no-client", 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Slow: more runs of the entry points.
+
+TOTAL = 8
+RESUMABLE = [
+  *PRETRAIN[:4],
+  f"--config.total_steps={TOTAL}",
+  "--config.checkpoint.every_steps=2",
+  "--config.checkpoint.keep=10",
+  *PRETRAIN[6:],
+]
+
+
+@pytest.fixture(scope="module")
+def reference(env):
+  """An uninterrupted 8-step run on gs:// shards into a gs:// workdir."""
+  workdir = f"{ROOT}/reference"
+  code, last = run(env, *main_args(workdir, config=RESUMABLE))
+  assert code == 0, last
+  return workdir
+
+
+@pytest.mark.slow
+def test_rerun_and_sigkill_resume_bitwise(env, pretrained, reference, local_gcs, tmp_path):
+  """SIGKILL at a random step, then the same command: the final parameters are bitwise those
+  of the uninterrupted gs:// run, which are those of the same run into a local workdir."""
+  local = tmp_path / "local"
+  code, last = run(env, *main_args(local, config=RESUMABLE))
+  assert code == 0, last
+  expected = train_state.restore_params(local)
+  _assert_same(_restore_local(local_gcs, "reference", tmp_path), expected)
+
+  at = random.Random().randint(2, TOTAL - 1)
+  workdir = f"{ROOT}/killed-{at}"
+  code, last = run(env, "-c", _SIGNALLING_MAIN, *RESUMABLE, f"--workdir={workdir}", at=at)
+  print(f"SIGKILL at batch {at}: exit {code}")
+  assert code == -9, last
+  prefix = workdir.removeprefix(f"{ROOT}/")
+  # The lock of the killed process stays: the rerun (same host, process gone) takes it over.
+  assert f"{prefix}/{workdir_lib.LOCK_FILE}" in local_gcs.objects(BUCKET, prefix)
+  code, last = run(env, *main_args(workdir, config=RESUMABLE))
+  assert code == 0, last
+  _assert_same(_restore_local(local_gcs, prefix, tmp_path), expected)
+
+  # The rerun of the 4-step run, to 6 steps: resumes from step 4 on gs://.
+  code, last = run(env, *main_args(pretrained, config=[*PRETRAIN, "--config.total_steps=6"]))
+  assert code == 0, last
+  assert "pretrain/checkpoints/6/commit_success.txt" in local_gcs.objects(BUCKET, "pretrain")
+
+
+@pytest.mark.slow
+def test_make_shards_command_writes_gcs(env, shards, local_gcs):
+  """`tools.make_shards --out_dir=gs://...` writes the same objects as a local run's files."""
+  code, last = run(
+    env, "-m", "vit_jax.tools.make_shards", "--dataset=digits", "--split=train,test",
+    f"--out_dir={ROOT}/made", "--num_shards=2",
+  )  # fmt: skip
+  assert code == 0, last
+  made = [o for o in local_gcs.objects(BUCKET, "made/") if not o.endswith("/")]
+  assert sorted(o.removeprefix("made/") for o in made) == sorted(p.name for p in shards.iterdir())
+  for name in made:
+    assert local_gcs.download(BUCKET, name) == (shards / name.removeprefix("made/")).read_bytes()
