@@ -1,5 +1,6 @@
-"""Google Cloud Storage (gs://) specifics: the client library check, and an object created only
-if it does not exist yet (the workdir lock's atomic step on an object store).
+"""Google Cloud Storage (gs://) specifics: the client library, bucket and credentials checks
+that end a run with one line, and an object created only if it does not exist yet (the workdir
+lock's atomic step on an object store).
 
 Every other gs:// read and write goes through the libraries' own GCS clients: tf.io.gfile and
 etils.epath (TensorFlow's GCS filesystem), TensorStore (Orbax's arrays). Orbax also asks
@@ -40,6 +41,45 @@ def require_client(path: str | os.PathLike) -> None:
       f"{os.fspath(path)} is on Google Cloud Storage, which needs the google-cloud-storage "
       f"library (Orbax's checkpoints and the workdir's lock use it): pip install "
       f"'{CLIENT_REQUIREMENT}', or reinstall vit_jax (pip install -e .)"
+    )
+
+
+NO_CREDENTIALS = (
+  "no Google Cloud credentials found: on a TPU VM (or any Compute Engine VM) they come from the "
+  "VM's service account (create the VM with a scope that allows Cloud Storage); on a laptop or "
+  "another machine run `gcloud auth application-default login`, or set "
+  "GOOGLE_APPLICATION_CREDENTIALS to a service account's key file"
+)
+
+
+def check_bucket(path: str | os.PathLike) -> None:
+  """Raises a one-line error when `path` is on gs:// and its bucket does not exist or no
+  credentials are found. Before anything is created: TensorFlow's makedirs under a missing
+  bucket asks for the bucket again and again, without end.
+
+  Raises:
+    ImportError: google-cloud-storage is not installed.
+    FileNotFoundError: the bucket does not exist.
+    PermissionError: no credentials.
+  """
+  if not is_gcs(path):
+    return
+  require_client(path)
+  from google.api_core import exceptions
+  from google.auth import exceptions as auth_exceptions
+  from google.cloud import storage
+
+  bucket, _ = split(path)
+  try:
+    exists = storage.Client().bucket(bucket).exists()
+  except auth_exceptions.DefaultCredentialsError as e:
+    raise PermissionError(f"{os.fspath(path)}: {NO_CREDENTIALS}") from e
+  except exceptions.Forbidden:
+    return  # may not read the bucket's metadata: the object requests tell what they may do
+  if not exists:
+    raise FileNotFoundError(
+      f"{os.fspath(path)}: the bucket gs://{bucket} does not exist (create it, e.g. `gcloud "
+      f"storage buckets create gs://{bucket} --location=<the TPU's region>`, or fix the path)"
     )
 
 

@@ -203,8 +203,8 @@ def lock(workdir: str) -> Iterator[None]:
     started=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
   )
   holder = None
-  gcs.require_client(workdir)
   if jax.process_index() == 0:
+    gcs.check_bucket(workdir)
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     holder = _take(path, record)
     if holder is not None and not _holder_alive(holder):
