@@ -16,9 +16,11 @@ import sys
 import textwrap
 import threading
 
+import gcs as harness  # tests/
 import jax
 import numpy as np
 import pytest
+import random_weights  # tests/
 
 from vit_jax import checkpoint, gcs
 from vit_jax import workdir as workdir_lib
@@ -76,7 +78,7 @@ def env(local_gcs):
   )
 
 
-def run(env, *args, timeout=600, **fault) -> tuple[int, str]:
+def run(env, *args, timeout=400, **fault) -> tuple[int, str]:
   """Runs `python *args` (a module's entry point, or '-c' code) in the checkout; (exit status,
   the terminal's last line). Prints both and the command (shown with -s)."""
   child_env = dict(env, **{f"FAULT_{k.upper()}": str(v) for k, v in fault.items()})
@@ -265,3 +267,164 @@ def test_make_shards_command_writes_gcs(env, shards, local_gcs):
   assert sorted(o.removeprefix("made/") for o in made) == sorted(p.name for p in shards.iterdir())
   for name in made:
     assert local_gcs.download(BUCKET, name) == (shards / name.removeprefix("made/")).read_bytes()
+
+
+def _image(tmp_path) -> pathlib.Path:
+  from PIL import Image
+
+  path = tmp_path / "digit.png"
+  Image.fromarray(np.random.default_rng(0).integers(0, 255, (20, 20, 3), np.uint8)).save(path)
+  return path
+
+
+@pytest.mark.slow
+def test_stages_and_tools_read_gcs_checkpoints(env, pretrained, local_gcs, tmp_path):
+  """Fine-tuning from a gs:// workdir and from a gs:// .npz, the linear probe, predict and the
+  analysis tool on gs:// checkpoints, each into (or read from) gs://."""
+  npz = random_weights.random_npz(str(tmp_path / "testing.npz"), seed=0)
+  local_gcs.upload(BUCKET, "models/ViT-testing.npz", pathlib.Path(npz).read_bytes())
+  finetune = ["--config=configs/finetune.py:dataset=animal_mnist,runlocal"]
+  for name, init in (("ft-workdir", pretrained), ("ft-npz", f"{ROOT}/models/ViT-testing.npz")):
+    code, last = run(
+      env, *main_args(f"{ROOT}/{name}", f"--config.model_init={init}", config=finetune)
+    )
+    assert code == 0, last
+    assert f"{name}/final_metrics.json" in local_gcs.objects(BUCKET, name)
+  # The run from the .npz started from its weights: its config.json names it.
+  saved = json.loads(local_gcs.download(BUCKET, "ft-npz/config.json"))
+  assert saved["model_init"] == f"{ROOT}/models/ViT-testing.npz"
+
+  probe = ["--config=configs/linear_probe.py:dataset=fashion_mnist,runlocal"]
+  code, last = run(
+    env, *main_args(f"{ROOT}/probe", f"--config.model_init={pretrained}", config=probe)
+  )
+  assert code == 0, last
+  results = json.loads(local_gcs.download(BUCKET, "probe/linear_probe.json"))
+  assert results["model_init"] == pretrained and results["linear_probe/ridge_accuracy"] > 0
+
+  image = _image(tmp_path)
+  proc = subprocess.run(
+    [sys.executable, "-m", "vit_jax.predict", f"--checkpoint={ROOT}/ft-workdir", str(image)],
+    env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  print(f"\n$ python -m vit_jax.predict --checkpoint={ROOT}/ft-workdir {image}")
+  print(f"exit {proc.returncode}: {proc.stdout.strip().splitlines()[-1:]}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert str(image) in proc.stdout and "%" in proc.stdout
+
+  code, last = run(
+    env, "-m", "vit_jax.analysis", f"--checkpoint={pretrained}", f"--images={image}",
+    f"--out={tmp_path / 'analysis'}",
+  )  # fmt: skip
+  assert code == 0, last
+  assert (tmp_path / "analysis" / "analysis.json").exists()
+
+
+_LOCKER = textwrap.dedent(
+  """
+  import pathlib, sys, time
+  from vit_jax import workdir
+  ready = pathlib.Path(sys.argv[2])
+  (ready / sys.argv[3]).touch()
+  while len(list(ready.iterdir())) < 2:  # both processes imported: go together
+    time.sleep(0.001)
+  try:
+    with workdir.lock(sys.argv[1]):
+      print("won", flush=True)
+      time.sleep(5)
+  except workdir.WorkdirLocked as e:
+    print("lost:", e)
+  """
+)
+
+
+@pytest.mark.slow
+def test_two_launches_race_for_a_gcs_workdir(env, local_gcs, tmp_path):
+  """Two processes taking the lock of one gs:// workdir at the same moment: exactly one wins,
+  the other names it; the lock is released after."""
+  for attempt in range(2):
+    workdir = f"{ROOT}/race-{attempt}"
+    ready = tmp_path / f"ready-{attempt}"
+    ready.mkdir()
+    procs = [
+      subprocess.Popen(
+        [sys.executable, "-c", _LOCKER, workdir, str(ready), str(i)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+      )  # fmt: skip
+      for i in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0].strip() for p in procs]
+    print(f"race {attempt}: {outs}")
+    assert sorted(o.split()[0] for o in outs) == ["lost:", "won"], outs
+    assert "is in use by another run: pid" in [o for o in outs if o.startswith("lost")][0]
+    assert f"race-{attempt}/lock.json" not in local_gcs.objects(BUCKET, f"race-{attempt}")
+
+
+@pytest.mark.slow
+def test_gcs_faults_end_in_one_line(env, local_gcs, tmp_path):
+  """A bucket that does not exist, no credentials, permission denied on write: exit 1, one line."""
+  code, last = run(env, *main_args("gs://no-such-bucket-here/run"))
+  assert code == 1 and last.startswith("vit_jax: error: "), last
+  assert "no-such-bucket-here" in last, last
+
+  code, last = run(
+    env,
+    "-m",
+    "vit_jax.tools.make_shards",
+    "--dataset=digits",
+    "--out_dir=gs://no-such-bucket-here/s",
+  )
+  assert code == 1 and last.startswith("make_shards: error: gs://no-such-bucket-here/s: the bucket")
+
+  # No credentials: the server's token and endpoint unset (google-cloud-storage then looks for
+  # credentials as on a real machine), no credentials file, the metadata server refusing.
+  home = tmp_path / "home"
+  home.mkdir()
+  drop = {
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+    "STORAGE_EMULATOR_HOST",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+  }
+  bare = {k: v for k, v in env.items() if k not in drop}
+  bare.update(HOME=str(home), GCE_METADATA_HOST="127.0.0.1:9", GCE_METADATA_IP="127.0.0.1:9")
+  code, last = run(bare, *main_args(f"{ROOT}/no-credentials"))
+  assert code == 1 and last.startswith("vit_jax: error: PermissionError: "), last
+  assert "no Google Cloud credentials found" in last, last
+  assert "gcloud auth application-default login" in last, last
+
+  with local_gcs.faults(lambda method, path: 403 if method in ("POST", "PUT") else None):
+    code, last = run(env, *main_args(f"{ROOT}/read-only"))
+  assert code == 1 and last.startswith("vit_jax: error: "), last
+  assert "403" in last or "ermission" in last, last
+
+
+@pytest.mark.slow
+def test_transient_errors_are_retried_and_a_failing_save_keeps_the_last_step(
+  env, reference, local_gcs, tmp_path
+):
+  """503 / 429 answers and dropped connections on every 10th request: the run finishes with the
+  parameters of the undisturbed run. 403 on every write of step 6: one line naming the step,
+  step 4 intact."""
+  with local_gcs.faults(harness.burst([503, 429, "drop"], every=10)):
+    code, last = run(env, *main_args(f"{ROOT}/flaky", config=RESUMABLE))
+  faults = [r for r in local_gcs.requests if r[2] in (503, 429, "drop")]
+  print(f"injected {len(faults)} faults")
+  assert code == 0, last
+  _assert_same(
+    _restore_local(local_gcs, "flaky", tmp_path), _restore_local(local_gcs, "reference", tmp_path)
+  )
+
+  def step_6_denied(method, path):
+    return 403 if method in ("POST", "PUT") and "checkpoints%2F6" in path else None
+
+  with local_gcs.faults(step_6_denied):
+    code, last = run(env, *main_args(f"{ROOT}/denied", config=RESUMABLE))
+  assert code == 1 and "step 6" in last, last
+  denied = tmp_path / "denied"
+  local_gcs.copy_to(BUCKET, "denied", denied)
+  assert train_state.committed_steps(denied) == [2, 4]
+  assert train_state.restore_params(denied)["head"]["kernel"].shape == (32, 10)
