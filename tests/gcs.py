@@ -11,7 +11,10 @@ run goes through:
   to the server, fixing what the server and TensorFlow disagree on (TensorFlow's
   `Transfer-Encoding: identity`, which the server answers 501; the `http://` upload location the
   server returns, which libcurl would fetch bypassing the proxy; and the bucket's
-  `storageLayout`, asked before a directory rename, which the server does not know).
+  `storageLayout`, asked before a directory rename, which the server does not know). And one
+  met only when the proxy fails a request: after a failed upload chunk TensorFlow asks how much
+  arrived (an empty PUT with `Content-Range: bytes */N`); GCS answers 308 with what it holds,
+  the server would finish the object empty, so the proxy answers these itself.
 - TensorStore (Orbax's arrays) and google-cloud-storage (Orbax's bucket check) take an endpoint
   (`TENSORSTORE_GCS_HTTP_URL`, `STORAGE_EMULATOR_HOST`): the proxy's own address, where it
   forwards plain HTTP requests.
@@ -123,6 +126,13 @@ _HOP_BY_HOP = {
   "upgrade",
 }
 _LAYOUT_PATH = re.compile(r"^/storage/v1/b/([^/?]+)/storageLayout(\?.*)?$")
+_UPLOAD_ID = re.compile(r"[?&]upload_id=([^&]+)")
+_STATUS_QUERY = re.compile(r"bytes \*/\d+")
+_RANGE = re.compile(r"bytes=0-(\d+)")
+
+
+def _header(headers: list[tuple[str, str]], name: str) -> str | None:
+  return next((v for k, v in headers if k.lower() == name), None)
 
 
 class _Stream:
@@ -191,6 +201,8 @@ class _Proxy(socketserver.ThreadingTCPServer):
     self.upstream_port = upstream_port
     self.tls = tls
     self.rule: FaultRule | None = None
+    # Resumable uploads by upload_id: the bytes the server acknowledged, or None once complete.
+    self.uploads: dict[str, int | None] = {}
     self.lock = threading.Lock()
     # (method, path, status or "drop", seconds from the request's end to the answer's end)
     self.requests: list[tuple[str, str, int | str, float]] = []
@@ -259,6 +271,16 @@ class _ProxyHandler(socketserver.BaseRequestHandler):
       stream.write(_response(200, "OK", out, data))
       self._record(method, path, 200, start)
       return True
+    upload = _UPLOAD_ID.search(path) if method == "PUT" else None
+    status_query = _STATUS_QUERY.fullmatch(_header(headers, "content-range") or "")
+    if upload and status_query and not body and self.server.uploads.get(upload[1], 0) is not None:
+      # A client asking how much of an upload arrived (after a failed chunk): GCS answers 308
+      # with the bytes it holds; the server would finish the object empty instead.
+      acked = self.server.uploads.get(upload[1], 0)
+      out = [("Content-Length", "0")] + ([("Range", f"bytes=0-{acked - 1}")] if acked else [])
+      stream.write(_response(308, "Resume Incomplete", out, b""))
+      self._record(method, path, 308, start)
+      return True
     forwarded = [(k, v) for k, v in headers if k.lower() not in _HOP_BY_HOP | {"content-length"}]
     if host is not None:
       forwarded.append(("X-Forwarded-Proto", "https"))
@@ -278,6 +300,12 @@ class _ProxyHandler(socketserver.BaseRequestHandler):
         base = f"https://{host}" if host else f"http://127.0.0.1:{self.server.server_address[1]}"
         v = re.sub(r"^https?://[^/]+", base, v)
       out.append((k, v))
+    if upload:
+      held = _RANGE.fullmatch(response.getheader("Range") or "")
+      if response.status == 308:
+        self.server.uploads[upload[1]] = int(held[1]) + 1 if held else 0
+      elif response.status < 300:
+        self.server.uploads[upload[1]] = None
     length = response.getheader("Content-Length") if method == "HEAD" else str(len(data))
     if length is not None:
       out.append(("Content-Length", length))
