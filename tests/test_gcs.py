@@ -428,3 +428,52 @@ def test_transient_errors_are_retried_and_a_failing_save_keeps_the_last_step(
   local_gcs.copy_to(BUCKET, "denied", denied)
   assert train_state.committed_steps(denied) == [2, 4]
   assert train_state.restore_params(denied)["head"]["kernel"].shape == (32, 10)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_a_broken_step_is_moved_aside_on_gcs(env, reference, local_gcs, tmp_path):
+  """SIGTERM at step 5 saves it (exit 143); with a data file of step 5 truncated on gs://, the
+  rerun moves the step aside to broken_checkpoints/ and resumes from step 4, ending bitwise as
+  the uninterrupted run."""
+  workdir, prefix = f"{ROOT}/sigterm", "sigterm"
+  code, last = run(
+    env, "-c", _SIGNALLING_MAIN, *RESUMABLE, f"--workdir={workdir}", signal="SIGTERM", at=5
+  )
+  assert code == 143, last
+  assert last.startswith(f"vit_jax: stopped by SIGTERM at step 5 of {TOTAL}; saved to "), last
+  objects = local_gcs.objects(BUCKET, prefix)
+  assert f"{prefix}/checkpoints/5/commit_success.txt" in objects
+  assert f"{prefix}/{workdir_lib.LOCK_FILE}" not in objects  # released
+  data = [o for o in objects if o.startswith(f"{prefix}/checkpoints/5/state/") and "/d/" in o]
+  largest = max(data, key=lambda o: len(local_gcs.download(BUCKET, o)))
+  local_gcs.upload(BUCKET, largest, local_gcs.download(BUCKET, largest)[:10])
+  code, last = run(env, *main_args(workdir, config=RESUMABLE))
+  assert code == 0, last
+  objects = local_gcs.objects(BUCKET, prefix)
+  assert any(o.startswith(f"{prefix}/broken_checkpoints/5/") for o in objects)
+  assert not any(o.startswith(f"{prefix}/checkpoints/5/") for o in objects)
+  _assert_same(
+    _restore_local(local_gcs, prefix, tmp_path), _restore_local(local_gcs, "reference", tmp_path)
+  )
+
+
+@pytest.mark.slow
+def test_transfer_suite_into_a_gcs_workdir(env, local_gcs, tmp_path):
+  """The transfer command from a gs:// .npz into a gs:// workdir (one grid run, the final run,
+  results.json and table.md); its rerun finds every run finished."""
+  npz = random_weights.random_npz(str(tmp_path / "testing.npz"), seed=1)
+  local_gcs.upload(BUCKET, "models/transfer.npz", pathlib.Path(npz).read_bytes())
+  args = [
+    "-m", "vit_jax.tools.transfer", f"--checkpoint={ROOT}/models/transfer.npz",
+    "--suite=animal_mnist", "--grid=0.01", "--runlocal", f"--workdir={ROOT}/transfer",
+    "--config_override=total_steps=3",
+  ]  # fmt: skip
+  code, last = run(env, *args)
+  assert code == 0, last
+  objects = local_gcs.objects(BUCKET, "transfer/")
+  assert {"transfer/results.json", "transfer/table.md"} <= set(objects)
+  assert any(o.startswith("transfer/animal_mnist/final/checkpoints/") for o in objects)
+  results = json.loads(local_gcs.download(BUCKET, "transfer/results.json"))
+  code, last = run(env, *args)
+  assert code == 0, last
+  assert json.loads(local_gcs.download(BUCKET, "transfer/results.json")) == results
