@@ -219,7 +219,7 @@ RESUMABLE = [
 
 
 @pytest.fixture(scope="module")
-def reference(env):
+def reference(env, shards):
   """An uninterrupted 8-step run on gs:// shards into a gs:// workdir."""
   workdir = f"{ROOT}/reference"
   code, last = run(env, *main_args(workdir, config=RESUMABLE))
