@@ -487,3 +487,60 @@ def test_transfer_suite_into_a_gcs_workdir(env, local_gcs, tmp_path):
   code, last = run(env, *args)
   assert code == 0, last
   assert json.loads(local_gcs.download(BUCKET, "transfer/results.json")) == results
+
+
+# A small tfds dataset (random 16x16 images of 10 classes) prepared into the data_dir argv[1].
+_PREPARE_TFDS = textwrap.dedent(
+  """
+  import sys
+  import numpy as np
+  import tensorflow_datasets as tfds
+
+  class GcsTiny(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict(
+          {"image": tfds.features.Image(shape=(16, 16, 3)), "label": tfds.features.ClassLabel(num_classes=10)}
+        ),
+        supervised_keys=("image", "label"),
+      )
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples(0, 80), "test": self._generate_examples(1, 40)}
+
+    def _generate_examples(self, seed, n):
+      rng = np.random.default_rng(seed)
+      for i in range(n):
+        yield i, {"image": rng.integers(0, 255, (16, 16, 3), np.uint8), "label": i % 10}
+
+  builder = GcsTiny(data_dir=sys.argv[1])
+  builder.download_and_prepare()
+  print("prepared", builder.data_dir, builder.info.splits["train"].num_examples)
+  """
+)
+
+
+@pytest.mark.slow
+def test_tfds_dataset_prepared_and_read_on_gcs(env, local_gcs):
+  """A tfds dataset prepared into data_dir=gs://... (download_and_prepare), then pretraining
+  reading it from there with source='tfds' (tfds opens it from its files)."""
+  data_dir = f"{ROOT}/tfds"
+  code, last = run(env, "-c", _PREPARE_TFDS, data_dir)
+  assert code == 0, last
+  assert any(o.startswith("tfds/gcs_tiny/1.0.0/") for o in local_gcs.objects(BUCKET, "tfds/"))
+  config = [
+    "--config=configs/pretrain.py:dataset=fashion_mnist,runlocal",
+    "--config.dataset.source=tfds",
+    "--config.dataset.name=gcs_tiny",
+    f"--config.dataset.data_dir={data_dir}",
+    "--config.dataset.train_split=train",
+    "--config.dataset.eval_split=test",
+    *PRETRAIN[4:],
+  ]
+  code, last = run(env, *main_args(f"{ROOT}/tfds-pretrain", config=config))
+  assert code == 0, last
+  metrics = json.loads(local_gcs.download(BUCKET, "tfds-pretrain/final_metrics.json"))
+  assert metrics["val/num_examples"] == 40
