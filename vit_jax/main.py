@@ -20,7 +20,10 @@ Examples:
       --config.model_init=gs://vit_models/imagenet21k/ViT-B_16.npz --workdir=gs://bucket/ft
 """
 
+import os
 import sys
+import threading
+import time
 
 import jax
 from absl import app, flags, logging
@@ -154,7 +157,27 @@ def main(argv):
     sys.exit(e.exit_status)
   except Exception as e:  # noqa: BLE001 - every failure ends with one line, details in the log
     console.fail(e, log)
+    _exit_even_if_threads_hang(1)
     sys.exit(1)
+
+
+# How long a failed run's interpreter may wait for library threads before it is ended anyway.
+EXIT_GRACE_S = 30.0
+
+
+def _exit_even_if_threads_hang(status: int, grace_s: float = EXIT_GRACE_S) -> None:
+  """Ends the process with `status` `grace_s` seconds from now unless it has ended by then.
+
+  After a failure, a library's worker thread may wait for work that never comes: once GCS had
+  refused a checkpoint write (403), one of Orbax's save threads kept the process alive after its
+  last line (the interpreter joins such threads at exit), so a scheduler never saw it fail. A
+  daemon thread keeps running while the interpreter waits for them, and ends it."""
+
+  def end():
+    time.sleep(grace_s)
+    os._exit(status)
+
+  threading.Thread(target=end, name="exit_watchdog", daemon=True).start()
 
 
 if __name__ == "__main__":

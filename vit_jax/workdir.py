@@ -12,9 +12,9 @@ One writer per workdir: while a stage runs, process 0 holds `<workdir>/lock.json
 start time), so that a second launch on the same workdir stops with one line naming the holder
 instead of writing the same checkpoints. The lock is released when the run ends, however it
 ends; a lock left by a process that is gone (killed, its machine restarted) is taken over with a
-warning when it names this host. A local lock is created exclusively (O_EXCL); on an object store
-(gs://) the check and the write are two requests, so two launches in the same instant can both
-pass.
+warning when it names this host. The lock is created exclusively: O_EXCL on a local disk, a
+generation precondition on gs:// (vit_jax.gcs), so of two launches in the same instant one wins
+(on other object stores the check and the write are two requests).
 
 This file must not import TensorFlow.
 """
@@ -34,6 +34,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 from etils import epath
+
+from vit_jax import gcs
 
 CONFIG_FILE = "config.json"
 LOCK_FILE = "lock.json"
@@ -167,10 +169,16 @@ def _take(path: epath.Path, record: dict[str, Any]) -> dict[str, Any] | None:
     with os.fdopen(fd, "w") as f:
       f.write(text)
     return None
-  if path.exists():
-    return _read_holder(path)
-  path.write_text(text)
-  return None
+  if not gcs.is_gcs(path):  # another object store: a check, then a write (not atomic)
+    if path.exists():
+      return _read_holder(path)
+    path.write_text(text)
+    return None
+  if gcs.create_exclusive(path, text):
+    return None
+  holder = _read_holder(path)
+  # A create retried after a lost answer finds its own record.
+  return None if holder == record else holder
 
 
 def _read_holder(path: epath.Path) -> dict[str, Any]:
@@ -196,6 +204,7 @@ def lock(workdir: str) -> Iterator[None]:
   )
   holder = None
   if jax.process_index() == 0:
+    gcs.check_bucket(workdir)
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     holder = _take(path, record)
     if holder is not None and not _holder_alive(holder):

@@ -30,6 +30,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from vit_jax import gcs
 from vit_jax.checkpoint import npz
 
 _STATE, _DATA = "state", "data"
@@ -50,6 +51,7 @@ class Checkpointer:
 
   def __init__(self, workdir: str, every_steps: int, keep: int, asynchronous: bool = True):
     """Args: workdir; save every `every_steps` steps (and when forced); keep the latest `keep`."""
+    gcs.require_client(workdir)  # Orbax opens a gs:// directory with google-cloud-storage
     options = ocp.CheckpointManagerOptions(
       save_interval_steps=max(int(every_steps), 1),
       max_to_keep=int(keep) if keep else None,

@@ -17,12 +17,14 @@ as their original bytes; bundled arrays are encoded as PNG.
 
 import json
 import os
+import sys
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
+from vit_jax import gcs
 from vit_jax.input_pipeline import builtin, sources
 
 FLAGS = flags.FLAGS
@@ -134,6 +136,10 @@ def main(argv):
     raise app.UsageError("Pass exactly one of --dataset and --folder.")
   if not FLAGS.out_dir:
     raise app.UsageError("--out_dir is required.")
+  try:  # before TensorFlow's makedirs, which never ends under a missing bucket
+    gcs.check_bucket(FLAGS.out_dir)
+  except (ImportError, OSError) as e:
+    sys.exit(f"make_shards: error: {e}")
   for split in FLAGS.split:
     if FLAGS.dataset:
       paths = shard_builtin(
