@@ -2,7 +2,7 @@
 
 import pytest
 
-from vit_jax import pp_spec
+from vit_jax.input_pipeline import pp_spec
 
 
 def test_parses_ops_with_literal_arguments():

@@ -29,7 +29,8 @@ from absl import app, flags, logging
 from PIL import Image
 
 from vit_jax import checkpoint as checkpoint_lib
-from vit_jax import models, pp_spec
+from vit_jax import models
+from vit_jax.input_pipeline import pp_spec
 
 FLAGS = flags.FLAGS
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from vit_jax import pp_spec
+from vit_jax.input_pipeline import pp_spec
 from vit_jax.input_pipeline import randaugment as randaugment_lib
 
 _OPS: dict[str, Callable[..., tf.Tensor]] = {}

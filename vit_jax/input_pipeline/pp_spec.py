@@ -2,11 +2,10 @@
 
 The grammar is small: ops separated by `|`, each a name with an optional argument list of
 literals (ints, floats, quoted strings, True/False/None, and parenthesised tuples of them),
-positional first, then `key=value`. It is parsed here by hand rather than with `ast`, because
-CPython 3.11.7's `ast.parse` can fail with "SystemError: AST constructor recursion depth
-mismatch" while other threads compile code (tf.data and tfds start such threads), and specs are
-parsed while input pipelines run. Shared by the TensorFlow pipeline
-(vit_jax.input_pipeline.preprocess) and predict's numpy version; imports neither.
+positional first, then `key=value`. Parsed by hand, not with `ast`: specs are parsed while input
+pipelines run, and `ast.parse` is unsafe beside other parsing threads (pipeline.py's `graph_fn`
+says why). Shared by the TensorFlow pipeline (preprocess.py) and predict's numpy version; imports
+neither TensorFlow nor numpy.
 """
 
 import re
