@@ -164,7 +164,7 @@ def test_baseline_rev_outside_a_git_checkout_is_one_line(tmp_path, monkeypatch, 
   monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git looks no higher
   tree = tmp_path / "tree"
   tree.mkdir()
-  monkeypatch.setattr(benchmark_model, "_REPO", str(tree))
+  monkeypatch.setattr(benchmark_model.common, "REPO", str(tree))
   with pytest.raises(SystemExit) as exit_info:
     benchmark_model.main(["--baseline_rev=HEAD", "--timm=off"])
   message = str(exit_info.value)

@@ -184,8 +184,8 @@ def test_lock_create_is_atomic_on_gcs(local_gcs, monkeypatch):
 def test_missing_client_library_is_one_line(monkeypatch):
   """A gs:// workdir without google-cloud-storage: an ImportError of one line saying what to
   install, before anything is written (main.py prints it as the run's last line)."""
-  from configs import pretrain
   from vit_jax import main
+  from vit_jax.configs import pretrain
 
   monkeypatch.setitem(sys.modules, "google.cloud.storage", None)  # as if not installed
   with pytest.raises(ImportError) as raised:

@@ -1,8 +1,6 @@
 """The ViT-vs-BiT scale study (experiments/scale_study.py): its protocol pieces, and `--quick`
 end to end (slow), including a rerun that skips every finished run."""
 
-import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,7 +12,7 @@ import xla_env  # tests/
 from PIL import Image
 
 from experiments import scale_study
-from vit_jax import predict
+from vit_jax import config_files, predict
 from vit_jax.input_pipeline import builtin
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +45,7 @@ def _config_of(args: list[str]):
   """The stage config that `python -m vit_jax.main ARGS` builds, every override applied; a flag
   naming a field the config lacks raises KeyError (as the stage would fail at startup)."""
   path, _, arg = args[0].removeprefix("--config=").partition(":")
-  module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+  module = config_files.load(path)
   config = module.get_config(arg)
   for flag in args[1:]:
     key, _, value = flag.removeprefix("--config.").partition("=")
