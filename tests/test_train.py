@@ -166,15 +166,18 @@ def test_bit_stages_run_and_chain(tmp_path):
   assert classifier.num_classes == 10 and classifier.image_size == 16
 
 
-def test_checkpoints_keep_the_last_k_steps(tmp_path):
+def test_checkpoints_keep_the_last_k_steps(tmp_path, monkeypatch):
   config = small_config(total_steps=5, every_steps=1)
   config.checkpoint.keep = 2
-  train.run(config, str(tmp_path), devices=jax.devices()[:1])
-  checkpointer = train_state.Checkpointer(str(tmp_path), 1, 2)
+  # A relative workdir, as users type it (Orbax refuses relative checkpoint paths).
+  monkeypatch.chdir(tmp_path)
+  train.run(config, "run", devices=jax.devices()[:1])
+  checkpointer = train_state.Checkpointer("run", 1, 2)
   assert checkpointer.all_steps() == [4, 5]
   checkpointer.close()
-  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["4", "5"]
-  assert train_state.committed_steps(tmp_path) == [4, 5]
+  assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["4", "5"]
+  assert train_state.committed_steps("run") == [4, 5]
+  assert jax.tree_util.tree_leaves(train_state.restore_params("run"))
 
 
 def test_bfloat16_model_trains_and_resumes(tmp_path):

@@ -60,7 +60,7 @@ class Checkpointer:
       cleanup_tmp_directories=True,
     )
     self.every_steps = max(int(every_steps), 1)
-    self.workdir = epath.Path(workdir)
+    self.workdir = _absolute(workdir)
     self.directory = self.workdir / CHECKPOINT_DIR
     self._writing: int | None = None  # the step of the save in flight
     self._step_bytes = 0  # the state's size, for the message of a full disk
@@ -290,6 +290,12 @@ def abstract_tree(tree: Any, shardings: Any) -> Any:
   )
 
 
+def _absolute(path: str | os.PathLike) -> epath.Path:
+  """`path` as Orbax needs it: a local path made absolute (Orbax refuses relative ones)."""
+  text = os.fspath(path)
+  return epath.Path(text if "://" in text else os.path.abspath(text))
+
+
 def _state_dir(path: epath.Path) -> epath.Path:
   """Finds the `state` item of a workdir, a checkpoints directory or one step directory."""
   if not path.exists():
@@ -311,7 +317,7 @@ def committed_steps(path: str | os.PathLike) -> list[int]:
   renamed from its temporary directory (or, on object stores, carries the commit marker), so a
   half-written step is never read.
   """
-  path = epath.Path(path)
+  path = _absolute(path)
   if (path / CHECKPOINT_DIR).is_dir():
     path = path / CHECKPOINT_DIR
   if not path.is_dir():
@@ -338,7 +344,7 @@ def restore_params(path: str | os.PathLike, ema: bool | None = None) -> dict[str
   """
   if npz.is_params_file(path):
     return npz.load(path)
-  state_dir = _state_dir(epath.Path(path))
+  state_dir = _state_dir(_absolute(path))
   checkpointer = ocp.PyTreeCheckpointer()
   metadata = checkpointer.metadata(state_dir)
   tree = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata.tree
