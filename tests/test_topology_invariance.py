@@ -17,7 +17,7 @@ tolerance between two float32 runs would test how 20 Adam steps magnify their ro
 which depends on the CPU's vector width.
 
 Layout (2), killed twice, ends with the parameters and Polyak average of its mesh run
-uninterrupted in one process × 4 devices, bitwise.
+uninterrupted, bitwise (supervised: in one process × 4 devices; MPP: in two processes).
 
 The slow variant does the same with masked patch prediction on an FSDP mesh.
 """
@@ -109,10 +109,16 @@ def _train_every_layout(variant, root):
   devices = jax.devices()[:4]
   float64_reference.run(f"invariance_config:{variant}", root / "float64", devices=4)
   train.run(invariance_config.get_config(variant), str(root / "one"), devices=devices)
-  # Layout (2)'s mesh in this process, uninterrupted: what the killed runs must end with.
-  same_mesh = invariance_config.get_config(variant)
-  same_mesh.mesh.update(_mesh(variant, "two"))
-  train.run(same_mesh, str(root / "same_mesh"), devices=devices)
+  # Layout (2)'s mesh uninterrupted: what the killed runs must end with, bitwise. Supervised's
+  # fsdp=2 × model=2 runs it in this process: each of its collectives sums two values, the same
+  # float32 number in either order. MPP's data=2 × fsdp=2 sums four per gradient, in an order
+  # that differs between one process and two: there it is two processes too.
+  if variant == "supervised":
+    same_mesh = invariance_config.get_config(variant)
+    same_mesh.mesh.update(_mesh(variant, "two"))
+    train.run(same_mesh, str(root / "same_mesh"), devices=devices)
+  else:
+    _assert_ok(_cli(variant, root / "same_mesh", 2, 2, _mesh_flags(variant, "two")))
   _train_two_processes_killed_twice(variant, root)
   accum = invariance_config.get_config(variant)
   accum.mesh.update(_mesh(variant, "accum"))
@@ -180,8 +186,7 @@ def _train_two_processes_killed_twice(variant, root):
   """Layout (2) with checkpoints every 5 steps (synchronous), both processes SIGKILLed at their
   8th batch (step 8: step 5 committed), then, resumed, at their 9th (step 14: 5 and 10), then
   resumed to the end: the parameters and their average equal, bitwise, those of the same mesh
-  run uninterrupted in one process (every collective of these meshes sums two values, in
-  either order the same float32 number). Its workdir after the second kill, copied, is layout
+  run uninterrupted (see `_train_every_layout`). Its workdir after the second kill, copied, is layout
   (4)'s start: a run stopped after its step-10 checkpoint, resumed on another topology."""
   workdir = root / "two"
   flags = [*_mesh_flags(variant, "two"), "--config.checkpoint.every_steps=5"]
