@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 
+import fault_injection  # tests/
 import gcs as harness  # tests/
 import jax
 import numpy as np
@@ -44,27 +45,6 @@ PRETRAIN = [
   "--config.evals.fewshot_mnist_5k.every_steps=0",
 ]
 
-# `python -m vit_jax.main` whose data iterator sends this process FAULT_SIGNAL when it fetches
-# batch FAULT_AT (counted from this process's start): a kill at a chosen step.
-_SIGNALLING_MAIN = textwrap.dedent(
-  """
-  import os, signal, sys
-  from absl import app
-  from vit_jax import input_pipeline, main
-  sig = getattr(signal, os.environ.get("FAULT_SIGNAL", "SIGKILL"))
-  at = int(os.environ.get("FAULT_AT", 0))
-  fetch, count = input_pipeline.TrainIterator.__next__, [0]
-  def signalling_next(self):
-    count[0] += 1
-    if count[0] == at:
-      os.kill(os.getpid(), sig)
-    return fetch(self)
-  input_pipeline.TrainIterator.__next__ = signalling_next
-  sys.argv[0] = "vit_jax.main"
-  app.run(main.main, flags_parser=main.parse_flags)
-  """
-)
-
 
 @pytest.fixture(scope="module")
 def env(local_gcs):
@@ -76,10 +56,9 @@ def env(local_gcs):
 def run(env, *args, timeout=400, **fault) -> tuple[int, str]:
   """Runs `python *args` (a module's entry point, or '-c' code) in the checkout; (exit status,
   the terminal's last line). Prints both and the command (shown with -s)."""
-  child_env = dict(env, **{f"FAULT_{k.upper()}": str(v) for k, v in fault.items()})
   proc = subprocess.run(
-    [sys.executable, *args], env=child_env, cwd=REPO, capture_output=True, text=True,
-    timeout=timeout,
+    [sys.executable, *args], env=fault_injection.child_env(env, **fault), cwd=REPO,
+    capture_output=True, text=True, timeout=timeout,
   )  # fmt: skip
   # The entry points' terminal is stderr (vit_jax.console); make_shards prints to stdout.
   lines = [x for x in proc.stderr.splitlines() or proc.stdout.splitlines() if x.strip()]
@@ -231,7 +210,9 @@ def test_rerun_and_sigkill_resume_bitwise(env, pretrained, reference, local_gcs,
 
   at = random.Random().randint(2, TOTAL - 1)
   workdir = f"{ROOT}/killed-{at}"
-  code, last = run(env, "-c", _SIGNALLING_MAIN, *RESUMABLE, f"--workdir={workdir}", at=at)
+  code, last = run(
+    env, "-c", fault_injection.PROGRAM, *RESUMABLE, f"--workdir={workdir}", signal="SIGKILL", at=at
+  )
   print(f"SIGKILL at batch {at}: exit {code}")
   assert code == -9, last
   prefix = workdir.removeprefix(f"{ROOT}/")
@@ -442,7 +423,7 @@ def test_sigterm_saves_and_a_broken_step_is_moved_aside_on_gcs(env, reference, l
   the uninterrupted run."""
   workdir, prefix = f"{ROOT}/sigterm", "sigterm"
   code, last = run(
-    env, "-c", _SIGNALLING_MAIN, *RESUMABLE, f"--workdir={workdir}", signal="SIGTERM", at=5
+    env, "-c", fault_injection.PROGRAM, *RESUMABLE, f"--workdir={workdir}", signal="SIGTERM", at=5
   )
   assert code == 143, last
   assert last.startswith(f"vit_jax: stopped by SIGTERM at step 5 of {TOTAL}; saved to "), last

@@ -1,10 +1,12 @@
 """The training trajectory does not depend on the topology: one 20-step pretraining run (dropout,
 attention dropout, inception crop, flips and mixup on; tests/invariance_config.py) on
 
-  (1) 1 process × 4 devices, mesh data=4,
+  (1) 1 process × 4 devices (supervised: mesh fsdp=2 × model=2; MPP: its preset's data=2 × fsdp=2),
   (2) 2 processes × 2 devices (`python -m vit_jax.main` over 127.0.0.1, tests/local_cluster.py),
-      mesh fsdp=2 × model=2: parameters, optimizer state and heads split across the processes;
-      both processes SIGKILLed twice and resumed each time,
+      on the same mesh: parameters, optimizer state and heads split across the processes;
+      both processes SIGKILLed twice and resumed each time, then SIGTERM sent to one of them only
+      (both stop at the step they agree on, save it and exit 143 with the same line), resumed to
+      the end,
   (3) 1 process × 8 devices, mesh data=2 × fsdp=2 × model=2, with accum_steps=2,
   (4) layout (2)'s workdir after its second kill (steps 5 and 10 committed) resumed on one
       device (a run stopped after a checkpoint and restarted on another topology),
@@ -16,8 +18,10 @@ deviation), and no parameter further from it than 1% of what training changed. A
 tolerance between two float32 runs would test how 20 Adam steps magnify their rounding noise,
 which depends on the CPU's vector width.
 
-Layout (2), killed twice, ends with the parameters and Polyak average of its mesh run
-uninterrupted, bitwise (supervised: in one process × 4 devices; MPP: in two processes).
+Layout (2), interrupted three times, ends with the parameters and Polyak average of its mesh run
+uninterrupted, bitwise (supervised: layout (1), in one process: every collective of fsdp=2 ×
+model=2 sums two values, the same float32 number in either order; MPP: in two processes, as
+data=2 × fsdp=2 sums four per gradient in an order that differs between one process and two).
 
 The slow variant does the same with masked patch prediction on an FSDP mesh.
 """
@@ -25,8 +29,8 @@ The slow variant does the same with masked patch prediction on an FSDP mesh.
 import pathlib
 import shutil
 import sys
-import textwrap
 
+import fault_injection  # tests/
 import float64_reference  # tests/
 import invariance_config  # tests/
 import jax
@@ -39,43 +43,18 @@ from vit_jax import sharding, train
 from vit_jax.checkpoint import train_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# The meshes (on 4 devices) of layouts (2) and (3).
+# The meshes (on 4 devices) of layouts (1) and (2), and (3).
 MESHES = {"two": dict(data=1, fsdp=2, model=2), "accum": dict(data=2, fsdp=2, model=2)}
 
 
-# `python -m vit_jax.main` that SIGKILLs itself when fetching its `at`-th batch (argv[1]),
-# between two steps (saying so first, so that a failure tells this kill from the launcher's).
-_KILLED_MAIN = textwrap.dedent(
-  """
-  import os, signal, sys
-  from absl import app
-  from vit_jax import input_pipeline, main
-  at = int(sys.argv.pop(1))
-  fetch, count = input_pipeline.TrainIterator.__next__, [0]
-  def killing_next(self):
-    count[0] += 1
-    if count[0] == at:
-      print(f"[killed_main: SIGKILL at batch {at}]", flush=True)
-      os.kill(os.getpid(), signal.SIGKILL)
-    return fetch(self)
-  input_pipeline.TrainIterator.__next__ = killing_next
-  sys.argv[0] = "vit_jax.main"
-  app.run(main.main, flags_parser=main.parse_flags)
-  """
-)
-
-
-def _cli(variant, workdir, processes, devices, extra=(), kill_at=None):
-  """Runs the entry point on `processes` processes of `devices` CPU devices each (with
-  `kill_at`, each process SIGKILLs itself at that batch)."""
+def _cli(variant, workdir, processes, devices, extra=(), faults=None):
+  """Runs the entry point on `processes` processes of `devices` CPU devices each; with
+  `faults`, process i runs tests/fault_injection.py's entry point with the fault faults[i]
+  (a dict for fault_injection.env, or None)."""
   env = xla_env.child_env(devices)
-  head = [sys.executable, "-m", "vit_jax.main"]
-  if kill_at is not None:
-    head = [sys.executable, "-c", _KILLED_MAIN, str(kill_at)]
 
   def command(port, i):
-    return [
-      *head,
+    flags = [
       f"--config=tests/invariance_config.py:{variant}",
       f"--workdir={workdir}",
       f"--coordinator_address=127.0.0.1:{port}",
@@ -83,6 +62,11 @@ def _cli(variant, workdir, processes, devices, extra=(), kill_at=None):
       f"--process_id={i}",
       *extra,
     ]
+    if faults is None:
+      return [sys.executable, "-m", "vit_jax.main", *flags]
+    fault = faults[i] or {}
+    variables = [f"{k}={v}" for k, v in fault_injection.env(**fault).items()]
+    return ["env", *variables, *fault_injection.command(*flags)]
 
   return local_cluster.launch(command, num_processes=processes, cwd=REPO, env=env)
 
@@ -90,6 +74,12 @@ def _cli(variant, workdir, processes, devices, extra=(), kill_at=None):
 def _assert_ok(results):
   for i, (code, out) in enumerate(results):
     assert code == 0, f"process {i}:\n{out[-4000:]}"
+
+
+def _tails(results) -> str:
+  return "\n".join(
+    f"--- process {i} (exit {code}):\n{out[-3000:]}" for i, (code, out) in enumerate(results)
+  )
 
 
 @pytest.mark.parametrize(
@@ -108,18 +98,15 @@ def _train_every_layout(variant, root):
   """Each layout's final parameters and the float64 run's, by name."""
   devices = jax.devices()[:4]
   float64_reference.run(f"invariance_config:{variant}", root / "float64", devices=4)
-  train.run(invariance_config.get_config(variant), str(root / "one"), devices=devices)
-  # Layout (2)'s mesh uninterrupted: what the killed runs must end with, bitwise. Supervised's
-  # fsdp=2 × model=2 runs it in this process: each of its collectives sums two values, the same
-  # float32 number in either order. MPP's data=2 × fsdp=2 sums four per gradient, in an order
-  # that differs between one process and two: there it is two processes too.
+  one = invariance_config.get_config(variant)
   if variant == "supervised":
-    same_mesh = invariance_config.get_config(variant)
-    same_mesh.mesh.update(_mesh(variant, "two"))
-    train.run(same_mesh, str(root / "same_mesh"), devices=devices)
+    one.mesh.update(_mesh(variant, "two"))  # layout (2)'s mesh: its uninterrupted run
+    same_mesh = root / "one"
   else:
-    _assert_ok(_cli(variant, root / "same_mesh", 2, 2, _mesh_flags(variant, "two")))
-  _train_two_processes_killed_twice(variant, root)
+    same_mesh = root / "same_mesh"
+    _assert_ok(_cli(variant, same_mesh, 2, 2, _mesh_flags(variant, "two")))
+  train.run(one, str(root / "one"), devices=devices)
+  _train_two_processes_interrupted(variant, root, same_mesh)
   accum = invariance_config.get_config(variant)
   accum.mesh.update(_mesh(variant, "accum"))
   accum.accum_steps = 2
@@ -182,32 +169,48 @@ def _check_the_float64_run_is_the_same_training(variant, params):
   return same_training
 
 
-def _train_two_processes_killed_twice(variant, root):
-  """Layout (2) with checkpoints every 5 steps (synchronous), both processes SIGKILLed at their
-  8th batch (step 8: step 5 committed), then, resumed, at their 9th (step 14: 5 and 10), then
-  resumed to the end: the parameters and their average equal, bitwise, those of the same mesh
-  run uninterrupted (see `_train_every_layout`). Its workdir after the second kill, copied, is layout
-  (4)'s start: a run stopped after its step-10 checkpoint, resumed on another topology."""
+def _train_two_processes_interrupted(variant, root, same_mesh):
+  """Layout (2) with checkpoints every 5 steps (synchronous): both processes SIGKILLed at their
+  8th batch (step 8: step 5 committed), then, resumed, at their 9th (step 14: 5 and 10); its
+  workdir then, copied, is layout (4)'s start (a run stopped after its step-10 checkpoint,
+  resumed on another topology). Resumed again, SIGTERM reaches process 1 only, at its 3rd batch
+  (step 13): both processes stop at the step they agree on (past every step either had
+  reached), save it and exit 143 with the same line. Resumed to the end, the parameters and
+  their average equal, bitwise, those of the same mesh's run uninterrupted."""
   workdir = root / "two"
   flags = [*_mesh_flags(variant, "two"), "--config.checkpoint.every_steps=5"]
-  for kill_at, committed in ((8, [5]), (9, [5, 10])):
-    results = _cli(variant, workdir, 2, 2, flags, kill_at=kill_at)
-    tails = "\n".join(
-      f"--- process {i} (exit {code}):\n{out[-3000:]}" for i, (code, out) in enumerate(results)
-    )
-    assert all(code != 0 for code, _ in results), tails
+  for at, committed in ((8, [5]), (9, [5, 10])):
+    kill = dict(signal="SIGKILL", at=at)
+    results = _cli(variant, workdir, 2, 2, flags, faults=[kill, kill])
+    assert all(code != 0 for code, _ in results), _tails(results)
     # A process killed itself at that batch, past the synchronous save before it (whose last
     # barrier follows the commit); not the launcher at its timeout. The other process may have
     # been ended by the coordination service before its own kill.
-    assert any(f"[killed_main: SIGKILL at batch {kill_at}]" in out for _, out in results), tails
-    assert train_state.committed_steps(workdir) == committed, tails
+    marker = fault_injection.marker("SIGKILL", at)
+    assert any(marker in out for _, out in results), _tails(results)
+    assert train_state.committed_steps(workdir) == committed, _tails(results)
   shutil.copytree(workdir, root / "resumed")
+
+  results = _cli(variant, workdir, 2, 2, flags, faults=[None, dict(signal="SIGTERM", at=3)])
+  assert fault_injection.marker("SIGTERM", 3) in results[1][1], _tails(results)
+  lines = []
+  for code, out in results:
+    stopped = [line for line in out.splitlines() if line.startswith("vit_jax: stopped by")]
+    assert code == 143 and stopped, _tails(results)
+    lines.append(stopped[-1])
+  assert lines[0] == lines[1], lines
+  step = int(lines[0].split(" at step ")[1].split()[0])
+  # At least the step whose batch process 1 was fetching (step 12 was done): the processes agree
+  # on the step after the largest one either had finished.
+  assert 13 <= step < invariance_config.STEPS, lines[0]
+  assert train_state.committed_steps(workdir)[-1] == step, _tails(results)
+
   _assert_ok(_cli(variant, workdir, 2, 2, flags))
   # Only process 0 writes TensorBoard event files: one per launch.
-  assert len(list(workdir.glob("events.out.tfevents.*"))) == 3
+  assert len(list(workdir.glob("events.out.tfevents.*"))) == 4
   for ema in (False, True):
     got = train_state.restore_params(workdir, ema=ema)
-    want = train_state.restore_params(root / "same_mesh", ema=ema)
+    want = train_state.restore_params(same_mesh, ema=ema)
     for (path, x), (_, y) in zip(
       jax.tree_util.tree_leaves_with_path(got),
       jax.tree_util.tree_leaves_with_path(want),
