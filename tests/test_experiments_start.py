@@ -39,6 +39,7 @@ import pytest
 
 from experiments import common
 from vit_jax import workdir as workdir_lib
+from vit_jax.checkpoint import train_state
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -175,6 +176,10 @@ def test_mpp_study_quick_profile_runs_main(tmp_path, in_process, monkeypatch):
   table = (out / "table.md").read_text()
   assert "| MPP-pretrained |" in table and "MPP corrupted-patch accuracy" in table
   assert (out / "plot.png").read_bytes()[:4] == b"\x89PNG"
+  # Fine-tuning from the MPP workdir dropped its head and [mask] embedding for a new head.
+  tuned = train_state.restore_params(tmp_path / "finetune_animal_mnist_mpp")
+  assert "mpp_head" not in tuned and "mask_embedding" not in tuned
+  assert tuned["head"]["kernel"].shape == (32, 10)  # the 'testing' preset's width, 10 classes
   supervised = mpp_study.pretrain_config("supervised", quick)
   assert supervised.total_steps == 1 and supervised.model.representation_size is None
   scratch = mpp_study.finetune_config("mnist_5k", "scratch", quick, "")

@@ -11,7 +11,7 @@ import pytest
 from test_train import _assert_trees, _params, run_child
 
 from vit_jax import checkpoint, models, train
-from vit_jax.configs import finetune, pretrain_mpp
+from vit_jax.configs import pretrain_mpp
 from vit_jax.models import mpp
 from vit_jax.objectives import mpp as mpp_objective
 
@@ -109,10 +109,11 @@ def sigkill_config():
   return config
 
 
-def test_mpp_run_resumes_exactly_after_sigkill_and_finetunes(tmp_path):
+def test_mpp_run_resumes_exactly_after_sigkill(tmp_path):
   """Masked patch prediction on data x fsdp x model, SIGKILLed while the asynchronous save of
   step 4 is written (the default run's kill during a save; tests/test_topology_invariance.py
-  kills between steps), resumes bitwise; fine-tuning from it drops the MPP parameters."""
+  kills between steps), resumes bitwise. (Fine-tuning from an MPP run, which drops its
+  parameters: tests/test_experiments_start.py's mpp_study run.)"""
   config = sigkill_config()
   metrics = train.run(config, str(tmp_path / "reference"))
   # The last log window: steps 7 and 8 (logged every 2) of 16 images each.
@@ -126,17 +127,6 @@ def test_mpp_run_resumes_exactly_after_sigkill_and_finetunes(tmp_path):
   reference = _params(tmp_path / "reference")
   assert {"mask_embedding", "mpp_head"} <= set(reference)
   _assert_trees(_params(tmp_path / "killed"), reference, exact=True)
-
-  # Fine-tuning with the ordinary config drops the MPP head and [mask] embedding.
-  ft = finetune.get_config("dataset=animal_mnist,runlocal")
-  ft.model_init = str(tmp_path / "reference")
-  ft.total_steps = 2
-  ft.evals = {}
-  metrics = train.run(ft, str(tmp_path / "finetune"))
-  assert np.isfinite(metrics["loss"])
-  tuned = _params(tmp_path / "finetune")
-  assert "mpp_head" not in tuned and "mask_embedding" not in tuned and "head" in tuned
-  assert tuned["head"]["kernel"].shape == (32, 10)
 
 
 def test_load_pretrained_drops_mpp_params_with_a_log_line(caplog):
