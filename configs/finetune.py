@@ -4,8 +4,8 @@ Arguments (`configs/finetune.py:key=value,...`, see configs/common.py):
   dataset    imagenet2012 | cifar10 | cifar100 | oxford_iiit_pet | oxford_flowers102 |
              vtab/<task>, one of VTAB-1k's 19 (vit_jax.input_pipeline.vtab.TASKS, e.g.
              vtab/clevr_count) | animal_mnist, mnist_5k (CPU demo)   default cifar10
-  model      a vit_jax.models preset, e.g. B/16, L/16, R50+B/16, or a   default B/16 (testing
-             BiT ResNet, e.g. R50x1                                   for the demo)
+  model      a vit_jax.models preset, e.g. B/16, L/16, R50+B/16, or a   default B/16 (demo
+             BiT ResNet, e.g. R50x1                                   for the demo's datasets)
   lr         0: the preset's default learning rate (table below)
   holdout    train on the training set minus a held-out minival slice and evaluate on it (the
              learning-rate search); holdout=false trains on the whole training set (final run)
@@ -65,8 +65,8 @@ CPU demo (Animal-MNIST at 32px, from the demo's pretrain run; minival 10%):
   python -m vit_jax.main --config=configs/finetune.py:dataset=animal_mnist \
       --config.model_init=/tmp/vit_demo_pretrain --workdir=/tmp/vit_demo_finetune
 
-experiments/demo.py runs it with its own model and budget and prints what it reaches beside
-raw-pixel baselines.
+(holdout=false: the demo's run on all of Animal-MNIST's labels; experiments/demo.py runs it on
+fewer labels too, from scratch as well, beside raw-pixel baselines on the same examples).
 """
 
 import ml_collections
@@ -193,7 +193,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     }
   )
   config.model = common.model_config(
-    arg.model or ("testing" if demo else "B/16"), dtype="float32" if demo else "bfloat16"
+    arg.model or ("demo" if demo else "B/16"), dtype="float32" if demo else "bfloat16"
   )
   config.init_from_scratch = False
   config.loss = "softmax_xent"

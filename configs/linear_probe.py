@@ -26,7 +26,7 @@ Commands:
       --config.model_init=/tmp/vit_demo_pretrain --workdir=/tmp/vit_demo_probe
 
 Expected: ImageNet-21k ViT-B/16 pre-logits at 224px reach about 95% on CIFAR-10 with the
-logistic probe. The CPU demo (Fashion-MNIST-pretrained 'testing' model on MNIST-5k) reaches the
+logistic probe. The CPU demo (the Fashion-MNIST-pretrained 'demo' model) reaches the
 accuracies in the demo's table (docs/demo.md) in well under a minute.
 """
 

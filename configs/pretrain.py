@@ -2,7 +2,7 @@ r"""Pretraining (ViT paper §4.1, App. B.1): ImageNet-21k, JFT-like shards, Imag
 
 Arguments (`configs/pretrain.py:key=value,...`, see configs/common.py):
   dataset   imagenet21k | jft | imagenet2012 | fashion_mnist (demo)     default imagenet21k
-  model     a vit_jax.models preset, e.g. B/16, L/16, H/14, or a     default B/16 (testing for the demo)
+  model     a vit_jax.models preset, e.g. B/16, L/16, H/14, or a     default B/16 (demo for the demo)
             BiT ResNet, e.g. R50x1
   epochs    0: the paper's (Table 3); or e.g. 7 / 14 (JFT), 30 / 90 (ImageNet-21k)
   lr        0: the paper's base learning rate for this model and dataset (Table 3)
@@ -65,13 +65,13 @@ Expected (paper Tables 2 and 5, after fine-tuning at 384px): ViT-B/16 from Image
 ViT-B/16 from ImageNet alone 77.91%.
 
 CPU demo on the offline Fashion-MNIST (the `builtin` source reads the Debian package's files;
-not a paper recipe: a small model, softmax, 32px, batch 128, its own short schedule):
+not a paper recipe: the 'demo' ViT, softmax, 32px, batch 128, 1,000 steps of its own schedule):
 
   python -m vit_jax.main --config=configs/pretrain.py:dataset=fashion_mnist \
       --workdir=/tmp/vit_demo_pretrain
 
-experiments/demo.py runs it with the demo's model and budget and prints what it reaches, beside
-raw-pixel baselines on the same splits.
+is the pretraining stage of experiments/demo.py, which prints what it reaches beside raw-pixel
+baselines on the same splits.
 """
 
 import ml_collections
@@ -251,7 +251,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   )
   common.check_choice("pretrain", "dataset", arg.dataset, (*RECIPES, "fashion_mnist"))
   demo = arg.dataset == "fashion_mnist"
-  model_name = arg.model or ("testing" if demo else "B/16")
+  model_name = arg.model or ("demo" if demo else "B/16")
   if demo:
     r = dict(_DEMO, schedule="warmup_linear", grad_clip_norm=1.0, loss="softmax")
     downstream = _DEMO_DOWNSTREAM

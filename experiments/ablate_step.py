@@ -14,7 +14,7 @@ on XLA:CPU do not show (its dot events time only the dispatch).
   python -m experiments.ablate_step --model=B/16 --batch=256 --dtype=bfloat16 \
       --variants=full,xla_attention,autodiff_attention,no_attention
 
-`--model=demo` is the demo's model (experiments/common.py: 32px, 10 classes).
+`--model=demo` is the demo's model (the 'demo' preset: 32px, 10 classes).
 
 Variants: full, no_attention (the attention core returns V), no_layernorm, no_gelu,
 xla_attention (attention_kernel='xla': on a one-device CPU, XLA instead of the C++ kernel of
@@ -80,10 +80,10 @@ VARIANTS = {
 
 
 def model_config(name: str):
-  """The model ConfigDict of a preset or alias, or of 'demo' (common.demo_model_config)."""
+  """The model ConfigDict of a preset or alias ('demo': the demo's ViT)."""
   from vit_jax import models
 
-  return common.demo_model_config() if name == "demo" else models.get_model_config(name)
+  return models.get_model_config(name)
 
 
 def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classes):

@@ -255,6 +255,20 @@ def _start(impl: str, args):
   return device.platform, device
 
 
+# The 'demo' preset's architecture, for a baseline tree from before that preset existed (it
+# builds the demo's ViT from its 'testing' preset, as the demo then did).
+_DEMO_BEFORE_ITS_PRESET = dict(hidden_size=64, mlp_dim=256, num_heads=4, num_layers=4)
+
+
+def _demo_config(models):
+  """The demo's model ConfigDict in this process's vit_jax (this tree's or a baseline's)."""
+  if "ViT-demo" in models.MODEL_CONFIGS:
+    return models.get_model_config("demo")
+  config = models.get_model_config("testing")
+  config.update(_DEMO_BEFORE_ITS_PRESET)
+  return config
+
+
 def _variants(impl: str, args) -> list[tuple[dict, Callable[[], Runner]]]:
   """(row fields, build) for every (model, dtype, mode) of one implementation, in this process;
   `build()` constructs, compiles and warms up that variant's Runner."""
@@ -265,7 +279,7 @@ def _variants(impl: str, args) -> list[tuple[dict, Callable[[], Runner]]]:
   for i, entry in enumerate(args.models):
     # This process's vit_jax: a baseline's own presets in a baseline process.
     if entry == "demo":
-      name, config, image_size, num_classes = "demo", common.demo_model_config(), 32, 10
+      name, config, image_size, num_classes = "demo", _demo_config(models), 32, 10
     else:
       name = models.resolve_name(entry)
       config = models.get_model_config(name)

@@ -39,11 +39,15 @@ PRETRAIN_ACCURACY = dict(
 )
 
 
+# The fields of a ViT preset that make its architecture (Table 1).
+ARCHITECTURE = ("name", "patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
+
+
 @dataclasses.dataclass(frozen=True)
 class Profile:
   """Sizes of one profile."""
 
-  model: dict  # overrides of the 'testing' preset
+  model: str  # a vit_jax.models preset
   image_size: int
   pretrain_steps: int
   pretrain_batch: int
@@ -53,11 +57,11 @@ class Profile:
   max_test_examples: int | None  # evaluate on `test[:N]`, a builtin slice (None: all of test)
 
 
-# The demo's ViT (experiments/common.py): patch 4 on 32px, 64 wide, 4 layers.
+# The demo's ViT and pretraining budget (experiments/demo.py): patch 4 on 32px, 64 wide, 4 layers.
 FULL = Profile(
-  model=common.DEMO_MODEL,
+  model="demo",
   image_size=32,
-  pretrain_steps=common.DEMO_FULL.pretrain_steps,  # the demo's pretraining budget
+  pretrain_steps=1000,
   pretrain_batch=128,
   finetune_steps=200,
   finetune_batch=128,
@@ -65,7 +69,7 @@ FULL = Profile(
   max_test_examples=None,
 )
 QUICK = Profile(
-  model={},
+  model="testing",
   image_size=16,
   pretrain_steps=8,
   pretrain_batch=32,
@@ -77,7 +81,10 @@ QUICK = Profile(
 
 
 def _common(config, profile: Profile, steps: int, batch: int) -> None:
-  config.model.update(profile.model)
+  from vit_jax import models
+
+  preset = models.get_model_config(profile.model)  # its architecture; the rest is the stage's
+  config.model.update({k: preset[k] for k in ARCHITECTURE})
   config.dataset.image_size = profile.image_size
   config.total_steps = steps
   config.batch_size = batch

@@ -48,10 +48,11 @@ FINETUNE_TRAIN, MINIVAL = "train[:98%]", "train[98%:]"
 PP_EVAL = "decode|resize|value_range(-1, 1)"
 
 # The two families, as `python -m vit_jax.main` flags on top of a preset. The ViT is the demo's
-# (patch 4 on 32px: 64 tokens + class token, width 64, 4 layers); the BiT is BiT-R26x1 (base
-# width 32, the least GroupNorm's 32 groups allow). Their train steps' FLOPs are in the table.
+# ('demo': patch 4 on 32px, 64 tokens + class token, width 64, 4 layers); the BiT is BiT-R26x1
+# (base width 32, the least GroupNorm's 32 groups allow). Their train steps' FLOPs are in the
+# table.
 FAMILIES = {
-  "ViT": dict(preset="testing", flags=common.DEMO_MODEL),
+  "ViT": dict(preset="demo", flags={}),
   "BiT": dict(preset="R26x1", flags={}),
 }
 
@@ -117,10 +118,7 @@ def pretrain_args(family: str, fraction: int, profile: Profile) -> list[str]:
   steps = profile.pretrain_steps
   arg = f"dataset={UPSTREAM},model={FAMILIES[family]['preset']}" + _runlocal(profile)
   args = [f"--config=configs/pretrain.py:{arg}"]
-  args += _model_flags(family)
-  if family == "ViT":
-    # The pre-logits are sized from the preset's width when the config is built.
-    args.append(f"--config.model.representation_size={FAMILIES[family]['flags']['hidden_size']}")
+  args += _model_flags(family)  # the pre-logits follow a new hidden_size (configs/pretrain.py)
   return args + [
     f"--config.dataset.train_split={split}",
     f"--config.dataset.image_size={profile.image_size}",

@@ -2,7 +2,7 @@
 
 import re
 
-from experiments import ablate_step, common
+from experiments import ablate_step
 
 
 def test_variants_patch_the_step_and_restore_the_model(capsys):
@@ -37,8 +37,3 @@ def test_variants_patch_the_step_and_restore_the_model(capsys):
     assert abs(first[removed] - first["full"]) > 1e-3, (removed, first)
   assert all(re.search(rf"^{name} +\d", out, re.M) for name in ablate_step.VARIANTS)
   assert {n: getattr(ops, n) for n in originals} == originals
-
-
-def test_demo_model_config_is_the_demos():
-  config = ablate_step.model_config("demo")
-  assert {k: config[k] for k in common.DEMO_MODEL} == common.DEMO_MODEL

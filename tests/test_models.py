@@ -14,7 +14,7 @@ from vit_jax.models import bit
 # - the ViTs and R50 hybrids: the MODEL_SIZES of google-research/vision_transformer's
 #   vit_jax/models_test.py (the released models' code), the same figures;
 # - BiT-R50x1/R101x1/R50x3/R152x2: timm's resnetv2_{50x1,101x1,50x3,152x2}_bit;
-# - ViT-testing and BiT-R26x1 have no outside counterpart (the official 'testing' preset is another
+# - ViT-testing, ViT-demo and BiT-R26x1 have no outside counterpart (the official 'testing' preset is another
 #   architecture, 21,390 parameters): test_vit_counts_follow_the_architecture and
 #   test_bit_counts_follow_the_architecture derive them (and re-derive the others) from Table 1
 #   and the ResNetV2 layout, so none of these numbers is only the code's own output.
@@ -31,6 +31,7 @@ PINNED_COUNTS = {
   "R50+ViT-B_16": 98_659_112,
   "R50+ViT-L_32": 328_994_856,
   "ViT-testing": 152_136,
+  "ViT-demo": 469_032,
   "BiT-R50x1": 25_549_352,
   "BiT-R101x1": 44_541_480,
   "BiT-R50x3": 217_319_080,
@@ -157,7 +158,7 @@ def _bit_count(block_units, width_factor=1, base_width=64, num_classes=1000):
 
 def test_vit_counts_follow_the_architecture():
   vits = [n for n in PINNED_COUNTS if n.startswith("ViT-")]
-  assert len(vits) == 10
+  assert len(vits) == 11
   for name in vits:
     c = models.get_model_config(name)
     formula = _vit_count(c.patch_size, c.hidden_size, c.mlp_dim, c.num_layers)

@@ -118,6 +118,14 @@ def _testing():
   return vit_config("ViT-testing", 4, 32, 64, 2, 2)
 
 
+@_register("ViT-demo", "demo")
+def _demo():
+  """The CPU demo's ViT (experiments/demo.py; the bundled datasets' default): 4x4 patches of
+  32px images (64 tokens and the class token), four blocks of width 64: 2 CPU cores train it on
+  Fashion-MNIST in minutes."""
+  return vit_config("ViT-demo", 4, 64, 256, 4, 4)
+
+
 def bit_config(name, block_units, width_factor=1, base_width=64):
   """A BiT ResNet ConfigDict (bit.ResNetV2 fields, defaults elsewhere)."""
   return ml_collections.ConfigDict(
