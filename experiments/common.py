@@ -1,79 +1,25 @@
 """What several experiments share; the one module they import besides vit_jax.
 
-  DEMO_MODEL, demo_model_config     the demo's ViT (demo, folder_transfer, scale_study,
-                                    mpp_study, bench_trainer, benchmark_model, ablate_step)
-  DemoBudget, DEMO_FULL, DEMO_QUICK the demo's training budgets (demo, folder_transfer)
-  run_stage, fmt_seconds            `python -m vit_jax.main` stages, each in its own process
+  run_stage, fmt_seconds            `python -m vit_jax.main` stages, run in this process
   train_step_fn                     a softmax cross-entropy step with one optax update
   results_dir, out_dir, write_json  where an experiment's outputs go: experiments/results/<name>/
 
+The demo's ViT is the model preset 'demo' (vit_jax.models), the bundled datasets' default.
 Every experiment that chains stages (demo, scale_study, folder_transfer) runs them through
 `run_stage`: the command is printed so that a reader can rerun any stage by hand, the progress
-lines (metrics, ETA, errors) are shown as they come, and the last value of every metric the stage
-logged is returned. Every accuracy of the experiments stands next to the raw-pixel baselines
+lines (metrics, ETA, errors) are shown as they come, and the stage's final metrics are
+returned. Every accuracy of the experiments stands next to the raw-pixel baselines
 (vit_jax.baselines), fitted on exactly the examples the model was trained on and
 scored on the same test split.
 """
 
-import dataclasses
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# ---------------------------------------------------------------------------------------------
-# The demo's model and budgets.
-
-# The 'testing' preset (patch 4 on 32px: 64 tokens + class token) made wider and deeper so that
-# pretraining has something to learn; overridden on every training stage alike.
-DEMO_MODEL = dict(hidden_size=64, mlp_dim=256, num_heads=4, num_layers=4)
-
-
-def demo_model_config():
-  """The demo's model ConfigDict: the `testing` preset with DEMO_MODEL (32px images)."""
-  from vit_jax import models
-
-  config = models.get_model_config("testing")
-  config.update(DEMO_MODEL)
-  return config
-
-
-@dataclasses.dataclass(frozen=True)
-class DemoBudget:
-  """Sizes of one demo profile."""
-
-  pretrain_steps: int
-  finetune_steps: int
-  batch_size: int
-  eval_every: int
-  max_train_examples: int | None  # train on `train[:N]` (N of a fixed shuffle; None: all)
-  max_test_examples: int | None  # evaluate on `test[:N]` (None: the whole test split)
-
-
-# Measured on 2 CPU cores (batch 128, ~2.1 steps/s): fine-tuning the 1000-step pretrained model
-# on Animal-MNIST for 600 steps reached 84.9% at lr 0.03 and 89.7% at lr 0.1, still rising;
-# 1000 steps at lr 0.1 (the finetune preset) is what this budget affords.
-DEMO_FULL = DemoBudget(
-  pretrain_steps=1000,
-  finetune_steps=1000,
-  batch_size=128,
-  eval_every=500,
-  max_train_examples=None,
-  max_test_examples=None,
-)
-DEMO_QUICK = DemoBudget(
-  pretrain_steps=30,
-  finetune_steps=20,
-  batch_size=32,
-  eval_every=0,
-  max_train_examples=2000,
-  max_test_examples=500,
-)
 
 # ---------------------------------------------------------------------------------------------
 # Outputs.
@@ -107,15 +53,16 @@ def write_json(path: str, value: Any, **kwargs) -> None:
 DONE = "metrics.json"  # written into a stage's workdir when it finished
 
 
-def _shown(line: str) -> bool:
-  """The lines of a stage's terminal worth repeating: progress, evaluations, warnings, errors."""
-  return " | " in line or any(s in line for s in ("WARNING", "ERROR", "error", "Traceback"))
-
-
 def run_stage(
   title: str, args: list[str], workdir: str, *, resume: bool = False, verbose: bool = False
 ) -> tuple[dict[str, float], float]:
-  """Runs `python -m vit_jax.main ARGS --workdir=WORKDIR`; returns (last metrics, seconds).
+  """Runs the stage `python -m vit_jax.main ARGS --workdir=WORKDIR` in this process; returns
+  (its last metrics, seconds).
+
+  The command is printed, so that a reader can rerun the stage by hand; it runs as the command
+  does (the same config parsing and one-line errors for a misspelt field, the same
+  `vit_jax.main.run`, its progress lines on the terminal and everything else in the stage's log
+  file), without starting another Python (the imports of JAX and TensorFlow, seconds each).
 
   Args:
     title: printed above the command.
@@ -124,11 +71,17 @@ def run_stage(
     resume: a stage that finished before (its workdir holds metrics.json) is not run again: its
       saved metrics and wall time are returned; an interrupted one continues from its last
       checkpoint. Otherwise the workdir is removed first, so the stage measures from scratch.
-    verbose: show every terminal line of the stage, not just progress, results and errors.
+    verbose: every log line of the stage on the terminal, not only progress, results and errors.
 
   Raises:
-    SystemExit: the stage failed; its log's last lines are printed to stderr.
+    SystemExit: the stage failed; its one line (and the log's path) is on the terminal.
   """
+  from absl import logging as absl_logging
+
+  from vit_jax import config_files, console
+  from vit_jax import main as vit_main
+  from vit_jax import workdir as workdir_lib
+
   done = os.path.join(workdir, DONE)
   if resume and os.path.exists(done):
     print(f"-- {title}: finished earlier ({workdir})", flush=True)
@@ -137,37 +90,31 @@ def run_stage(
     return metrics, metrics["wall_seconds"]
   if not resume:
     shutil.rmtree(workdir, ignore_errors=True)
-  cmd = [sys.executable, "-m", "vit_jax.main", *args, f"--workdir={workdir}"]
-  print(f"\n== {title}\n  python -m vit_jax.main " + " \\\n      ".join(cmd[3:]), flush=True)
-  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  print(
+    f"\n== {title}\n  python -m vit_jax.main "
+    + " \\\n      ".join([*args, f"--workdir={workdir}"]),
+    flush=True,
+  )
   start = time.perf_counter()
-  tail: list[str] = []
-  with subprocess.Popen(
-    cmd + ["--alsologtostderr"],
-    cwd=REPO,
-    env=env,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-    bufsize=1,
-  ) as proc:
-    for line in proc.stdout:
-      line = line.rstrip()
-      tail = (tail + [line])[-40:]
-      if verbose or _shown(line):
-        print(f"  {time.perf_counter() - start:6.0f}s  {line[:150]}", flush=True)
+  log = None
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.INFO)  # as absl's app.run of the command sets it
+  try:
+    if not verbose:
+      log = console.setup(workdir)
+    config = config_files.from_flags(args)
+    metrics = vit_main.run(config, workdir)
+  except Exception as e:  # noqa: BLE001 - the stage's one line, as the command ends
+    console.fail(e, log)
+    raise SystemExit(f"stage '{title}' failed") from e
+  finally:
+    console.teardown()
+    absl_logging.set_verbosity(verbosity)
   seconds = time.perf_counter() - start
-  if proc.returncode:
-    print("\n".join(tail), file=sys.stderr)
-    raise SystemExit(f"stage '{title}' failed (exit {proc.returncode}); log tail above")
-  from vit_jax import workdir as workdir_lib  # the stage's last metrics (vit_jax.main)
-
+  workdir_lib.save_final_metrics(workdir, metrics)  # as the command does, in JSON's types
   with open(os.path.join(workdir, workdir_lib.FINAL_METRICS_FILE)) as f:
-    metrics = json.load(f)
-  metrics["wall_seconds"] = seconds
-  with open(done, "w") as f:
-    json.dump(metrics, f, indent=2, sort_keys=True)
+    metrics = dict(json.load(f), wall_seconds=seconds)
+  write_json(done, metrics, sort_keys=True)
   return metrics, seconds
 
 

@@ -25,6 +25,7 @@ The runs' workdirs live under `--workdir` (default /tmp/vit_folder_transfer); re
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -35,6 +36,19 @@ from experiments import common
 from vit_jax import baselines
 
 NO_FLIP = "decode|resize|value_range(-1, 1)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """One fine-tuning run's budget (pretrained and from scratch alike)."""
+
+  steps: int
+  batch_size: int
+
+
+# The demo's fine-tuning on all of Animal-MNIST (the finetune preset), and a CI-sized one.
+FULL = Budget(steps=1000, batch_size=128)
+QUICK = Budget(steps=20, batch_size=32)
 
 
 def write_builtin_folder(name: str, root: str) -> str:
@@ -105,7 +119,15 @@ def main(argv: list[str] | None = None) -> dict:
       f"--pretrained={args.pretrained} is not a pretrain workdir (no config.json); run "
       "experiments/demo.py first, or pass the workdir of a configs/pretrain.py run"
     )
-  budget = common.DEMO_QUICK if args.quick else common.DEMO_FULL
+  with open(os.path.join(args.pretrained, "config.json")) as f:
+    pretrained = json.load(f)
+  # The pretrained model's architecture (the finetune preset's is the demo's).
+  architecture = [
+    f"--config.model.{key}={value}"
+    for key, value in pretrained["model"].items()
+    if key in ("name", "patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
+  ]
+  budget = QUICK if args.quick else FULL
   os.makedirs(args.workdir, exist_ok=True)
   folder = args.folder or write_builtin_folder(
     args.builtin, os.path.join(args.workdir, args.builtin)
@@ -115,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
   # The demo's fine-tuning stage (experiments/demo.py), on the folder.
   finetune = (
     ["--config=configs/finetune.py:dataset=animal_mnist,holdout=false"]
-    + [f"--config.model.{k}={v}" for k, v in common.DEMO_MODEL.items()]
+    + architecture
     + [
       "--config.dataset.source=folder",
       f"--config.dataset.data_dir={folder}",
@@ -124,10 +146,10 @@ def main(argv: list[str] | None = None) -> dict:
       "--config.dataset.eval_split=test",
       f"--config.dataset.pp_train={args.pp_train}",
       f"--config.batch_size={budget.batch_size}",
-      f"--config.total_steps={budget.finetune_steps}",
-      f"--config.schedule.warmup_steps={max(budget.finetune_steps // 10, 1)}",
+      f"--config.total_steps={budget.steps}",
+      f"--config.schedule.warmup_steps={max(budget.steps // 10, 1)}",
       "--config.evals.val.every_steps=0",  # the test split, after the last step
-      f"--config.checkpoint.every_steps={budget.finetune_steps}",
+      f"--config.checkpoint.every_steps={budget.steps}",
       f"--config.log_every_steps={10 if args.quick else 100}",
     ]
   )
@@ -146,8 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
 
   print("\n== raw-pixel baselines on the same split (vit_jax/baselines.py)")
   start = time.perf_counter()
-  with open(os.path.join(args.pretrained, "config.json")) as f:
-    image_size = json.load(f)["dataset"]["image_size"]
+  image_size = pretrained["dataset"]["image_size"]
   base = baselines.pixel_scores(
     *read_folder(folder, "train", image_size), *read_folder(folder, "test", image_size)
   )
@@ -158,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
   print(f"{'':<22} {'steps':>6} {'top-1':>7} {'wall':>7}")
   for kind, run in runs.items():
     print(
-      f"{'ViT ' + kind:<22} {budget.finetune_steps:>6} {run['test_accuracy']:>7.1%} "
+      f"{'ViT ' + kind:<22} {budget.steps:>6} {run['test_accuracy']:>7.1%} "
       f"{common.fmt_seconds(run['seconds']):>7}"
     )
   print(
@@ -180,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
     folder=folder,
     pretrained=args.pretrained,
     quick=args.quick,
-    steps=budget.finetune_steps,
+    steps=budget.steps,
     runs=runs,
     baselines=base,
     seconds=time.perf_counter() - total_start,

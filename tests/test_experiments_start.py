@@ -6,15 +6,11 @@ A function that an experiment calls and that moved fails only when the line call
 that merely imported it passed). So each check here calls the experiment's real `main`, on its
 quickest profile made smaller still: its size constants monkeypatched (a step or two, a few
 examples, a narrower model), nothing else of it replaced. `monkeypatch.setattr` raises for an
-attribute that is not there, so a renamed constant or function fails here as well. Two things
-make the runs cheaper than the command line:
-
-  * the trainer (`vit_jax.train.run`) runs on one device of this process (tests/conftest.py
-    gives it eight, over which every compile and checkpoint save of a tiny model costs more);
-  * `common.run_stage`'s `python -m vit_jax.main` stages run in this process
-    (`_run_stage_here`: the same flags parsed by ml_collections, the same `vit_jax.main.run`, the
-    same final metrics), which saves a JAX + TensorFlow import per stage; the subprocess runner
-    itself is what tests/test_demo.py's quick demo runs.
+attribute that is not there, so a renamed constant or function fails here as well. One thing
+makes the runs cheaper than the command line: the trainer (`vit_jax.train.run`) runs on one
+device of this process (tests/conftest.py gives it eight, over which every compile and checkpoint
+save of a tiny model costs more). The stages of `common.run_stage` run in this process, as they
+do from the command line.
 
 Covered elsewhere in the default suite, each through its real main on a quick setting:
   demo          tests/test_demo.py::test_quick_demo_then_predict (the --quick profile as is)
@@ -30,68 +26,28 @@ import functools
 import json
 import os
 import re
-import shutil
-import time
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments import common
-from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoint import train_state
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A ViT of the 'testing' preset's width with one block: what the checks train and fine-tune in
-# place of the demo's model (experiments/common.py: 64 wide, 4 blocks).
+# place of the demo's model (the 'demo' preset: 64 wide, 4 blocks).
 TINY_MODEL = dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)
-
-
-def _run_stage_here(
-  title: str, args: list[str], workdir: str, *, resume: bool = False, verbose: bool = False
-) -> tuple[dict[str, float], float]:
-  """`common.run_stage` in this process: `python -m vit_jax.main ARGS --workdir=WORKDIR`'s
-  config (ml_collections' flag parsing, a locked config, so a flag naming no field fails), run by
-  `vit_jax.main.run`; returns (last metrics, seconds) and leaves the workdir's metrics.json, as
-  run_stage does."""
-  from absl import flags
-  from ml_collections import config_flags
-
-  from vit_jax import main as vit_main
-
-  del title, verbose
-  done = os.path.join(workdir, common.DONE)
-  if resume and os.path.exists(done):
-    with open(done) as f:
-      metrics = json.load(f)
-    return metrics, metrics["wall_seconds"]
-  if not resume:
-    shutil.rmtree(workdir, ignore_errors=True)
-  argv = ["vit_jax.main", *args]
-  values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=values, lock_config=True, sys_argv=argv)
-  values(argv)
-  start = time.perf_counter()
-  workdir_lib.save_final_metrics(workdir, vit_main.run(values.config, workdir))
-  seconds = time.perf_counter() - start
-  with open(os.path.join(workdir, workdir_lib.FINAL_METRICS_FILE)) as f:
-    metrics = json.load(f)
-  metrics["wall_seconds"] = seconds
-  common.write_json(done, metrics)
-  return metrics, seconds
 
 
 @pytest.fixture
 def in_process(monkeypatch):
-  """Stages in this process and the trainer on one device (see the module docstring); absl's
-  log level restored afterwards (mpp_study lowers it)."""
+  """The trainer on one device (see the module docstring); absl's log level restored afterwards
+  (mpp_study lowers it)."""
   from absl import logging
 
   from vit_jax import train
 
-  monkeypatch.chdir(REPO)  # the stages' --config=configs/<stage>.py
-  monkeypatch.setattr(common, "run_stage", _run_stage_here)
   monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))
   verbosity = logging.get_verbosity()
   yield
@@ -231,12 +187,11 @@ def test_folder_transfer_quick_profile_runs_main(tmp_path, in_process, monkeypat
   folder is 100 + 50 of the bundled digits (the default writes all 1,797, whose logistic
   regression alone takes seconds; test_folder_transfer.py checks that writing)."""
   from experiments import folder_transfer
+  from vit_jax import models
 
-  monkeypatch.setattr(common, "DEMO_MODEL", TINY_MODEL)
-  quick = dataclasses.replace(common.DEMO_QUICK, finetune_steps=1, batch_size=8)
-  monkeypatch.setattr(common, "DEMO_QUICK", quick)
-  model_config = common.demo_model_config()
-  model_config.representation_size = TINY_MODEL["hidden_size"]  # as the demo pretrains
+  monkeypatch.setattr(folder_transfer, "QUICK", folder_transfer.Budget(steps=1, batch_size=8))
+  model_config = models.get_model_config("testing")
+  model_config.update(TINY_MODEL, representation_size=TINY_MODEL["hidden_size"])
   pretrained = _pretrained_workdir(tmp_path / "pretrain", model_config, image_size=32)
   folder = _digits_folder(tmp_path / "digits", train=100, test=50)
   results = folder_transfer.main(
@@ -245,6 +200,10 @@ def test_folder_transfer_quick_profile_runs_main(tmp_path, in_process, monkeypat
   )
 
   assert set(results["runs"]) == {"pretrained"} and results["runs"]["pretrained"]["step"] == 1
+  # Fine-tuned with the pretrained workdir's architecture (the finetune preset's is another).
+  tuned = train_state.restore_params(tmp_path / "ft" / "pretrained")
+  assert tuned["Transformer"]["encoderblock_0"]["MlpBlock_3"]["Dense_0"]["kernel"].shape == (32, 64)
+  assert "encoderblock_1" not in tuned["Transformer"]
   base = results["baselines"]
   assert (base["train_examples"], base["test_examples"]) == (100, 50)
   saved = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -259,9 +218,11 @@ def test_bench_trainer_runs_main(monkeypatch, capsys):
   """bench_trainer.main: the trainer's bare compiled step, then `train.run` on the same config,
   at batch 8 for 3 steps of a one-block model (the demo's config otherwise)."""
   from experiments import bench_trainer
-  from vit_jax import logging_util, sharding
+  from vit_jax import logging_util, models, sharding
 
-  monkeypatch.setattr(common, "DEMO_MODEL", TINY_MODEL)
+  tiny = models.get_model_config("demo")
+  tiny.update(TINY_MODEL)
+  monkeypatch.setitem(models.MODEL_CONFIGS, "ViT-demo", lambda: tiny.copy_and_resolve_references())
   # Both on one device, so that the trainer's step state initialisation is the bare step's
   # (compiled once).
   make_mesh = sharding.make_mesh

@@ -133,10 +133,11 @@ def check_overrides(config, argv: list[str], name: str = "config") -> None:
 
 class _Parser(flags.ArgumentParser):
   """In place of ml_collections' config file parser: finds the file with `load`, checks the
-  command line's overrides, locks the config."""
+  command line's overrides (`argv`, default sys.argv), locks the config."""
 
-  def __init__(self, name: str):
+  def __init__(self, name: str, argv: list[str] | None = None):
     self.name = name
+    self.argv = argv
 
   def flag_type(self) -> str:
     return "config object"
@@ -150,7 +151,8 @@ class _Parser(flags.ArgumentParser):
     except (TypeError, ValueError) as e:
       raise type(e)("Error whilst parsing config file:\n\n" + traceback.format_exc()) from e
     # The overrides of the command line, as ml_collections reads them (sys.argv).
-    check_overrides(config, flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False), self.name)
+    argv = sys.argv if self.argv is None else self.argv
+    check_overrides(config, flags.FLAGS.read_flags_from_files(argv, force_gnu=False), self.name)
     config.lock()
     return config
 
@@ -162,3 +164,17 @@ def define_flag(name: str = "config") -> flags.FlagHolder:
   )
   flags.FLAGS[name].parser = _Parser(name)
   return holder
+
+
+def from_flags(args: list[str], name: str = "config"):
+  """The config that a command line's `--config=...` and `--config.<field>=...` flags (`args`,
+  nothing else) give, parsed as the commands parse them: for a program that runs stages in its
+  own process (experiments/common.run_stage)."""
+  argv = ["vit_jax", *args]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file(
+    name, None, "Stage config.", flag_values=values, lock_config=True, sys_argv=argv
+  )
+  values[name].parser = _Parser(name, argv)
+  values(argv)
+  return values[name].value

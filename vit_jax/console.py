@@ -32,6 +32,7 @@ _QUIET_SOURCES = (os.sep + "orbax" + os.sep,)
 
 _terminal = None  # the filtered stream, once set up
 _ended = False  # the run's last line is written: nothing more reaches the terminal
+_restore = None  # what `teardown` undoes: (the terminal's fd for stderr, the handler)
 
 
 class _TerminalFilter(logging.Filter):
@@ -72,7 +73,9 @@ def log_path(workdir: str | None, process_index: int = 0) -> str:
 
 def setup(workdir: str | None, process_index: int = 0) -> str:
   """Routes stderr to the log file and filtered lines to the terminal; returns the log's path."""
-  global _terminal
+  global _terminal, _ended, _restore
+  if _restore is not None:
+    teardown()
   path = log_path(workdir, process_index)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   sys.stderr.flush()
@@ -85,8 +88,24 @@ def setup(workdir: str | None, process_index: int = 0) -> str:
   handler.setFormatter(_TerminalFormatter())
   handler.addFilter(_TerminalFilter())
   logging.getLogger().addHandler(handler)
+  _ended, _restore = False, (os.dup(terminal_fd), handler)
   print(f"vit_jax: full log in {path}", file=_terminal)
   return path
+
+
+def teardown() -> None:
+  """Undoes `setup`: stderr goes to the terminal again, the log file is closed. For a program
+  that runs several stages in one process (experiments/common.run_stage), each with its log."""
+  global _terminal, _restore
+  if _restore is None:
+    return
+  fd, handler = _restore
+  logging.getLogger().removeHandler(handler)
+  sys.stderr.flush()
+  os.dup2(fd, 2)
+  os.close(fd)
+  _terminal.close()
+  _terminal, _restore = None, None
 
 
 def write_line(text: str) -> None:
