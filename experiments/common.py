@@ -61,7 +61,7 @@ def run_stage(
 
   The command is printed, so that a reader can rerun the stage by hand; it runs as the command
   does (the same config parsing and one-line errors for a misspelt field, the same
-  `vit_jax.main.run`, its progress lines on the terminal and everything else in the stage's log
+  `vit_jax.stages.run`, its progress lines on the terminal and everything else in the stage's log
   file), without starting another Python (the imports of JAX and TensorFlow, seconds each).
 
   Args:
@@ -78,8 +78,7 @@ def run_stage(
   """
   from absl import logging as absl_logging
 
-  from vit_jax import config_files, console
-  from vit_jax import main as vit_main
+  from vit_jax import config_files, console, stages
   from vit_jax import workdir as workdir_lib
 
   done = os.path.join(workdir, DONE)
@@ -103,7 +102,7 @@ def run_stage(
     if not verbose:
       log = console.setup(workdir)
     config = config_files.from_flags(args)
-    metrics = vit_main.run(config, workdir)
+    metrics = stages.run(config, workdir)
   except Exception as e:  # noqa: BLE001 - the stage's one line, as the command ends
     console.fail(e, log)
     raise SystemExit(f"stage '{title}' failed") from e

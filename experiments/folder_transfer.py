@@ -70,10 +70,10 @@ def write_builtin_folder(name: str, root: str) -> str:
 def read_folder(root: str, split: str, image_size: int) -> tuple[np.ndarray, np.ndarray]:
   """The images (uint8, RGB) and labels of `root/<split>/<class>/*`, classes in sorted order (as
   the `folder` source numbers them); resized to `image_size` only if their sizes differ. An
-  unreadable file is skipped with one warning line (vit_jax.predict.read_images)."""
+  unreadable file is skipped with one warning line (vit_jax.inference.read_images)."""
   from PIL import Image
 
-  from vit_jax import predict
+  from vit_jax import inference
   from vit_jax.input_pipeline import sources
 
   extensions = sources.IMAGE_EXTENSIONS  # what the `folder` source reads
@@ -90,7 +90,7 @@ def read_folder(root: str, split: str, image_size: int) -> tuple[np.ndarray, np.
   if not label_of:
     raise SystemExit(f"no images under {split_dir}/<class>/ ({', '.join(extensions)})")
   try:  # an unreadable file is skipped with one warning, as the trainer skips it
-    paths, images = predict.read_images(list(label_of))
+    paths, images = inference.read_images(list(label_of))
   except ValueError as e:
     raise SystemExit(f"{split_dir}: {e}") from e
   images = [image.convert("RGB") for image in images]

@@ -21,8 +21,7 @@ import textwrap
 PROGRAM = textwrap.dedent(
   """
   import os, signal, sys
-  from absl import app
-  from vit_jax import input_pipeline, main
+  from vit_jax import cli, input_pipeline, main
   from vit_jax.checkpoint import train_state
   name = os.environ.get("FAULT_SIGNAL", "SIGTERM")
   sig = getattr(signal, name)
@@ -45,7 +44,7 @@ PROGRAM = textwrap.dedent(
     return out
   train_state.Checkpointer.save = signalling_save
   sys.argv[0] = "vit_jax.main"
-  app.run(main.main, flags_parser=main.parse_flags)
+  cli.run(main.main, "vit_jax", main.define_flags)
   """
 )
 

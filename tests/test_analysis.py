@@ -293,7 +293,8 @@ def test_command_line_names_a_missing_image(tmp_path):
   )
   assert proc.returncode != 0
   assert proc.stderr.strip().splitlines()[-1] == (
-    f"vit_jax.analysis: --images: no such file or folder: {tmp_path / 'nope.png'}"
+    "vit_jax.analysis: error: FileNotFoundError: --images: no such file or folder: "
+    f"{tmp_path / 'nope.png'}"
   )
 
 

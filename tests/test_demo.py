@@ -11,7 +11,7 @@ import xla_env  # tests/
 from PIL import Image
 
 from experiments import demo
-from vit_jax import predict
+from vit_jax import inference
 from vit_jax.input_pipeline import builtin
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +62,7 @@ def test_quick_demo_then_predict(tmp_path):
   # run; 2 of 200 are allowed.
   label = str(demo.QUICK.labels[-1])
   images, labels = builtin.get_split("animal_mnist", f"test[:{demo.QUICK.test_examples}]")
-  clf = predict.Classifier(str(tmp_path / f"finetune_{label}"))
+  clf = inference.Classifier(str(tmp_path / f"finetune_{label}"))
   assert clf.image_size == 32 and clf.num_classes == 10
   assert clf.class_names == list(builtin.ANIMAL_MNIST_CLASSES)
   probabilities = clf.probabilities([Image.fromarray(image[..., 0]) for image in images])

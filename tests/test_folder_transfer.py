@@ -99,12 +99,12 @@ def test_quick_folder_transfer_end_to_end(tmp_path):
   # near-ties; 5 of the 179 images are allowed).
   from PIL import Image
 
-  from vit_jax import predict
+  from vit_jax import inference
 
   images, labels = folder_transfer.read_folder(str(tmp_path / "ft" / "digits"), "test", 32)
   for kind, run in results["runs"].items():
     assert run["step"] == 20
-    probabilities = predict.Classifier(str(tmp_path / "ft" / kind)).probabilities(
+    probabilities = inference.Classifier(str(tmp_path / "ft" / kind)).probabilities(
       [Image.fromarray(image) for image in images]
     )
     accuracy = np.mean(probabilities.argmax(-1) == labels)

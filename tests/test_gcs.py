@@ -163,12 +163,12 @@ def test_lock_create_is_atomic_on_gcs(local_gcs, monkeypatch):
 def test_missing_client_library_is_one_line(monkeypatch):
   """A gs:// workdir without google-cloud-storage: an ImportError of one line saying what to
   install, before anything is written (main.py prints it as the run's last line)."""
-  from vit_jax import main
+  from vit_jax import stages
   from vit_jax.configs import pretrain
 
   monkeypatch.setitem(sys.modules, "google.cloud.storage", None)  # as if not installed
   with pytest.raises(ImportError) as raised:
-    main.run(pretrain.get_config("dataset=fashion_mnist,runlocal"), f"{ROOT}/no-client")
+    stages.run(pretrain.get_config("dataset=fashion_mnist,runlocal"), f"{ROOT}/no-client")
   message = str(raised.value)
   assert "\n" not in message and gcs.CLIENT_REQUIREMENT in message, message
   assert message.startswith(f"{ROOT}/no-client is on Google Cloud Storage"), message
@@ -364,7 +364,9 @@ def test_gcs_faults_end_in_one_line(env, local_gcs, tmp_path):
     "--dataset=digits",
     "--out_dir=gs://no-such-bucket-here/s",
   )
-  assert code == 1 and last.startswith("make_shards: error: gs://no-such-bucket-here/s: the bucket")
+  assert code == 1 and last.startswith(
+    "make_shards: error: FileNotFoundError: gs://no-such-bucket-here/s: the bucket"
+  )
 
   # No credentials: the server's token and endpoint unset (google-cloud-storage then looks for
   # credentials as on a real machine), no credentials file, the metadata server refusing.

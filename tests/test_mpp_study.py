@@ -10,7 +10,7 @@ import pytest
 import xla_env  # tests/
 from PIL import Image
 
-from vit_jax import predict
+from vit_jax import inference
 from vit_jax.input_pipeline import builtin
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +44,7 @@ def test_quick_study_writes_results_table_and_plot(tmp_path):
     assert results["baselines"][dataset]["test_examples"] == 200
     images, labels = builtin.get_split(dataset, "test[:200]")
     for init, reported in results["finetune"][dataset].items():
-      clf = predict.Classifier(str(tmp_path / f"finetune_{dataset}_{init}"))
+      clf = inference.Classifier(str(tmp_path / f"finetune_{dataset}_{init}"))
       probabilities = clf.probabilities([Image.fromarray(image[..., 0]) for image in images])
       accuracy = np.mean(probabilities.argmax(-1) == labels)
       assert accuracy == pytest.approx(reported, abs=4 / 200), (dataset, init)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import checkpoint, models, predict
+from vit_jax import checkpoint, inference, models
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NAMES = ["ant", "bee", "cat"]
@@ -48,13 +48,13 @@ def test_npz_without_config_infers_architecture_and_size(tmp_path):
   assert (inferred.patch_size, inferred.hidden_size, inferred.num_layers) == (4, 32, 2)
   assert (inferred.num_heads, inferred.mlp_dim, inferred.representation_size) == (2, 64, 24)
 
-  clf = predict.Classifier(path)
+  clf = inference.Classifier(path)
   assert clf.image_size == 16 and clf.num_classes == 3 and clf.class_names is None
   paths = _images(tmp_path)
   images = [Image.open(p) for p in paths]
   top = clf.top_k(images, k=5)
   assert [len(t) for t in top] == [3, 3]  # k is capped at the number of classes
-  x = np.stack([predict.preprocess(im, 16) for im in images])
+  x = np.stack([inference.preprocess(im, 16) for im in images])
   expected = np.asarray(jax.nn.softmax(model.apply({"params": params}, x, train=False)))
   for t, e in zip(top, expected, strict=True):
     assert [i for i, _, _ in t] == list(np.argsort(-e))
@@ -71,13 +71,13 @@ def test_preprocess_matches_the_tensorflow_eval_pipeline():
   image = np.stack([yy * 4, xx * 3, (yy + xx) * 2], -1) + rng.integers(0, 8, (60, 80, 3))
   image = np.clip(image, 0, 255).astype(np.uint8)
   spec = "decode|resize_small(40)|central_crop(32)|value_range(-1, 1)"
-  ours = predict.preprocess(Image.fromarray(image), 32, spec)
+  ours = inference.preprocess(Image.fromarray(image), 32, spec)
   fn = tf_preprocess.get_preprocess_fn(spec, 32)
   theirs = np.asarray(fn(image, np.zeros(2, np.int64)))
   assert ours.shape == theirs.shape == (32, 32, 3)
   assert np.abs(ours - theirs).mean() < 0.02
   with pytest.raises(ValueError, match="not deterministic"):
-    predict.preprocess(Image.fromarray(image), 32, "decode|flip_lr|value_range")
+    inference.preprocess(Image.fromarray(image), 32, "decode|flip_lr|value_range")
 
 
 def test_workdir_config_gives_model_size_and_class_names(tmp_path):
@@ -91,7 +91,7 @@ def test_workdir_config_gives_model_size_and_class_names(tmp_path):
     "dataset": {"name": "toy", "image_size": 24, "class_names": NAMES},
   }
   (workdir / "config.json").write_text(json.dumps(config))
-  clf = predict.Classifier(str(workdir / "params.npz"))
+  clf = inference.Classifier(str(workdir / "params.npz"))
   assert clf.image_size == 24 and clf.model.classifier == "gap"
   assert clf.class_names == NAMES
   (top,) = clf.top_k([Image.open(_images(tmp_path, 1)[0])], k=2)
@@ -142,7 +142,7 @@ def test_command_line_skips_an_unreadable_image_and_classifies_the_others(tmp_pa
   assert (
     out.stderr.strip()
     .splitlines()[-1]
-    .startswith(f"predict: none of the 1 images could be read: {bad} (cannot identify image file")
+    .startswith(f"predict: error: ValueError: none of the 1 images could be read: {bad} (cannot")
   )
 
 
@@ -159,7 +159,7 @@ def test_other_image_size_resizes_posemb_and_sigmoid_heads_get_sigmoid(tmp_path)
   (workdir / "config.json").write_text(json.dumps(config))
   image = Image.open(_images(tmp_path, 1)[0])
   # 24px: a 6x6 patch grid where the checkpoint has 4x4; the same resize the probe uses.
-  clf = predict.Classifier(str(workdir / "params.npz"), image_size=24)
+  clf = inference.Classifier(str(workdir / "params.npz"), image_size=24)
   assert clf.params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 37, 32)
   expected_posemb = checkpoint.resize_posemb(
     params["Transformer"]["posembed_input"]["pos_embedding"], 6
@@ -168,7 +168,7 @@ def test_other_image_size_resizes_posemb_and_sigmoid_heads_get_sigmoid(tmp_path)
     clf.params["Transformer"]["posembed_input"]["pos_embedding"], expected_posemb
   )
   (probs,) = clf.probabilities([image])
-  x = predict.preprocess(image, 24)[None]
+  x = inference.preprocess(image, 24)[None]
   logits = model.apply({"params": clf.params}, x, train=False)[0]
   np.testing.assert_allclose(probs, jax.nn.sigmoid(logits), rtol=1e-5)
   assert not np.isclose(probs.sum(), 1.0)  # independent class scores, not a distribution

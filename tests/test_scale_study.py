@@ -12,7 +12,7 @@ import xla_env  # tests/
 from PIL import Image
 
 from experiments import scale_study
-from vit_jax import config_files, predict
+from vit_jax import config_files, inference
 from vit_jax.input_pipeline import builtin
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,7 +114,7 @@ def test_quick_study_end_to_end_and_resume(tmp_path):
     workdir = (
       tmp_path / "finetune" / family / fraction / "animal_mnist" / str(chosen["learning_rate"])
     )
-    probabilities = predict.Classifier(str(workdir)).probabilities(
+    probabilities = inference.Classifier(str(workdir)).probabilities(
       [Image.fromarray(image[..., 0]) for image in images]
     )
     accuracy = np.mean(probabilities.argmax(-1) == labels)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import xla_env  # tests/
 
-from vit_jax import main, sharding, train
+from vit_jax import sharding, stages, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune, pretrain
 
@@ -56,7 +56,7 @@ def test_stages_run_a_few_steps(tmp_path):
   config = pretrain.get_config("dataset=fashion_mnist,runlocal")
   config.evals.fewshot_animal_mnist.every_steps = 0  # at the end only
   del config.evals["fewshot_mnist_5k"]
-  metrics = main.run(config, str(tmp_path / "pretrain"))
+  metrics = stages.run(config, str(tmp_path / "pretrain"))
   assert np.isfinite(metrics["loss"])
   # Few-shot on the downstream set, not on the pretraining data.
   assert "val/accuracy" in metrics and "fewshot_animal_mnist/1shot" in metrics
@@ -66,7 +66,7 @@ def test_stages_run_a_few_steps(tmp_path):
   config = finetune.get_config("dataset=animal_mnist,runlocal")
   config.model_init = str(tmp_path / "pretrain")
   config.dataset.image_size = 24  # 6×6 patches instead of 4×4: position embeddings resized
-  metrics = main.run(config, str(tmp_path / "finetune"))
+  metrics = stages.run(config, str(tmp_path / "finetune"))
   assert np.isfinite(metrics["loss"]) and "val/accuracy" in metrics
   params = _params(tmp_path / "finetune")
   assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 37, 32)
@@ -92,7 +92,7 @@ def test_linear_probe_stage_runs(tmp_path, monkeypatch):
   monkeypatch.setattr(evaluators.LinearProbeEvaluator, "score", spy)
   config = probe_config.get_config("dataset=fashion_mnist,runlocal")
   config.model_init = str(tmp_path / "pretrain")
-  returned = main.run(config, str(tmp_path / "probe"))
+  returned = stages.run(config, str(tmp_path / "probe"))
   saved = linear_probe.read_results(tmp_path / "probe")
   assert saved["model_init"] == config.model_init and saved["dataset"] == "fashion_mnist"
   # The probe read the pre-logits of the pretrained backbone (width 32 under runlocal).
@@ -141,7 +141,7 @@ def test_bit_stages_run_and_chain(tmp_path):
   for name in config.evals:  # val and each downstream few-shot set: at the end only
     config.evals[name].every_steps = 0
   config.mesh.update(data=4, fsdp=2)
-  metrics = main.run(config, str(tmp_path / "pretrain"))
+  metrics = stages.run(config, str(tmp_path / "pretrain"))
   assert (
     np.isfinite(metrics["loss"])
     and "val/accuracy" in metrics
@@ -153,16 +153,16 @@ def test_bit_stages_run_and_chain(tmp_path):
   config = finetune.get_config("dataset=animal_mnist,model=R26x1,runlocal")
   config.model_init = str(tmp_path / "pretrain")
   config.total_steps = 2
-  metrics = main.run(config, str(tmp_path / "finetune"))
+  metrics = stages.run(config, str(tmp_path / "finetune"))
   assert np.isfinite(metrics["loss"]) and "val/accuracy" in metrics
-  from vit_jax import predict
+  from vit_jax import inference
   from vit_jax.configs import linear_probe
 
   probe = linear_probe.get_config("dataset=mnist_5k,runlocal")
   probe.model_init = str(tmp_path / "pretrain")
-  results = main.run(probe, str(tmp_path / "probe"))  # config.json gives the architecture
+  results = stages.run(probe, str(tmp_path / "probe"))  # config.json gives the architecture
   assert results["linear_probe/representation_size"] == 1024
-  classifier = predict.Classifier(str(tmp_path / "finetune"))
+  classifier = inference.Classifier(str(tmp_path / "finetune"))
   assert classifier.num_classes == 10 and classifier.image_size == 16
 
 

@@ -125,12 +125,24 @@ def end(text: str) -> None:
 
 
 def fail(
-  error: BaseException, path: str | None, message: str | None = None, kind: str | None = None
+  error: BaseException,
+  path: str | None,
+  message: str | None = None,
+  kind: str | None = None,
+  name: str = "vit_jax",
 ) -> None:
-  """Logs `error` with its traceback (file) and prints one line naming it (terminal): `kind`
-  (default: the error's type) and `message` (default: the error's first line)."""
+  """Logs `error` with its traceback (file) and prints one line naming it (terminal):
+  `error_line`'s, with ` (full log: <path>)`."""
   absl_logging.error("run failed", exc_info=error, extra={"terminal": False})
+  where = f" (full log: {path})" if path else ""
+  end(error_line(error, name, message, kind) + where)
+
+
+def error_line(
+  error: BaseException, name: str, message: str | None = None, kind: str | None = None
+) -> str:
+  """`<name>: error: <kind>: <message>`: `kind` by default the error's type, `message` its
+  first line."""
   if message is None:
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-  where = f" (full log: {path})" if path else ""
-  end(f"vit_jax: error: {kind or type(error).__name__}: {message}{where}")
+  return f"{name}: error: {kind or type(error).__name__}: {message}"

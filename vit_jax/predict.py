@@ -11,257 +11,42 @@ carry names), else the class index is printed. For a bare `.npz` the architectur
 the parameter shapes and the image size from the position embeddings (or `--image_size`).
 
 Images are preprocessed as in evaluation — the saved `pp_eval` spec (`decode|resize|
-central_crop|value_range` ops), or resize to the model's size — with PIL and numpy; TensorFlow is
-imported only to look up a dataset's class names when no other source has them. An unreadable
-image is skipped with one warning line naming it (`read_images`); the others are classified.
+central_crop|value_range` ops), or resize to the model's size — with PIL and numpy
+(vit_jax.inference, the library behind this command); TensorFlow is imported only to look up a
+dataset's class names when no other source has them. An unreadable image is skipped with one
+warning line naming it; the others are classified.
 """
 
-import math
 import os
-import sys
+import types
 from collections.abc import Sequence
-from typing import Any
 
-import jax
-import ml_collections
 import numpy as np
-from absl import app, flags, logging
-from PIL import Image
+from absl import app, flags
 
-from vit_jax import checkpoint as checkpoint_lib
-from vit_jax import models
-from vit_jax.input_pipeline import pp_spec
-
-FLAGS = flags.FLAGS
+from vit_jax import cli, inference
 
 
-def _define_flags() -> None:
-  # Defined only when run as the command line: a module that imports predict for its loaders
-  # (vit_jax.analysis) has flags of the same names.
-  flags.DEFINE_string(
-    "checkpoint", None, "Workdir, step directory or .npz of a trained classifier."
+def define_flags() -> types.SimpleNamespace:
+  """The command's flags (see vit_jax.cli)."""
+  f = types.SimpleNamespace(
+    checkpoint=flags.DEFINE_string(
+      "checkpoint", None, "Workdir, step directory or .npz of a trained classifier."
+    ),
+    class_names=flags.DEFINE_string(
+      "class_names", None, "Text file with one class name a line (overrides the dataset's)."
+    ),
+    image_size=flags.DEFINE_integer(
+      "image_size", 0, "Input resolution; 0: from config.json or the position embeddings."
+    ),
+    model=flags.DEFINE_string(
+      "model", None, "A vit_jax.models preset (e.g. B/16) for an .npz without config.json."
+    ),
+    top_k=flags.DEFINE_integer("top_k", 5, "How many classes to print per image."),
+    batch_size=flags.DEFINE_integer("batch_size", 32, "Images per forward pass."),
   )
-  flags.DEFINE_string(
-    "class_names", None, "Text file with one class name a line (overrides the dataset's)."
-  )
-  flags.DEFINE_integer(
-    "image_size", 0, "Input resolution; 0: from config.json or the position embeddings."
-  )
-  flags.DEFINE_string(
-    "model", None, "A vit_jax.models preset (e.g. B/16) for an .npz without config.json."
-  )
-  flags.DEFINE_integer("top_k", 5, "How many classes to print per image.")
-  flags.DEFINE_integer("batch_size", 32, "Images per forward pass.")
   flags.mark_flag_as_required("checkpoint")
-
-
-DEFAULT_PP = "decode|resize|value_range(-1, 1)"
-
-
-# ---------------------------------------------------------------------------------------------
-# Preprocessing with PIL (the deterministic ops of vit_jax.input_pipeline.preprocess).
-
-
-def _resize(image: Image.Image, height: int, width: int) -> Image.Image:
-  # Bilinear with PIL's support scaled on shrinking: antialiased, like the TF pipeline.
-  return image.resize((width, height), Image.Resampling.BILINEAR)
-
-
-def preprocess(image: Image.Image, image_size: int, spec: str = DEFAULT_PP) -> np.ndarray:
-  """A PIL image → float32 [image_size, image_size, 3] per the evaluation spec.
-
-  Supports decode (to RGB: gray is replicated, alpha dropped), resize, resize_small,
-  central_crop and value_range; random (training) ops raise ValueError.
-  """
-  out: Any = image
-  for name, args, kwargs in pp_spec.parse(spec):
-    if name == "decode":
-      out = out.convert("RGB")
-    elif name == "resize":
-      size = pp_spec.resolve_size(_size_arg(args, kwargs), image_size)
-      out = _resize(out, size, size)
-    elif name == "resize_small":
-      size = pp_spec.resolve_size(_size_arg(args, kwargs), image_size)
-      w, h = out.size
-      scale = size / min(h, w)
-      out = _resize(out, max(size, round(h * scale)), max(size, round(w * scale)))
-    elif name == "central_crop":
-      size = pp_spec.resolve_size(_size_arg(args, kwargs), image_size)
-      w, h = out.size
-      y, x = (h - size) // 2, (w - size) // 2
-      out = out.crop((x, y, x + size, y + size))
-    elif name == "value_range":
-      vmin = args[0] if len(args) > 0 else kwargs.get("vmin", -1.0)
-      vmax = args[1] if len(args) > 1 else kwargs.get("vmax", 1.0)
-      out = np.asarray(out.convert("RGB"), np.float32) * ((vmax - vmin) / 255.0) + vmin
-    else:
-      raise ValueError(f"preprocessing op {name!r} is not deterministic; not used to predict")
-  if isinstance(out, Image.Image):
-    out = np.asarray(out.convert("RGB"), np.float32) * (2.0 / 255.0) - 1.0
-  if out.shape != (image_size, image_size, 3):
-    raise ValueError(f"{spec!r} gave shape {out.shape}, not ({image_size}, {image_size}, 3)")
-  return out
-
-
-def _size_arg(args, kwargs):
-  return args[0] if args else kwargs.get("size")
-
-
-# ---------------------------------------------------------------------------------------------
-# The classifier and what travels with it.
-
-
-def token_stride(model: Any) -> int:
-  """Input pixels per step of the token grid: the patch size, times the hybrid stem's stride.
-
-  Args:
-    model: a `VisionTransformer` or a model ConfigDict (`patch_size`, `resnet`).
-  """
-  resnet = model.resnet if hasattr(model, "resnet") else model.get("resnet")
-  # A ResNet stem of S stages downsamples by 2^(S+1) before the patches (models.py).
-  stem = 2 ** (1 + len(resnet["num_layers"])) if resnet is not None else 1
-  return int(model.patch_size) * stem
-
-
-def native_image_size(params: dict[str, Any], model: Any) -> int:
-  """The (square) input size that the checkpoint's position embeddings were trained at."""
-  tokens = params["Transformer"]["posembed_input"]["pos_embedding"].shape[1]
-  return math.isqrt(tokens - int("cls" in params)) * token_stride(model)
-
-
-class Classifier:
-  """A trained checkpoint with its architecture, input size, preprocessing and class names."""
-
-  def __init__(
-    self,
-    checkpoint: str,
-    *,
-    model: str | None = None,
-    image_size: int = 0,
-    class_names: Sequence[str] | None = None,
-  ):
-    """Args: see the module docstring and the flags of the same names."""
-    model_config = models.get_model_config(model) if model else None
-    model_config, params, saved = checkpoint_lib.load_backbone(checkpoint, model_config)
-    if "head" not in params:
-      raise ValueError(f"{checkpoint} has no classification head (a headless backbone?)")
-    # The head's leaves (ViT `kernel` [D, K], BiT `conv2d/kernel` [1, 1, C, K], biases [K]) all
-    # end in the class axis.
-    self.num_classes = int(np.shape(jax.tree_util.tree_leaves(params["head"])[0])[-1])
-    rep = params["pre_logits"]["kernel"].shape[-1] if "pre_logits" in params else None
-    self.model = models.get_model(
-      model_config,
-      self.num_classes,
-      **models.known_overrides(model_config, representation_size=rep, dropout_rate=0.0),
-    )
-    dataset = saved.get("dataset") if saved is not None else None
-    self.image_size = image_size or (
-      dataset.image_size if dataset else native_image_size(params, self.model)
-    )
-    # Another resolution than the checkpoint's: position embeddings resized to its patch grid.
-    self.params = checkpoint_lib.fit_posemb(params, self.model, model_config, self.image_size)
-    # A head trained with sigmoid cross-entropy (multi-label) scores classes independently.
-    self.sigmoid = saved is not None and saved.get("loss") == "sigmoid_xent"
-    self.pp = (dataset.get("pp_eval") if dataset else None) or DEFAULT_PP
-    self.class_names = list(class_names) if class_names else _dataset_class_names(dataset)
-    if self.class_names and len(self.class_names) != self.num_classes:
-      logging.warning(
-        "%d class names for a %d-class head; printing indices",
-        len(self.class_names),
-        self.num_classes,
-      )
-      self.class_names = None
-    self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False))
-
-  def name(self, index: int) -> str:
-    return self.class_names[index] if self.class_names else f"class {index}"
-
-  def probabilities(self, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
-    """Class probabilities [N, K] of PIL images: softmax of the logits, or their sigmoid for a
-    head trained with sigmoid cross-entropy (then rows need not sum to 1)."""
-    arrays = np.stack([preprocess(im, self.image_size, self.pp) for im in images])
-    out = []
-    for start in range(0, len(arrays), batch_size):
-      chunk = arrays[start : start + batch_size]
-      n = len(chunk)
-      chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
-      logits = self._apply(self.params, chunk)[:n]
-      probs = jax.nn.sigmoid(logits) if self.sigmoid else jax.nn.softmax(logits, axis=-1)
-      out.append(np.asarray(probs))
-    return np.concatenate(out)
-
-  def top_k(self, images: Sequence[Image.Image], k: int = 5) -> list[list[tuple[int, str, float]]]:
-    """For each image, the k most likely (class index, name, probability), best first."""
-    probs = self.probabilities(images)
-    k = min(k, self.num_classes)
-    result = []
-    for p in probs:
-      idx = np.argsort(-p, kind="stable")[:k]
-      result.append([(int(i), self.name(int(i)), float(p[i])) for i in idx])
-    return result
-
-
-def _dataset_class_names(dataset: ml_collections.ConfigDict | None) -> list[str] | None:
-  """Class names of the dataset a checkpoint was trained on (imports TensorFlow), or None."""
-  if not dataset or not dataset.get("name"):
-    return None
-  if dataset.get("class_names"):
-    return list(dataset.class_names)
-  try:
-    from vit_jax import input_pipeline  # TensorFlow: only to look the names up
-
-    info = input_pipeline.get_dataset_info(input_pipeline.dataset_config(**dataset.to_dict()))
-  except Exception as e:  # noqa: BLE001 — names are a nicety; predictions stand without them
-    logging.warning("no class names for dataset %s: %s", dataset.get("name"), e)
-    return None
-  return list(info.class_names) if info.class_names else None
-
-
-# What PIL raises for a file that is no readable image (truncated, another format, too large).
-UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
-
-
-def why_unreadable(error: BaseException) -> str:
-  """The first line of what PIL said about an unreadable file."""
-  return str(error).splitlines()[0] if str(error) else type(error).__name__
-
-
-def skipped_line(skipped: Sequence[tuple[str, str]], total: int) -> str:
-  """One line counting and naming the unreadable images: (path, why) pairs of `total`."""
-  listed = "; ".join(f"{p} ({why})" for p, why in skipped)
-  return f"skipped {len(skipped)} of {total} images that could not be read: {listed}"
-
-
-def read_images(paths: Sequence[str]) -> tuple[list[str], list[Image.Image]]:
-  """Opens and decodes image files; unreadable ones are skipped with one warning line.
-
-  Returns:
-    (the paths that were read, their decoded images), in the order of `paths`.
-
-  Raises:
-    ValueError: none of them could be read (one line naming the first).
-  """
-  read, images, skipped = [], [], []
-  for path in paths:
-    try:
-      image = Image.open(path)
-      image.load()  # decodes now (a truncated file fails here) and closes the file
-    except UNREADABLE as e:
-      skipped.append((path, why_unreadable(e)))
-      continue
-    read.append(path)
-    images.append(image)
-  if not images:
-    path, why = skipped[0]
-    raise ValueError(f"none of the {len(paths)} images could be read: {path} ({why})")
-  if skipped:
-    logging.warning("%s", skipped_line(skipped, len(paths)))
-  return read, images
-
-
-def read_class_names(path: str) -> list[str]:
-  with open(path) as f:
-    return [line.strip() for line in f if line.strip()]
+  return f
 
 
 def format_predictions(path: str, top: list[tuple[int, str, float]]) -> str:
@@ -272,27 +57,23 @@ def format_predictions(path: str, top: list[tuple[int, str, float]]) -> str:
   return "\n".join(lines)
 
 
-def main(argv: Sequence[str]) -> None:
+def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
   paths = list(argv[1:])
   if not paths:
     raise app.UsageError("give one or more image files after the flags")
   missing = [p for p in paths if not os.path.exists(p)]
   if missing:
     raise app.UsageError(f"no such file: {', '.join(missing)}")
-  names = read_class_names(FLAGS.class_names) if FLAGS.class_names else None
-  classifier = Classifier(
-    FLAGS.checkpoint, model=FLAGS.model, image_size=FLAGS.image_size, class_names=names
+  names = inference.read_class_names(f.class_names.value) if f.class_names.value else None
+  classifier = inference.Classifier(
+    f.checkpoint.value, model=f.model.value, image_size=f.image_size.value, class_names=names
   )
-  try:
-    paths, images = read_images(paths)
-  except ValueError as e:
-    sys.exit(f"predict: {e}")  # one line, exit status 1
-  probs = classifier.probabilities(images, FLAGS.batch_size)
+  paths, images = inference.read_images(paths)
+  probs = classifier.probabilities(images, f.batch_size.value)
   for path, p in zip(paths, probs, strict=True):
-    idx = np.argsort(-p, kind="stable")[: min(FLAGS.top_k, classifier.num_classes)]
+    idx = np.argsort(-p, kind="stable")[: min(f.top_k.value, classifier.num_classes)]
     print(format_predictions(path, [(int(i), classifier.name(int(i)), float(p[i])) for i in idx]))
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, "predict", define_flags, errors=(ValueError, FileNotFoundError, KeyError))

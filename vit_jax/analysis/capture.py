@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax import checkpoint, models, predict, sharding
+from vit_jax import checkpoint, inference, models, sharding
 from vit_jax.analysis import metrics
 
 ATTENTION = "MultiHeadDotProductAttention_1"
@@ -39,7 +39,7 @@ class Subject:
       embeddings at the resolution they were trained at).
     model_config: the architecture.
     image_size: the side of the square input.
-    pp: the evaluation preprocessing spec (vit_jax.predict.preprocess).
+    pp: the evaluation preprocessing spec (vit_jax.inference.preprocess).
     grid: (gh, gw), the token grid at `image_size`.
     posemb_grid: (gh, gw) of the checkpoint's own position embeddings.
     stride: input pixels per grid step.
@@ -155,7 +155,7 @@ def load(
   native = dataset.image_size if dataset and dataset.get("image_size") else None
   if isinstance(native, (list, tuple)):
     native = native[0] if native[0] == native[1] else None
-  native = native or predict.native_image_size(params, model_config)
+  native = native or inference.native_image_size(params, model_config)
   image_size = image_size or native
   prefix = int("cls" in params)
   posemb = params["Transformer"]["posembed_input"]["pos_embedding"]
@@ -175,7 +175,7 @@ def load(
     path,
     image_size,
     *grid,
-    predict.token_stride(model_config),
+    inference.token_stride(model_config),
     model_config.num_layers,
     model_config.num_heads,
   )
@@ -185,10 +185,10 @@ def load(
     checkpoint_params=params,
     model_config=model_config,
     image_size=int(image_size),
-    pp=(dataset.get("pp_eval") if dataset else None) or predict.DEFAULT_PP,
+    pp=(dataset.get("pp_eval") if dataset else None) or inference.DEFAULT_PP,
     grid=grid,
     posemb_grid=posemb_grid,
-    stride=predict.token_stride(model_config),
+    stride=inference.token_stride(model_config),
     num_prefix_tokens=prefix,
     mesh=mesh,
   )

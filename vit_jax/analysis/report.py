@@ -24,7 +24,7 @@ import numpy as np
 from absl import logging
 from PIL import Image
 
-from vit_jax import predict
+from vit_jax import inference
 from vit_jax.analysis import capture, metrics, plots
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
@@ -61,7 +61,7 @@ def list_images(specs: Sequence[str]) -> list[str]:
 def _read(path: str, image_size: int, pp: str) -> np.ndarray:
   with Image.open(path) as image:
     image.load()
-    return predict.preprocess(image, image_size, pp)
+    return inference.preprocess(image, image_size, pp)
 
 
 def _batches(
@@ -73,8 +73,8 @@ def _batches(
     try:
       arrays.append(_read(path, image_size, pp))
       names.append(path)
-    except predict.UNREADABLE as e:
-      skipped.append((path, predict.why_unreadable(e)))
+    except inference.UNREADABLE as e:
+      skipped.append((path, inference.why_unreadable(e)))
       continue
     if len(arrays) == batch_size:
       yield names, np.stack(arrays)
@@ -122,7 +122,7 @@ def _attention(
       )
       last_log = now
   if skipped:
-    logging.warning("%s", predict.skipped_line(skipped, len(paths)))
+    logging.warning("%s", inference.skipped_line(skipped, len(paths)))
   if not names:
     raise ValueError(f"none of the {len(paths)} images could be read")
   return dict(

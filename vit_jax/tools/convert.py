@@ -25,24 +25,38 @@ safetensors' numpy API are used: no torch.
 
 import json
 import os
-import sys
+import types
 from typing import Any
 
 import ml_collections
 from absl import app, flags, logging
 
-from vit_jax import checkpoint, models
+from vit_jax import checkpoint, cli, models
 from vit_jax.checkpoint import layouts, timm_hf, train_state
 
 FORMATS = ("timm", "hf", "npz")
 WEIGHTS = {"timm": "model.safetensors", "hf": "model.safetensors", "npz": "model.npz"}
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("in", None, "Input: .npz, .safetensors, a model directory or a workdir.")
-flags.DEFINE_string("out", None, "Output directory (created).")
-flags.DEFINE_enum("to", None, FORMATS, "Output layout; default npz for timm/HF inputs, else timm.")
-flags.DEFINE_string("model", None, "A vit_jax.models preset (e.g. B/16) for the architecture.")
-flags.DEFINE_integer("num_heads", None, "Attention heads of a .safetensors without config.json.")
+
+def define_flags() -> types.SimpleNamespace:
+  """The command's flags (see vit_jax.cli)."""
+  f = types.SimpleNamespace(
+    input=flags.DEFINE_string(
+      "in", None, "Input: .npz, .safetensors, a model directory or a workdir."
+    ),
+    out=flags.DEFINE_string("out", None, "Output directory (created)."),
+    to=flags.DEFINE_enum(
+      "to", None, FORMATS, "Output layout; default npz for timm/HF inputs, else timm."
+    ),
+    model=flags.DEFINE_string(
+      "model", None, "A vit_jax.models preset (e.g. B/16) for the architecture."
+    ),
+    num_heads=flags.DEFINE_integer(
+      "num_heads", None, "Attention heads of a .safetensors without config.json."
+    ),
+  )
+  flags.mark_flags_as_required(["in", "out"])
+  return f
 
 
 def resolve_input(path: str) -> str:
@@ -140,16 +154,12 @@ def convert(
   return {"weights": weights, "config": config_path}
 
 
-def main(argv):
+def main(argv, f: types.SimpleNamespace):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  try:
-    written = convert(FLAGS["in"].value, FLAGS.out, FLAGS.to, FLAGS.model, FLAGS.num_heads)
-  except (ValueError, FileNotFoundError) as e:
-    sys.exit(f"convert: {e}")  # one line naming the culprit, exit status 1
+  written = convert(f.input.value, f.out.value, f.to.value, f.model.value, f.num_heads.value)
   print(f"wrote {written['weights']} and {written['config']}")
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["in", "out"])
-  app.run(main)
+  cli.run(main, "convert", define_flags, errors=(ValueError, FileNotFoundError))

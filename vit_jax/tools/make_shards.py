@@ -17,24 +17,38 @@ as their original bytes; bundled arrays are encoded as PNG.
 
 import json
 import os
-import sys
+import types
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
-from vit_jax import gcs
+from vit_jax import cli, gcs
 from vit_jax.input_pipeline import builtin, sources
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("dataset", None, f"Bundled dataset: one of {sorted(builtin.LOADERS)}.")
-flags.DEFINE_string("folder", None, "Image folder root: ROOT/<split>/<class>/*.{jpg,jpeg,png}.")
-flags.DEFINE_list("split", ["train", "test"], "Split(s) to write, comma separated.")
-flags.DEFINE_string("out_dir", None, "Output directory (local or gs://).")
-flags.DEFINE_string("name", None, "Shard name prefix; default: the dataset or folder name.")
-flags.DEFINE_integer("num_shards", 8, "Shards per split (fewer if the split has fewer examples).")
-flags.DEFINE_integer("shuffle_seed", 0, "Seed of the example order written to the shards.")
+
+def define_flags() -> types.SimpleNamespace:
+  """The command's flags (see vit_jax.cli)."""
+  return types.SimpleNamespace(
+    dataset=flags.DEFINE_string(
+      "dataset", None, f"Bundled dataset: one of {sorted(builtin.LOADERS)}."
+    ),
+    folder=flags.DEFINE_string(
+      "folder", None, "Image folder root: ROOT/<split>/<class>/*.{jpg,jpeg,png}."
+    ),
+    split=flags.DEFINE_list("split", ["train", "test"], "Split(s) to write, comma separated."),
+    out_dir=flags.DEFINE_string("out_dir", None, "Output directory (local or gs://)."),
+    name=flags.DEFINE_string(
+      "name", None, "Shard name prefix; default: the dataset or folder name."
+    ),
+    num_shards=flags.DEFINE_integer(
+      "num_shards", 8, "Shards per split (fewer if the split has fewer examples)."
+    ),
+    shuffle_seed=flags.DEFINE_integer(
+      "shuffle_seed", 0, "Seed of the example order written to the shards."
+    ),
+  )
 
 
 def write_shards(
@@ -130,28 +144,22 @@ class _Attrs:
     self.__dict__.update(d)
 
 
-def main(argv):
+def main(argv, f: types.SimpleNamespace):
   del argv
-  if bool(FLAGS.dataset) == bool(FLAGS.folder):
+  if bool(f.dataset.value) == bool(f.folder.value):
     raise app.UsageError("Pass exactly one of --dataset and --folder.")
-  if not FLAGS.out_dir:
+  if not f.out_dir.value:
     raise app.UsageError("--out_dir is required.")
-  try:  # before TensorFlow's makedirs, which never ends under a missing bucket
-    gcs.check_bucket(FLAGS.out_dir)
-  except (ImportError, OSError) as e:
-    sys.exit(f"make_shards: error: {e}")
-  for split in FLAGS.split:
-    if FLAGS.dataset:
-      paths = shard_builtin(
-        FLAGS.dataset, split, FLAGS.out_dir, FLAGS.num_shards, FLAGS.name, FLAGS.shuffle_seed
-      )
+  gcs.check_bucket(f.out_dir.value)  # before TensorFlow's makedirs: a missing bucket hangs it
+  for split in f.split.value:
+    args = (split, f.out_dir.value, f.num_shards.value, f.name.value, f.shuffle_seed.value)
+    if f.dataset.value:
+      paths = shard_builtin(f.dataset.value, *args)
     else:
-      paths = shard_folder(
-        FLAGS.folder, split, FLAGS.out_dir, FLAGS.num_shards, FLAGS.name, FLAGS.shuffle_seed
-      )
-    logging.info("Wrote %d shards of split %s to %s", len(paths), split, FLAGS.out_dir)
+      paths = shard_folder(f.folder.value, *args)
+    logging.info("Wrote %d shards of split %s to %s", len(paths), split, f.out_dir.value)
     print(f"{split}: {len(paths)} shards, e.g. {paths[0]}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, "make_shards", define_flags, errors=(ImportError, OSError, ValueError))

@@ -32,17 +32,16 @@ jax.distributed connects them automatically, elsewhere pass `--coordinator_addre
 (gs://): every host reads the same `final_metrics.json` to decide what is finished.
 """
 
-import functools
 import json
 import os
-import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
 from absl import app, flags
 from etils import epath
 
-from vit_jax import distributed
+from vit_jax import cli
 from vit_jax import workdir as workdir_lib
 
 RESULTS_FILE, TABLE_FILE = "results.json", "table.md"
@@ -149,14 +148,9 @@ class Run:
 
   def execute(self) -> dict[str, float]:
     """Runs (or resumes) the run in this process; returns its final metrics."""
-    import jax
+    from vit_jax import stages
 
-    from vit_jax import train
-
-    with workdir_lib.lock(self.workdir):
-      metrics = train.run(self.config, self.workdir)
-    if jax.process_index() == 0:
-      workdir_lib.save_final_metrics(self.workdir, metrics)
+    metrics = stages.run_and_record(self.config, self.workdir)
     return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
 
 
@@ -287,9 +281,9 @@ def table(results: dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _define_flags() -> dict[str, Any]:
-  """The command's flags (defined only when run as a program: vit_jax.main has some too)."""
-  return dict(
+def define_flags() -> types.SimpleNamespace:
+  """The command's flags (see vit_jax.cli)."""
+  f = types.SimpleNamespace(
     checkpoint=flags.DEFINE_string("checkpoint", None, "Pretrained weights: .npz or a workdir."),
     model=flags.DEFINE_string("model", "", "Model preset (vit_jax.models), e.g. L/16."),
     suite=flags.DEFINE_string("suite", "table2", "table2 | vtab | offline | a comma list."),
@@ -300,47 +294,33 @@ def _define_flags() -> dict[str, Any]:
     overrides=flags.DEFINE_multi_string(
       "config_override", [], "field=value set in every run's config, as --config.field=value."
     ),
-    distributed=flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"], "As vit_jax.main."),
-    coordinator_address=flags.DEFINE_string("coordinator_address", None, "As vit_jax.main."),
-    num_processes=flags.DEFINE_integer("num_processes", None, "As vit_jax.main."),
-    process_id=flags.DEFINE_integer("process_id", None, "As vit_jax.main."),
+    distributed=cli.DistributedFlags.define(),
   )
+  flags.mark_flags_as_required(["checkpoint", "workdir"])
+  return f
 
 
-def main(argv, f: dict[str, Any]):
+def main(argv, f: types.SimpleNamespace):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from vit_jax import console, stopping
+  grid = f.grid.value
 
-  # Library chatter goes to <workdir>/logs; progress, commands and results stay on the terminal.
-  log = console.setup(f["workdir"].value, f["process_id"].value or 0)
-  try:
-    distributed.initialize(
-      f["distributed"].value,
-      f["coordinator_address"].value,
-      f["num_processes"].value,
-      f["process_id"].value,
-    )
-    grid = f["grid"].value
+  def suite():
     run_suite(
-      f["suite"].value,
-      f["checkpoint"].value,
-      f["workdir"].value,
-      model=f["model"].value,
+      f.suite.value,
+      f.checkpoint.value,
+      f.workdir.value,
+      model=f.model.value,
       grid=[float(x) for x in grid] if grid else None,
-      runlocal=f["runlocal"].value,
-      overrides=f["overrides"].value,
-      paper=f["paper"].value,
+      runlocal=f.runlocal.value,
+      overrides=f.overrides.value,
+      paper=f.paper.value,
     )
-  except stopping.Stopped as e:  # rerunning the same command continues the suite
-    console.end(f"vit_jax: {e}")
-    sys.exit(e.exit_status)
-  except Exception as e:  # noqa: BLE001 - one line, the traceback in the log
-    console.fail(e, log)
-    sys.exit(1)
+
+  # Library chatter goes to <workdir>/logs; progress, commands and results stay on the terminal;
+  # rerunning the same command after a stop continues the suite.
+  cli.run_stages(suite, f.workdir.value, f.distributed)
 
 
 if __name__ == "__main__":
-  holders = _define_flags()
-  flags.mark_flags_as_required(["checkpoint", "workdir"])
-  app.run(functools.partial(main, f=holders))
+  cli.run(main, "vit_jax", define_flags)

@@ -1,0 +1,198 @@
+"""What the package's commands share: parsing their flags, the flags of a multi-host run, and
+how a command ends when something goes wrong: one line.
+
+Every command (`python -m vit_jax.main`, `vit_jax.predict`, `vit_jax.analysis`,
+`vit_jax.tools.<tool>`) is a module with a `define_flags()` that defines its flags and returns
+their holders, a `main(argv, flags)`, and `cli.run(main, "<name>", define_flags)` under
+`if __name__ == "__main__"`. Its flags exist only in the program that runs it, so a module that
+imports a command module (a test, or another command, for a function of it) defines no flag;
+the library code of a command lives in library modules (vit_jax.stages, vit_jax.inference, ...).
+
+  run(main, name, define_flags)  absl's app.run; a bad flag or --config value, or one of
+                        `errors` raised by `main`, ends in `<name>: error: <Kind>: <message>`
+  DistributedFlags      --distributed, --coordinator_address, --num_processes, --process_id
+  run_stages(...)       the body of a command that runs stages into a workdir (vit_jax.main,
+                        vit_jax.tools.transfer): its log file (vit_jax.console), jax.distributed
+                        connected, a stop (SIGTERM, preemption) ending in its line and exit
+                        status, any failure in one line naming the log.
+
+This file must not import TensorFlow.
+"""
+
+import dataclasses
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from absl import app, flags
+
+from vit_jax import distributed
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedFlags:
+  """The flags of a multi-host run (vit_jax.distributed.initialize)."""
+
+  mode: flags.FlagHolder
+  coordinator_address: flags.FlagHolder
+  num_processes: flags.FlagHolder
+  process_id: flags.FlagHolder
+
+  @classmethod
+  def define(cls) -> "DistributedFlags":
+    """Defines the four flags (once per program)."""
+    return cls(
+      flags.DEFINE_enum(
+        "distributed",
+        "auto",
+        ["auto", "on", "off"],
+        "jax.distributed.initialize: 'on' always (cluster auto-detection on TPU, SLURM, ...), "
+        "'off' never, 'auto' when --coordinator_address is given or on a multi-host TPU VM "
+        "slice.",
+      ),
+      flags.DEFINE_string(
+        "coordinator_address", None, "host:port of process 0 (CPU/GPU clusters)."
+      ),
+      flags.DEFINE_integer("num_processes", None, "Number of processes."),
+      flags.DEFINE_integer("process_id", None, "Index of this process."),
+    )
+
+  def connect(self) -> None:
+    """Connects this process to the others of its run (nothing for a single process)."""
+    distributed.initialize(
+      self.mode.value, self.coordinator_address.value, self.num_processes.value,
+      self.process_id.value,
+    )  # fmt: skip
+
+
+def flag_value(argv: Sequence[str], name: str) -> str | None:
+  """The value of `--name=value` or `--name value` in `argv`, before flags are parsed."""
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      return arg.split("=", 1)[1]
+    if arg == f"--{name}" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _flag_error(error: BaseException) -> tuple[BaseException, str]:
+  """The exception to name and its one line, for a bad --config (or another flag)."""
+  chain = []
+  while error is not None and len(chain) < 10:
+    chain.append(error)
+    error = error.__cause__ or error.__context__
+  # The outermost message without a traceback in it: absl's "flag --x=v: ..." where that is
+  # one line, the config file's own exception where absl wraps a traceback around it.
+  clean = [e for e in chain if "Traceback" not in str(e) and str(e).strip()]
+  named = clean[0] if clean else chain[0]
+  return named, str(named).strip().splitlines()[0]
+
+
+def _setup_console(workdir: str | None, process: int, name: str) -> str:
+  """The log file (vit_jax.console) in the workdir, or in the temporary directory when the
+  workdir cannot be written; exits (after setting up the latter) for an unwritable workdir."""
+  from vit_jax import console
+
+  try:
+    return console.setup(workdir, process)
+  except OSError as e:
+    log = console.setup(None, process)
+    message = f"cannot write to --workdir={workdir}: {e.strerror or e}"
+    console.fail(e, log, message=message, name=name)
+    sys.exit(1)
+
+
+def _parser(name: str) -> Callable[[list[str]], list[str]]:
+  def parse(argv: list[str]) -> list[str]:
+    """absl's flag parsing, ending a bad flag or --config in one line (the traceback in the
+    log file of a command that has a --workdir)."""
+    try:
+      return flags.FLAGS(argv)
+    except Exception as e:  # noqa: BLE001 - flags.Error, or the config file's own exception
+      from vit_jax import console
+
+      workdir = flag_value(argv, "workdir") if "workdir" in flags.FLAGS else None
+      process = int(flag_value(argv, "process_id") or 0)
+      named, line = _flag_error(e)
+      if workdir:  # the traceback into the run's log file
+        log = _setup_console(workdir, process, name)
+        console.fail(e, log, message=line, kind=type(named).__name__, name=name)
+      else:
+        console.end(console.error_line(e, name, line, type(named).__name__))
+      sys.exit(1)
+
+  return parse
+
+
+def run(
+  main: Callable[[list[str], Any], Any],
+  name: str,
+  define_flags: Callable[[], Any],
+  errors: tuple[type[BaseException], ...] = (),
+) -> None:
+  """Defines the command's flags, then runs `main(argv, define_flags())` as absl's app.run does,
+  a bad flag ending in one line; an exception of `errors` from `main` ends in
+  `<name>: error: <Kind>: <message>` (exit 1)."""
+  holders = define_flags()
+
+  def guarded(argv):
+    try:
+      return main(argv, holders)
+    except errors as e:
+      from vit_jax import console
+
+      console.end(console.error_line(e, name))  # a command without a log file: no traceback
+      sys.exit(1)
+
+  app.run(guarded, flags_parser=_parser(name))
+
+
+# How long a failed run's interpreter may wait for library threads before it is ended anyway.
+EXIT_GRACE_S = 30.0
+
+
+def run_stages(
+  body: Callable[[], Any],
+  workdir: str,
+  distributed_flags: DistributedFlags,
+  *,
+  name: str = "vit_jax",
+  verbose: bool = False,
+) -> Any:
+  """The body of a command that runs stages into `workdir`: the terminal shows progress and
+  results, everything else goes to the log file (vit_jax.console; `verbose`: everything on the
+  terminal); the processes of a multi-host run are connected; `body()` runs. A stop (SIGTERM,
+  SIGINT, a TPU preemption: vit_jax.stopping.Stopped) ends in its line and exit status, any
+  other failure in one line naming the log (exit 1)."""
+  from vit_jax import console, stopping
+
+  process = distributed_flags.process_id.value or 0
+  log = None if verbose else _setup_console(workdir, process, name)
+  try:
+    distributed_flags.connect()
+    return body()
+  except stopping.Stopped as e:
+    console.end(f"{name}: {e}")
+    sys.exit(e.exit_status)
+  except Exception as e:  # noqa: BLE001 - every failure ends with one line, details in the log
+    console.fail(e, log, name=name)
+    _exit_even_if_threads_hang(1)
+    sys.exit(1)
+
+
+def _exit_even_if_threads_hang(status: int, grace_s: float = EXIT_GRACE_S) -> None:
+  """Ends the process with `status` `grace_s` seconds from now unless it has ended by then.
+
+  After a failure, a library's worker thread may wait for work that never comes: once GCS had
+  refused a checkpoint write (403), one of Orbax's save threads kept the process alive after its
+  last line (the interpreter joins such threads at exit), so a scheduler never saw it fail. A
+  daemon thread keeps running while the interpreter waits for them, and ends it."""
+
+  def end():
+    time.sleep(grace_s)
+    os._exit(status)
+
+  threading.Thread(target=end, name="exit_watchdog", daemon=True).start()

@@ -1,0 +1,41 @@
+"""The stages a config names, and running one: what `python -m vit_jax.main` runs, as a library.
+
+`run(config, workdir)` runs `config.stage` ('pretrain' and 'finetune': vit_jax.train;
+'linear_probe': vit_jax.linear_probe) holding the workdir's lock (vit_jax.workdir.lock);
+`run_and_record` also writes its final metrics into the workdir (what scripts chaining stages
+read). For programs that run stages themselves (vit_jax.tools.transfer, experiments/).
+
+This file must not import TensorFlow (the stages import what they need when they run).
+"""
+
+from typing import Any
+
+import jax
+
+STAGES = ("pretrain", "finetune", "linear_probe")
+
+
+def run(config, workdir: str) -> dict[str, Any]:
+  """Runs the stage `config.stage` holding the workdir's lock; returns its final metrics."""
+  from vit_jax import workdir as workdir_lib
+
+  if config.stage not in STAGES:
+    raise ValueError(f"config.stage={config.stage!r}; expected one of {STAGES}")
+  with workdir_lib.lock(workdir):
+    if config.stage == "linear_probe":
+      from vit_jax import linear_probe
+
+      return linear_probe.run(config, workdir)
+    from vit_jax import train
+
+    return train.run(config, workdir)
+
+
+def run_and_record(config, workdir: str) -> dict[str, Any]:
+  """`run`, then the final metrics into the workdir (process 0)."""
+  from vit_jax import workdir as workdir_lib
+
+  metrics = run(config, workdir)
+  if jax.process_index() == 0 and isinstance(metrics, dict) and metrics:
+    workdir_lib.save_final_metrics(workdir, metrics)
+  return metrics
