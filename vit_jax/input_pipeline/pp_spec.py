@@ -4,8 +4,8 @@ The grammar is small: ops separated by `|`, each a name with an optional argumen
 literals (ints, floats, quoted strings, True/False/None, and parenthesised tuples of them),
 positional first, then `key=value`. Parsed by hand, not with `ast`: specs are parsed while input
 pipelines run, and `ast.parse` is unsafe beside other parsing threads (pipeline.py's `graph_fn`
-says why). Shared by the TensorFlow pipeline (preprocess.py) and predict's numpy version; imports
-neither TensorFlow nor numpy.
+says why). Shared by the TensorFlow pipeline (preprocess.py) and vit_jax.inference's PIL version;
+imports neither TensorFlow nor numpy.
 """
 
 import re

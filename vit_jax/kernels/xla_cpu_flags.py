@@ -1,12 +1,9 @@
 """XLA:CPU settings vit_jax applies before JAX starts its backends: matmuls outside YNNPACK.
 
 jax 0.10's CPU backend hands every dot (and convolution) to YNNPACK by default and reductions to
-YNNPACK fusions. For the ViT's matmuls on a 2-core AVX2 machine, XLA's own (Eigen) dots are
-faster: the fp32 train step of experiments/benchmark_model.py went from 6.5 to 9.6 images/s for
-ViT-Ti/16 (batch 32) and from 0.74 to 0.90 for ViT-B/16 (batch 8) with
-`--xla_cpu_experimental_ynn_fusion_type=-individual_dot` (YNNPACK keeps the reductions and
-convolutions); the demo's small model (width 64) lost about 6% (302 to 284).
-docs/benchmarks.md has the figures against timm.
+YNNPACK fusions. For the ViT's matmuls XLA's own (Eigen) dots are faster, so
+`--xla_cpu_experimental_ynn_fusion_type=-individual_dot` takes them out of YNNPACK (which keeps
+the reductions and convolutions); the measurements: docs/benchmarks.md.
 
 `apply()` runs when vit_jax is imported: it rewrites the process's XLA_FLAGS. It only adds flags
 XLA_FLAGS does not already set, so `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=` (or any

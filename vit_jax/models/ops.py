@@ -58,8 +58,8 @@ def matmul_2d(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
   """x [..., n] @ kernel [n, m] + bias [m], run as one 2-D matmul over the flattened rows.
 
   The same numbers as a Dense on [batch, tokens, n]; XLA's CPU backend runs the backward pass of
-  the 2-D form (the weight gradient contracts one dimension instead of batch and tokens) about
-  2.5x faster for the ViT's shapes (experiments/benchmark_model.py).
+  the 2-D form (the weight gradient contracts one dimension instead of batch and tokens) faster
+  for the ViT's shapes (docs/benchmarks.md).
   """
   rows = x.reshape(-1, x.shape[-1])
   return (rows @ kernel + bias).reshape(*x.shape[:-1], kernel.shape[-1])
@@ -114,13 +114,8 @@ def _attention_bwd(residuals, d_out):
   up to `TRANSPOSED_BWD_MAX_HEAD_DIM` they are computed transposed (d_k^T = q^T d_logits),
   transposing only the thin [tokens, head_dim] operands, behind optimization barriers so that XLA
   does not fold the transposes back into the matmuls; for wider heads the transposes cost more
-  than they save and the matmuls contract directly. Forward + backward of the core alone, fp32, 2
-  CPU cores (XLA's Eigen matmuls), direct vs transposed: ViT-Ti/16's [32, 3, 197, 64] 54 vs 70
-  ms, ViT-B/16's [8, 12, 197, 64] 49 vs 71 ms; the demo model's [128, 4, 65, 16] 28 vs 23 ms,
-  [128, 2, 65, 32] 16.5 vs 15.3 ms. Inside the whole train step the choice made no measurable
-  difference on that machine (step-by-step alternation, median of paired ratios transposed /
-  direct: Ti/16 0.994 over 20 pairs, B/16 1.010 over 12), so the rule rests on the standalone
-  figures. The direct form is the one autodiff produces.
+  than they save and the matmuls contract directly (the direct form is autodiff's). The
+  measurements behind the rule: docs/benchmarks.md.
   """
   q, k, v, weights = residuals  # q is scaled: the logits are q k^T.
   d_weights = jnp.einsum("bhqd,bhkd->bhqk", d_out, v)
@@ -255,9 +250,7 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
   by default uses E[x^2] - E[x]^2; the two agree to float32 rounding), with a hand-written
   backward pass: two row means for the input gradient and two column sums for the parameters.
   Autodiff of the same forward gives XLA:CPU more small fusions and materialises `scale`
-  broadcast to the activations' shape. fp32 train step on 2 CPU cores, both variants compiled in
-  one process and timed in alternating rounds (medians; rounds vary by +-10% on that machine):
-  with `gelu_tanh` in place, ViT-Ti/16 3.48 -> 3.43 s, the demo's model 396 -> 386 ms.
+  broadcast to the activations' shape (what it saves: docs/benchmarks.md).
   """
   return layer_norm_forward(x, scale, bias)[0]
 
@@ -276,10 +269,7 @@ def layer_norm_forward(x, scale, bias):
 def _layer_norm_fwd(x, scale, bias):
   y, mean, rstd = layer_norm_forward(x, scale, bias)
   # Save the statistics as computed here: without the barrier XLA:CPU fuses their row reductions
-  # into the backward pass's fusions again (a standalone LayerNorm's forward + backward on Ti/16's
-  # activations: 7.0 -> 6.1 ms). Train step on 2 cores, with against without, in-process A/Bs
-  # (experiments/ablate_step.py's method, medians of 8-30 alternating rounds): ViT-Ti/16 -4.6%,
-  # -6.6% and -0.5% in three runs, the demo's model 367 -> 351 ms; numerics unchanged.
+  # into the backward pass's fusions again, recomputing them (docs/benchmarks.md).
   mean, rstd = jax.lax.optimization_barrier((mean, rstd))
   return y, (x, mean, rstd, scale)
 
@@ -308,8 +298,7 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
   hand-written backward pass that keeps only `x` and recomputes the tanh from it.
 
   Autodiff of the same forward keeps the tanh as well, written out by the forward pass and read
-  back by the backward one ([tokens, mlp_dim] floats per block). fp32 train step on 2 CPU cores,
-  measured as for `layer_norm`: ViT-Ti/16 3.65 -> 3.48 s, the demo's model 410 -> 396 ms.
+  back by the backward one ([tokens, mlp_dim] floats per block; docs/benchmarks.md).
   """
   return nn.gelu(x, approximate=True)
 
