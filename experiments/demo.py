@@ -1,6 +1,6 @@
 r"""The README's demo: what pretraining buys when labels are few, on real offline data, on a CPU.
 
-  python -m experiments.demo                 # ~25 minutes on 2 CPU cores
+  python -m experiments.demo                 # ~22 minutes of CPU time on 2 cores
   python -m experiments.demo --quick         # ~1 minute: the same stages, tiny budgets (CI)
 
 The paper's point is transfer: a model pretrained on a large dataset needs few labelled
@@ -269,7 +269,7 @@ def _plot(results: dict, path: str) -> None:
 
   rows = list(results["labels"].values())
   n = [row["train_examples"] for row in rows]
-  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  fig, ax = plt.subplots(figsize=(6.4, 5.0))
   for key, name, style in (
     ("finetune", "ViT fine-tuned from Fashion-MNIST pretraining", "o-"),
     ("scratch", "ViT from scratch (same budget)", "s-"),
@@ -283,8 +283,8 @@ def _plot(results: dict, path: str) -> None:
   ax.set_ylabel("test top-1 (%)")
   ax.set_title("What pretraining buys as labels grow (demo)")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
+  fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
+  fig.tight_layout(rect=(0, 0.12, 1, 1))
   fig.savefig(path, dpi=110)
   plt.close(fig)
 
