@@ -5,7 +5,8 @@ r"""File sizes and CPU latency of one checkpoint in every export format, side by
 
 For JAX (jit), the SavedModel (its `preprocessed` signature), LiteRT fp32 / float16 / int8 and
 onnxruntime: the artifact's size and the median wall time of a forward pass at batch 1 and 32
-on the same preprocessed images (after warm-up), all in one process, with the CPU named. Every
+on the same preprocessed images (after warm-up), all in one process, with the CPU named; LiteRT
+files are made for each batch size (a resizable one is much slower). Every
 runtime uses all of the machine's cores (its default). Prints a markdown table and writes
 results.json to `--out` (default experiments/results/bench_export/). Timings are only worth
 reporting from a quiet machine: the table says so.
@@ -111,6 +112,9 @@ def main(argv=None) -> dict:
   s = source.image_size
   print(f"checkpoint {ckpt}: {s}px, {source.num_classes} classes; CPU: {cpu_name()}")
 
+  batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+  # artifacts[label][batch size]: a LiteRT file is made for one batch size (a resizable one is
+  # 15-60x slower, docs/export.md); the other formats take any batch.
   artifacts = {}
   for label, fmt, quantize in [
     ("SavedModel", "saved_model", "none"),
@@ -119,32 +123,37 @@ def main(argv=None) -> dict:
     ("LiteRT int8 (dynamic range)", "tflite", "int8"),
     ("ONNX (onnxruntime)", "onnx", "none"),
   ]:
-    out = os.path.join(work, label.split()[0].lower() + "_" + quantize)
-    export_lib.export(source, fmt, out, quantize=quantize)
-    path = os.path.join(out, export_lib.FILES[fmt]) if fmt in export_lib.FILES else out
-    artifacts[label] = path
+    artifacts[label] = {}
+    for n in batch_sizes if fmt == "tflite" else [0]:
+      out = os.path.join(work, f"{label.split()[0].lower()}_{quantize}_{n}")
+      export_lib.export(source, fmt, out, quantize=quantize, batch_size=n)
+      path = os.path.join(out, export_lib.FILES[fmt]) if fmt in export_lib.FILES else out
+      artifacts[label].update({n: path} if n else dict.fromkeys(batch_sizes, path))
 
-  batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
   images = {
     n: np.random.default_rng(n).uniform(-1, 1, (n, s, s, 3)).astype(np.float32) for n in batch_sizes
   }
-  runners = {}
+  runners = {}  # label -> batch size -> function of the images
   jax_fn = export_lib.apply_fn(source)
-  runners["JAX (jit)"] = lambda x: jax_fn(x)
-  signature = tf.saved_model.load(artifacts["SavedModel"]).signatures["preprocessed"]
-  runners["SavedModel"] = lambda x: signature(images=tf.constant(x))["logits"].numpy()
+  runners["JAX (jit)"] = {n: jax_fn for n in batch_sizes}
+  signature = tf.saved_model.load(artifacts["SavedModel"][batch_sizes[0]]).signatures[
+    "preprocessed"
+  ]
+  saved_model = lambda x: signature(images=tf.constant(x))["logits"].numpy()  # noqa: E731
+  runners["SavedModel"] = {n: saved_model for n in batch_sizes}
   for label in ("LiteRT fp32", "LiteRT float16", "LiteRT int8 (dynamic range)"):
-    runners[label] = _litert_runner(litert, artifacts[label])
+    runners[label] = {n: _litert_runner(litert, artifacts[label][n]) for n in batch_sizes}
   session = ort.InferenceSession(
-    artifacts["ONNX (onnxruntime)"], providers=["CPUExecutionProvider"]
+    artifacts["ONNX (onnxruntime)"][batch_sizes[0]], providers=["CPUExecutionProvider"]
   )
-  runners["ONNX (onnxruntime)"] = lambda x: session.run(["logits"], {"images": x})[0]
+  onnx_run = lambda x: session.run(["logits"], {"images": x})[0]  # noqa: E731
+  runners["ONNX (onnxruntime)"] = {n: onnx_run for n in batch_sizes}
 
   rows = []
-  for label, run in runners.items():
-    size = _size(artifacts[label]) if label in artifacts else _size(ckpt)
+  for label, by_batch in runners.items():
+    size = _size(artifacts[label][batch_sizes[0]]) if label in artifacts else _size(ckpt)
     row = {"runtime": label, "bytes": size}
-    for n in batch_sizes:
+    for n, run in by_batch.items():
       row[f"batch{n}_ms"] = round(_median_ms(lambda run=run, n=n: run(images[n]), args.repeats), 3)
     rows.append(row)
   header = "| runtime | size | " + " | ".join(f"batch {n} (ms)" for n in batch_sizes) + " |"

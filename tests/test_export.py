@@ -179,10 +179,14 @@ def test_saved_model_cli_shows_and_runs_it(exported, tmp_path):
 def test_tflite_fp32_and_float16(tmp_path):
   source = export_lib.load(_workdir(tmp_path))
   images = _batch(2, 16)
-  for quantize, bar in (("none", BARS["tflite"]), ("float16", BARS["tflite_float16"])):
+  # fp32 for batches of 2; float16 for any batch (its input resized to 2).
+  for quantize, batch_size in (("none", 2), ("float16", 0)):
     out = str(tmp_path / quantize)
-    export_lib.export(source, "tflite", out, quantize=quantize)
-    assert_parity(source, images, _tflite_run(os.path.join(out, "model.tflite"), images), bar)
+    meta = export_lib.export(source, "tflite", out, quantize=quantize, batch_size=batch_size)
+    assert meta["input"].startswith(f"float32 [{batch_size or 'batch'}, 16, 16, 3]")
+    outputs = _tflite_run(os.path.join(out, "model.tflite"), images)
+    bar = BARS["tflite" if quantize == "none" else "tflite_float16"]
+    assert_parity(source, images, outputs, bar)
 
 
 @pytest.mark.parametrize(
@@ -252,6 +256,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
   with pytest.raises(ValueError, match="int8_full needs data to calibrate on") as e:
     export_lib.export(source, "tflite", str(out), quantize="int8_full")
   assert "\n" not in str(e.value)
+  with pytest.raises(ValueError, match="write to a local directory"):
+    export_lib.export(source, "onnx", "gs://bucket/model")
   with pytest.raises(ValueError, match="unknown quantization 'int4'"):
     export_lib.export(source, "tflite", str(out), quantize="int4")
   assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bare.npz", "empty"]
@@ -283,7 +289,7 @@ def test_paper_models_in_every_format(tmp_path, name, image_size):
   errors["saved_model"] = assert_parity(source, images, logits.numpy(), BARS["saved_model"])
   for quantize, bar in (("none", BARS["tflite"]), ("float16", BARS["tflite_float16"])):
     out = str(tmp_path / f"tflite_{quantize}")
-    export_lib.export(source, "tflite", out, quantize=quantize)
+    export_lib.export(source, "tflite", out, quantize=quantize, batch_size=2)
     outs = _tflite_run(os.path.join(out, "model.tflite"), images)
     errors[f"tflite_{quantize}"] = assert_parity(source, images, outs, bar)
   out = str(tmp_path / "onnx")
@@ -370,7 +376,7 @@ def test_int8_on_the_demo_model_keeps_its_accuracy(tmp_path):
   top1 = {}
   for quantize in ("none", "int8", "int8_full"):
     out = str(tmp_path / quantize)
-    export_lib.export(source, "tflite", out, quantize=quantize)
+    export_lib.export(source, "tflite", out, quantize=quantize, batch_size=0)
     top1[quantize] = _tflite_run(os.path.join(out, "model.tflite"), images).argmax(-1)
   accuracy = {k: float((v == labels).mean()) for k, v in top1.items()}
   agreement = {k: float((v == top1["none"]).mean()) for k, v in top1.items()}

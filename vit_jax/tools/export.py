@@ -30,6 +30,9 @@ flags.DEFINE_string("model", None, "A vit_jax.models preset for an .npz without 
 flags.DEFINE_integer("image_size", 0, "Input resolution; 0: the training's, or the checkpoint's.")
 flags.DEFINE_string("class_names", None, "Text file with one class name a line.")
 flags.DEFINE_integer("top_k", 5, "How many top classes the SavedModel returns.")
+flags.DEFINE_integer(
+  "batch_size", 1, "LiteRT: the batch size of the file; 0: any (resizable, much slower)."
+)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -48,7 +51,12 @@ def main(argv: Sequence[str]) -> None:
       FLAGS.checkpoint, model=FLAGS.model, image_size=FLAGS.image_size, class_names=names
     )
     meta = export_lib.export(
-      source, FLAGS.format, FLAGS.out, quantize=FLAGS.quantize, top_k=FLAGS.top_k
+      source,
+      FLAGS.format,
+      FLAGS.out,
+      quantize=FLAGS.quantize,
+      top_k=FLAGS.top_k,
+      batch_size=FLAGS.batch_size,
     )
   except (ValueError, OSError) as e:
     sys.exit(f"export: {str(e).splitlines()[0] if str(e) else type(e).__name__}")

@@ -12,8 +12,9 @@ saying what the artifact takes and returns. What each format holds:
   takes uint8 [batch, height, width, 3] of any size; both run the checkpoint's evaluation
   preprocessing (`pp_eval`, with vit_jax.input_pipeline.preprocess' own ops) inside the graph.
   `preprocessed` takes float32 [batch, S, S, 3], already preprocessed.
-- LiteRT: the model on preprocessed float32 [batch, S, S, 3] (resizable batch), returning
-  `logits` (or the representation). float16 stores the weights in half precision. int8 is
+- LiteRT: the model on preprocessed float32 [batch, S, S, 3], returning `logits` (or the
+  representation), for one batch size (default 1); batch size 0 makes the input resizable, at
+  a large cost in speed (`tflite_bytes`). float16 stores the weights in half precision. int8 is
   dynamic-range quantization: int8 weights, and the matmuls quantize their activations per
   batch at run time, so it needs no calibration data. int8_full is full-integer quantization
   (every activation int8, LayerNorm, softmax and GELU included) for integer-only accelerators,
@@ -214,12 +215,13 @@ def calibration_images(source: Exportable, num_examples: int = CALIBRATION_EXAMP
 # TensorFlow: jax2tf, SavedModel, LiteRT.
 
 
-def _tf_model(source: Exportable):
-  """The model as a TF function of float32 [batch, S, S, 3] (symbolic batch)."""
+def _tf_model(source: Exportable, batch_size: int = 0):
+  """The model as a TF function of float32 [batch, S, S, 3]; batch_size 0: a symbolic batch."""
   from jax.experimental import jax2tf
 
   s = source.image_size
-  return jax2tf.convert(source.apply, polymorphic_shapes=[f"(b, {s}, {s}, 3)"], with_gradient=False)
+  shapes = None if batch_size else [f"(b, {s}, {s}, 3)"]
+  return jax2tf.convert(source.apply, polymorphic_shapes=shapes, with_gradient=False)
 
 
 def _outputs(source: Exportable, model_fn, images, top_k: int):
@@ -304,14 +306,20 @@ def write_saved_model(source: Exportable, out_dir: str, top_k: int = 5) -> None:
 
 
 def tflite_bytes(
-  source: Exportable, quantize: str = "none", calibration: np.ndarray | None = None
+  source: Exportable,
+  quantize: str = "none",
+  calibration: np.ndarray | None = None,
+  batch_size: int = 1,
 ) -> bytes:
-  """The LiteRT flatbuffer of the model (see the module docstring)."""
+  """The LiteRT flatbuffer of the model (see the module docstring) for batches of
+  `batch_size`; 0: any batch (resizable input, but the symbolic batch's shape computations
+  split the graph for XNNPACK: 15-60x slower on the demo's model, docs/export.md)."""
   import tensorflow as tf
 
   s = source.image_size
-  fn = tf.function(_tf_model(source), autograph=False)
-  concrete = fn.get_concrete_function(tf.TensorSpec([None, s, s, 3], tf.float32, name="images"))
+  fn = tf.function(_tf_model(source, batch_size), autograph=False)
+  batch = batch_size or None
+  concrete = fn.get_concrete_function(tf.TensorSpec([batch, s, s, 3], tf.float32, name="images"))
   converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], fn)
   if quantize == "float16":
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -323,8 +331,9 @@ def tflite_bytes(
       raise ValueError("int8_full needs calibration images")
 
     def representative() -> Iterator[list[np.ndarray]]:
-      for image in calibration:
-        yield [image[None]]
+      n = batch_size or 1
+      for start in range(0, len(calibration) - n + 1, n):
+        yield [calibration[start : start + n]]
 
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = representative
@@ -369,6 +378,7 @@ def export(
   quantize: str = "none",
   calibration: np.ndarray | None = None,
   top_k: int = 5,
+  batch_size: int = 1,
 ) -> dict[str, Any]:
   """Writes `source` in format `fmt` into the new directory `out_dir`; returns its metadata.
 
@@ -380,6 +390,7 @@ def export(
     calibration: float32 [N, S, S, 3] preprocessed images for int8_full; None reads
       `calibration_images(source)`.
     top_k: the SavedModel's number of top classes.
+    batch_size: LiteRT's batch size; 0: any (see `tflite_bytes`). The other formats take any.
   """
   if fmt not in FORMATS:
     raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -389,6 +400,10 @@ def export(
     )
   if quantize != "none" and fmt != "tflite":
     raise ValueError(f"--quantize={quantize} is for --format=tflite; {fmt} is exported in float32")
+  if "://" in out_dir:
+    raise ValueError(
+      f"--out={out_dir}: write to a local directory, then copy it (gcloud storage cp -r)"
+    )
   if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
     raise ValueError(f"{out_dir} exists and is not an empty directory; choose a new --out")
   if source.note:
@@ -410,8 +425,10 @@ def export(
         if calibration is None:
           calibration = calibration_images(source)
         meta["calibration_examples"] = int(len(calibration))
+      meta["batch_size"] = batch_size or "any (resizable)"
+      meta["input"] = meta["input"].replace("[batch,", f"[{batch_size or 'batch'},")
       with open(os.path.join(staging, FILES[fmt]), "wb") as f:
-        f.write(tflite_bytes(source, quantize, calibration))
+        f.write(tflite_bytes(source, quantize, calibration, batch_size))
     else:
       with open(os.path.join(staging, FILES[fmt]), "wb") as f:
         f.write(onnx_model(source).SerializeToString())
