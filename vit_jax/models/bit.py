@@ -210,7 +210,9 @@ class _Head(nn.Module):
       param_dtype=self.param_dtype,
       name="conv2d",
     )
-    return conv(x[:, None, None, :])[:, 0, 0, :]
+    # squeeze, not [:, 0, 0]: integer indexing under a symbolic batch (vit_jax.tools.export)
+    # becomes a dynamic gather, which LiteRT's converter cannot lower.
+    return jnp.squeeze(conv(x[:, None, None, :]), axis=(1, 2))
 
 
 class ResNetV2(nn.Module):

@@ -159,7 +159,10 @@ class MultiHeadDotProductAttention(nn.Module):
       out = cpu_kernels.attention(qkv).reshape(batch, tokens, width)
     else:
       qkv = qkv.transpose(2, 0, 3, 1, 4)
-      q, k, v = qkv[0], qkv[1], qkv[2]  # [batch, heads, tokens, head_dim]
+      # [batch, heads, tokens, head_dim]. Static slices (index_in_dim), not integer indexing:
+      # under a symbolic batch size (vit_jax.tools.export) jnp's indexing becomes a dynamic
+      # gather, which LiteRT's converter cannot lower.
+      q, k, v = (jax.lax.index_in_dim(qkv, i, keepdims=False) for i in range(3))
       if sow:
         self.sow("intermediates", "attention_weights", ops.attention_weights(q, k))
       if dropout:
@@ -487,7 +490,10 @@ class VisionTransformer(nn.Module):
     )(x, not train, jnp.arange(batch) if example_ids is None else example_ids)
     if return_tokens:
       return (x[:, 1:] if self.classifier == "token" else x).astype(ops.wide_dtype(x.dtype))
-    x = x[:, 0] if self.classifier == "token" else jnp.mean(x, axis=1)
+    if self.classifier == "token":  # (a static slice: see MultiHeadDotProductAttention)
+      x = jax.lax.index_in_dim(x, 0, axis=1, keepdims=False)
+    else:
+      x = jnp.mean(x, axis=1)
     if self.representation_size is not None:
       x = nn.Dense(
         self.representation_size, dtype=self.dtype, param_dtype=self.param_dtype, name="pre_logits"
