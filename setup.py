@@ -42,7 +42,7 @@ EXTRAS_REQUIRE = {
     "onnxruntime>=1.31.1,<1.32",
   ],
   # python -m vit_jax.tools.export: LiteRT's interpreter (to run and check .tflite files; the
-  # converter is TensorFlow's), onnx (the graph vit_jax.tools.jax_to_onnx writes) and
+  # converter is TensorFlow's), onnx (the graph vit_jax.export.jax_to_onnx writes) and
   # onnxruntime (to run it). jax2tf ships in jax; TensorFlow is already required.
   "export": [
     "ai-edge-litert>=2.3,<2.4",

@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
 
   from experiments import common
   from vit_jax import checkpoint, models
-  from vit_jax.tools import export_lib
+  from vit_jax.export import formats as export_lib
 
   work = tempfile.mkdtemp(prefix="bench_export-")
   ckpt = args.checkpoint

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import checkpoint, models, predict
-from vit_jax.tools import export_lib
+from vit_jax import checkpoint, inference, models
+from vit_jax.export import formats as export_lib
 
 tf = pytest.importorskip("tensorflow")
 ort = pytest.importorskip("onnxruntime")
@@ -131,8 +131,8 @@ def test_saved_model_matches_jax_and_predict(exported, tmp_path):
     Image.fromarray(photo).save(paths[-1])
   encoded = [open(p, "rb").read() for p in paths]
   outs = loaded.signatures["serving_default"](image_bytes=tf.constant(encoded))
-  classifier = predict.Classifier(ckpt)
-  _, images = predict.read_images(paths)
+  classifier = inference.Classifier(ckpt)
+  _, images = inference.read_images(paths)
   expected = classifier.probabilities(images).argmax(-1)
   np.testing.assert_array_equal(outs["top_k_indices"].numpy()[:, 0], expected)
   names = [n.decode() for n in outs["top_k_names"].numpy()[:, 0]]
@@ -246,7 +246,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
   out = tmp_path / "out"
   run = _cli(f"--checkpoint={npz}", "--format=pdf", f"--out={out}")
   assert run.returncode == 1 and run.stderr.strip().splitlines()[-1] == (
-    "export: unknown format 'pdf'; expected one of saved_model, tflite, onnx"
+    "export: error: ValueError: unknown format 'pdf'; expected one of saved_model, tflite, onnx"
   )
   (tmp_path / "empty").mkdir()
   with pytest.raises(ValueError, match="no model to export") as e:

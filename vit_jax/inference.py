@@ -130,7 +130,7 @@ class Classifier:
     # A head trained with sigmoid cross-entropy (multi-label) scores classes independently.
     self.sigmoid = saved is not None and saved.get("loss") == "sigmoid_xent"
     self.pp = (dataset.get("pp_eval") if dataset else None) or DEFAULT_PP
-    self.class_names = list(class_names) if class_names else _dataset_class_names(dataset)
+    self.class_names = list(class_names) if class_names else dataset_class_names(dataset)
     if self.class_names and len(self.class_names) != self.num_classes:
       logging.warning(
         "%d class names for a %d-class head; printing indices",
@@ -168,7 +168,7 @@ class Classifier:
     return result
 
 
-def _dataset_class_names(dataset: ml_collections.ConfigDict | None) -> list[str] | None:
+def dataset_class_names(dataset: ml_collections.ConfigDict | None) -> list[str] | None:
   """Class names of the dataset a checkpoint was trained on (imports TensorFlow), or None."""
   if not dataset or not dataset.get("name"):
     return None

@@ -10,61 +10,69 @@ r"""Exports a trained checkpoint for serving: SavedModel, LiteRT/TFLite (fp32, f
 either. Model, resolution, evaluation preprocessing and class names come from the workdir's
 `config.json`, as for `vit_jax.predict`; `--model`, `--image_size` and `--class_names` for a bare
 `.npz`. `--out` is a new directory: the artifact and `export.json` (its inputs, outputs,
-preprocessing and class names). What each format holds: vit_jax/tools/export_lib.py and
+preprocessing and class names). What each format holds: vit_jax/export/formats.py and
 docs/export.md. Bad input ends with one line naming the culprit, and nothing is written.
 """
 
-import sys
+import types
 from collections.abc import Sequence
 
 from absl import app, flags
 
-from vit_jax.tools import export_lib
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "Workdir, step directory or .npz (local or gs://).")
-flags.DEFINE_string("format", None, f"One of {', '.join(export_lib.FORMATS)}.")
-flags.DEFINE_string("quantize", "none", f"One of {', '.join(export_lib.QUANTIZATIONS)} (tflite).")
-flags.DEFINE_string("out", None, "A new (or empty) output directory.")
-flags.DEFINE_string("model", None, "A vit_jax.models preset for an .npz without config.json.")
-flags.DEFINE_integer("image_size", 0, "Input resolution; 0: the training's, or the checkpoint's.")
-flags.DEFINE_string("class_names", None, "Text file with one class name a line.")
-flags.DEFINE_integer("top_k", 5, "How many top classes the SavedModel returns.")
-flags.DEFINE_integer(
-  "batch_size", 1, "LiteRT: the batch size of the file; 0: any (resizable, much slower)."
-)
+from vit_jax import cli, inference
+from vit_jax.export import formats
 
 
-def main(argv: Sequence[str]) -> None:
+def define_flags() -> types.SimpleNamespace:
+  """The command's flags (see vit_jax.cli)."""
+  f = types.SimpleNamespace(
+    checkpoint=flags.DEFINE_string(
+      "checkpoint", None, "Workdir, step directory or .npz (local or gs://)."
+    ),
+    format=flags.DEFINE_string("format", None, f"One of {', '.join(formats.FORMATS)}."),
+    quantize=flags.DEFINE_string(
+      "quantize", "none", f"One of {', '.join(formats.QUANTIZATIONS)} (tflite)."
+    ),
+    out=flags.DEFINE_string("out", None, "A new (or empty) output directory."),
+    model=flags.DEFINE_string(
+      "model", None, "A vit_jax.models preset for an .npz without config.json."
+    ),
+    image_size=flags.DEFINE_integer(
+      "image_size", 0, "Input resolution; 0: the training's, or the checkpoint's."
+    ),
+    class_names=flags.DEFINE_string("class_names", None, "Text file with one class name a line."),
+    top_k=flags.DEFINE_integer("top_k", 5, "How many top classes the SavedModel returns."),
+    batch_size=flags.DEFINE_integer(
+      "batch_size", 1, "LiteRT: the batch size of the file; 0: any (resizable, much slower)."
+    ),
+  )
+  flags.mark_flags_as_required(["checkpoint", "format", "out"])
+  return f
+
+
+def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  try:
-    if FLAGS.format not in export_lib.FORMATS:  # before the (slow) load
-      raise ValueError(
-        f"unknown format {FLAGS.format!r}; expected one of {', '.join(export_lib.FORMATS)}"
-      )
-    names = None
-    if FLAGS.class_names:
-      with open(FLAGS.class_names) as f:
-        names = [line.strip() for line in f if line.strip()]
-    source = export_lib.load(
-      FLAGS.checkpoint, model=FLAGS.model, image_size=FLAGS.image_size, class_names=names
+  if f.format.value not in formats.FORMATS:  # before the (slow) load
+    raise ValueError(
+      f"unknown format {f.format.value!r}; expected one of {', '.join(formats.FORMATS)}"
     )
-    meta = export_lib.export(
-      source,
-      FLAGS.format,
-      FLAGS.out,
-      quantize=FLAGS.quantize,
-      top_k=FLAGS.top_k,
-      batch_size=FLAGS.batch_size,
-    )
-  except (ValueError, OSError) as e:
-    sys.exit(f"export: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+  names = inference.read_class_names(f.class_names.value) if f.class_names.value else None
+  source = formats.load(
+    f.checkpoint.value, model=f.model.value, image_size=f.image_size.value, class_names=names
+  )
+  meta = formats.export(
+    source,
+    f.format.value,
+    f.out.value,
+    quantize=f.quantize.value,
+    top_k=f.top_k.value,
+    batch_size=f.batch_size.value,
+  )
   if source.note:
     print(source.note)
-  print(export_lib.summary(meta, FLAGS.out))
+  print(formats.summary(meta, f.out.value))
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["checkpoint", "format", "out"])
-  app.run(main)
+  cli.run(main, "export", define_flags, errors=(ValueError, OSError))

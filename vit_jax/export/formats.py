@@ -21,7 +21,7 @@ saying what the artifact takes and returns. What each format holds:
   calibrated on examples of the checkpoint's training split (vit_jax.input_pipeline, with the
   evaluation preprocessing); on the demo's model it lost 12 points of accuracy where int8 lost
   none (docs/export.md), hence the default.
-- ONNX (vit_jax.tools.jax_to_onnx): preprocessed float32 images [batch, S, S, 3] → `logits`,
+- ONNX (vit_jax.export.jax_to_onnx): preprocessed float32 images [batch, S, S, 3] → `logits`,
   `probabilities` (or `representation`); class names and preprocessing in its metadata.
 
 Errors a user can cause raise ValueError with one line (the command prints it): an unknown
@@ -44,11 +44,8 @@ from absl import logging
 
 from vit_jax import checkpoint as checkpoint_lib
 from vit_jax import models
+from vit_jax.inference import DEFAULT_PP, dataset_class_names, native_image_size
 from vit_jax.models import mpp
-
-# predict's helpers, all in this one place (they may move into a library module of their own).
-from vit_jax.predict import DEFAULT_PP, native_image_size
-from vit_jax.predict import _dataset_class_names as dataset_class_names
 
 FORMATS = ("saved_model", "tflite", "onnx")
 QUANTIZATIONS = ("none", "float16", "int8", "int8_full")
@@ -346,7 +343,7 @@ def tflite_bytes(
 
 
 def onnx_model(source: Exportable):
-  from vit_jax.tools import jax_to_onnx
+  from vit_jax.export import jax_to_onnx
 
   def fn(images):
     out = source.apply(images)
