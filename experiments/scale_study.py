@@ -52,8 +52,8 @@ PP_EVAL = "decode|resize|value_range(-1, 1)"
 # (base width 32, the least GroupNorm's 32 groups allow). Their train steps' FLOPs are in the
 # table.
 FAMILIES = {
-  "ViT": dict(preset="demo", flags={}),
-  "BiT": dict(preset="R26x1", flags={}),
+  "ViT": dict(preset="demo"),
+  "BiT": dict(preset="R26x1"),
 }
 
 
@@ -108,18 +108,13 @@ def _runlocal(profile: Profile) -> str:
   return ",runlocal" if profile.runlocal else ""
 
 
-def _model_flags(family: str) -> list[str]:
-  return [f"--config.model.{k}={v}" for k, v in FAMILIES[family]["flags"].items()]
-
-
 def pretrain_args(family: str, fraction: int, profile: Profile) -> list[str]:
   """Flags of the pretraining stage of `family` on 1/fraction of Fashion-MNIST's train split."""
   split = "train" if fraction == 1 else f"train[:{UPSTREAM_TRAIN // fraction}]"
   steps = profile.pretrain_steps
   arg = f"dataset={UPSTREAM},model={FAMILIES[family]['preset']}" + _runlocal(profile)
-  args = [f"--config=configs/pretrain.py:{arg}"]
-  args += _model_flags(family)  # the pre-logits follow a new hidden_size (configs/pretrain.py)
-  return args + [
+  return [
+    f"--config=configs/pretrain.py:{arg}",
     f"--config.dataset.train_split={split}",
     f"--config.dataset.image_size={profile.image_size}",
     f"--config.total_steps={steps}",
@@ -139,28 +134,23 @@ def finetune_args(
 ) -> list[str]:
   """Flags of fine-tuning `pretrained` on `dataset`'s train[:98%], validated on train[98%:]."""
   steps = profile.finetune_steps
-  return (
-    [
-      f"--config=configs/finetune.py:dataset=animal_mnist,model={FAMILIES[family]['preset']}"
-      + _runlocal(profile),
-      f"--config.model_init={pretrained}",
-    ]
-    + _model_flags(family)
-    + [
-      f"--config.dataset.name={dataset}",
-      f"--config.dataset.train_split={FINETUNE_TRAIN}",
-      f"--config.dataset.image_size={profile.image_size}",
-      f"--config.evals.val.split={MINIVAL}",
-      "--config.evals.val.every_steps=0",
-      f"--config.schedule.base_lr={lr}",
-      f"--config.schedule.warmup_steps={max(steps // 10, 1)}",
-      f"--config.total_steps={steps}",
-      f"--config.batch_size={profile.batch_size}",
-      f"--config.eval_batch_size={profile.eval_batch_size}",
-      f"--config.checkpoint.every_steps={steps}",
-      f"--config.log_every_steps={max(steps // 5, 1)}",
-    ]
-  )
+  return [
+    f"--config=configs/finetune.py:dataset=animal_mnist,model={FAMILIES[family]['preset']}"
+    + _runlocal(profile),
+    f"--config.model_init={pretrained}",
+    f"--config.dataset.name={dataset}",
+    f"--config.dataset.train_split={FINETUNE_TRAIN}",
+    f"--config.dataset.image_size={profile.image_size}",
+    f"--config.evals.val.split={MINIVAL}",
+    "--config.evals.val.every_steps=0",
+    f"--config.schedule.base_lr={lr}",
+    f"--config.schedule.warmup_steps={max(steps // 10, 1)}",
+    f"--config.total_steps={steps}",
+    f"--config.batch_size={profile.batch_size}",
+    f"--config.eval_batch_size={profile.eval_batch_size}",
+    f"--config.checkpoint.every_steps={steps}",
+    f"--config.log_every_steps={max(steps // 5, 1)}",
+  ]
 
 
 def select_learning_rate(minival: dict[float, float]) -> float:
