@@ -244,8 +244,10 @@ class ResNetV2(nn.Module):
     train: bool,
     return_representation: bool = False,
     example_ids: jax.Array | None = None,
-  ) -> jax.Array:
-    """Classifies images.
+    feature_layers: Sequence[int] | None = None,
+    feature_norm: bool = False,
+  ) -> jax.Array | list[jax.Array]:
+    """Classifies images, or returns the feature maps of chosen blocks (`feature_layers`).
 
     Args:
       images: [batch, height, width, 3], values in [-1, 1].
@@ -253,18 +255,35 @@ class ResNetV2(nn.Module):
         interface.
       return_representation: return the pooled features [batch, 4·width·2^(S-1)] instead.
       example_ids: unused (nothing random); the trainer's interface.
+      feature_layers: block indices (0 is `block1`; -1 the last) whose outputs to return
+        instead of the logits: a list, in this order, of float32 [batch, H/s, W/s, channels]
+        maps, s = 4, 8, 16, 32 for blocks 1 to 4 (channels 4·width·2^(block-1)).
+      feature_norm: the last block's map goes through the network's final GroupNorm → ReLU
+        (what the pooled representation averages); the other blocks' maps are the residual
+        stream as it is. `vit_jax.models.forward_intermediates` is the call to use.
 
     Returns:
-      Logits [batch, num_classes] in float32 (or the representation).
+      Logits [batch, num_classes] in float32 (or the representation, or the feature maps).
     """
     del train, example_ids
+    layers = ()
+    if feature_layers is not None:
+      from vit_jax.models.vit import _layer_indices  # noqa: PLC0415 - one shared check
+
+      layers = _layer_indices(feature_layers, len(self.block_units))
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     width = int(self.base_width * self.width_factor)
     x = _RootBlock(width, name="root_block", **kw)(images.astype(self.dtype))
+    maps = []
     for s, units in enumerate(self.block_units):
       first_strides = (1, 1) if s == 0 else (2, 2)
       x = _Block(units, width * 2**s, first_strides, name=f"block{s + 1}", **kw)(x)
+      maps.append(x)
     x = nn.relu(GroupNorm(name="group_norm", **kw)(x))
+    if layers:
+      if feature_norm:
+        maps[-1] = x
+      return [maps[i].astype(jnp.float32) for i in layers]
     x = jnp.mean(x, axis=(1, 2))  # [batch, channels]
     if return_representation or self.num_classes is None:
       return x.astype(jnp.float32)

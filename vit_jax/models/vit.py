@@ -28,7 +28,7 @@ This file must not import TensorFlow.
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -253,13 +253,17 @@ class Encoder1DBlock(nn.Module):
 
 
 class _ScannedEncoder1DBlock(Encoder1DBlock):
-  """The same block in nn.scan's (carry, output) calling convention."""
+  """The same block in nn.scan's (carry, output) calling convention; with `keep_outputs` the
+  output is the block's output too (stacked by the scan: [layers, batch, tokens, width])."""
+
+  keep_outputs: bool = False
 
   @nn.compact
   def __call__(
     self, x: jax.Array, deterministic: bool, example_ids: jax.Array | None = None
-  ) -> tuple[jax.Array, None]:
-    return super().__call__(x, deterministic, example_ids), None
+  ) -> tuple[jax.Array, jax.Array | None]:
+    y = super().__call__(x, deterministic, example_ids)
+    return y, (y if self.keep_outputs else None)
 
 
 class AddPositionEmbs(nn.Module):
@@ -329,9 +333,19 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(
-    self, x: jax.Array, deterministic: bool, example_ids: jax.Array | None = None
-  ) -> jax.Array:
-    """x: [batch, tokens, width] → [batch, tokens, width]; example_ids int [batch] or None."""
+    self,
+    x: jax.Array,
+    deterministic: bool,
+    example_ids: jax.Array | None = None,
+    layers: tuple[int, ...] = (),
+    norm_layers: bool = False,
+  ) -> jax.Array | tuple[jax.Array, list[jax.Array]]:
+    """x: [batch, tokens, width] → [batch, tokens, width]; example_ids int [batch] or None.
+
+    With `layers` (block indices in [0, num_layers)) it returns (output, [the output of each
+    of those blocks, [batch, tokens, width]]), each through the final LayerNorm if
+    `norm_layers`.
+    """
     x = AddPositionEmbs(param_dtype=self.param_dtype, name="posembed_input")(x)
     x = Dropout(rate=self.dropout_rate)(x, deterministic, example_ids)
     block_kw = dict(
@@ -346,27 +360,51 @@ class Encoder(nn.Module):
       layer_norm_kernel=self.layer_norm_kernel,
     )
     block_cls = _ScannedEncoder1DBlock if self.scan else Encoder1DBlock
+    if self.scan and layers:
+      block_cls = functools.partial(block_cls, keep_outputs=True)
     if self.remat:
       # Recompute each block's activations in the backward pass; `deterministic` (argument 2,
       # counting self) is a Python bool and must stay static.
       block_cls = nn.remat(block_cls, prevent_cse=not self.scan, static_argnums=(2,))
     if self.scan:
-      x, _ = nn.scan(
+      x, outputs = nn.scan(
         block_cls,
         variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=nn.broadcast,
         length=self.num_layers,
       )(name="encoderblock", **block_kw)(x, deterministic, example_ids)
+      kept = [outputs[i] for i in layers]
     else:
+      outputs = {}
       for i in range(self.num_layers):
         x = block_cls(name=f"encoderblock_{i}", **block_kw)(x, deterministic, example_ids)
-    return LayerNorm(
+        outputs[i] = x
+      kept = [outputs[i] for i in layers]
+    encoder_norm = LayerNorm(
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       kernel=self.layer_norm_kernel,
       name="encoder_norm",
-    )(x)
+    )
+    if not layers:
+      return encoder_norm(x)
+    return encoder_norm(x), [encoder_norm(y) if norm_layers else y for y in kept]
+
+
+def _layer_indices(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
+  """Block indices in [0, num_layers) (negative ones count from the end); one line if not."""
+  out = []
+  for i in layers:
+    if not -num_layers <= int(i) < num_layers:
+      raise ValueError(
+        f"feature layer {i} outside the model's {num_layers} blocks "
+        f"(0..{num_layers - 1}, or -1 for the last)"
+      )
+    out.append(int(i) % num_layers)
+  if not out:
+    raise ValueError("feature_layers is empty: name at least one block (e.g. (-1,))")
+  return tuple(out)
 
 
 class VisionTransformer(nn.Module):
@@ -429,8 +467,10 @@ class VisionTransformer(nn.Module):
     corrupt_fn: Callable[[jax.Array], jax.Array] | None = None,
     return_tokens: bool = False,
     example_ids: jax.Array | None = None,
-  ) -> jax.Array:
-    """Classifies images.
+    feature_layers: Sequence[int] | None = None,
+    feature_norm: bool = False,
+  ) -> jax.Array | list[jax.Array]:
+    """Classifies images, or returns the token maps of chosen blocks (`feature_layers`).
 
     Args:
       images: [batch, height, width, 3], values in [-1, 1].
@@ -443,10 +483,17 @@ class VisionTransformer(nn.Module):
         (at least float32, after the final LayerNorm, class token dropped) instead of the logits.
       example_ids: int [batch], each image's id: its dropout masks are a function of the id and
         the 'dropout' rng only (the trainer passes the index in the global batch). None: the row.
+      feature_layers: block indices (0 is the first block, negative ones count from the last:
+        -1 is the last) whose outputs to return as token maps instead of the logits: a list, in
+        this order, of [batch, H/p, W/p, hidden_size] arrays (at least float32), the patch
+        tokens on their grid (for hybrids, the grid of the ResNet's feature map), class token
+        left out. `vit_jax.models.forward_intermediates` is the call to use.
+      feature_norm: pass each map through the encoder's final LayerNorm (`encoder_norm`); the
+        last block's map is then the `return_tokens` output on its grid.
 
     Returns:
       Logits [batch, num_classes] in float32, float64 for a float64 model (or the
-      representation, or the patch tokens).
+      representation, the patch tokens, or the list of token maps).
     """
     if self.classifier not in ("token", "gap"):
       raise ValueError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
@@ -459,6 +506,10 @@ class VisionTransformer(nn.Module):
         self.dtype,
         self.param_dtype,
       )
+    layers = ()
+    if feature_layers is not None:
+      layers = _layer_indices(feature_layers, self.num_layers)
+    grid = (x.shape[1] // self.patch_size, x.shape[2] // self.patch_size)
     # Linear projection of flattened patches (Eq. 1).
     x = PatchEmbedding(
       self.patch_size,
@@ -487,7 +538,12 @@ class VisionTransformer(nn.Module):
       attention_kernel=self.attention_kernel,
       layer_norm_kernel=self.layer_norm_kernel,
       name="Transformer",
-    )(x, not train, jnp.arange(batch) if example_ids is None else example_ids)
+    )(x, not train, jnp.arange(batch) if example_ids is None else example_ids, layers, feature_norm)
+    if layers:
+      prefix = 1 if self.classifier == "token" else 0
+      return [
+        y[:, prefix:].reshape(batch, *grid, width).astype(ops.wide_dtype(y.dtype)) for y in x[1]
+      ]
     if return_tokens:
       return (x[:, 1:] if self.classifier == "token" else x).astype(ops.wide_dtype(x.dtype))
     if self.classifier == "token":  # (a static slice: see MultiHeadDotProductAttention)
