@@ -1,6 +1,6 @@
 """The stages a config names, and running one: what `python -m vit_jax.main` runs, as a library.
 
-`run(config, workdir)` runs `config.stage` ('pretrain' and 'finetune': vit_jax.train;
+`run(config, workdir)` runs `config.stage` ('pretrain', 'finetune' and 'segment': vit_jax.train;
 'linear_probe': vit_jax.linear_probe) holding the workdir's lock (vit_jax.workdir.lock);
 `run_and_record` also writes its final metrics into the workdir (what scripts chaining stages
 read). For programs that run stages themselves (vit_jax.tools.transfer, experiments/).
@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-STAGES = ("pretrain", "finetune", "linear_probe")
+STAGES = ("pretrain", "finetune", "segment", "linear_probe")
 
 
 def run(config, workdir: str) -> dict[str, Any]:

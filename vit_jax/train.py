@@ -335,10 +335,11 @@ def build(
 def run(
   config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None = None
 ) -> dict[str, float]:
-  """Trains `config` (stage 'pretrain' or 'finetune') in `workdir`; returns the last metrics.
+  """Trains `config` (stage 'pretrain', 'finetune' or 'segment') in `workdir`; returns the last
+  metrics.
 
   Args:
-    config: a stage config (configs/pretrain.py, configs/finetune.py).
+    config: a stage config (configs/pretrain.py, configs/finetune.py, configs/segment.py).
     workdir: checkpoints, `config.json` and TensorBoard files; a run resumes from it.
     devices: the devices of the mesh (default: all of them).
   """
@@ -349,9 +350,10 @@ def run(
 def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, float]:
   # ----------------------------------------------------------------------------------------------
   # Setup.
-  if config.stage == "finetune" and not config.model_init and not config.init_from_scratch:
+  starts_from_checkpoint = config.stage in ("finetune", "segment")
+  if starts_from_checkpoint and not config.model_init and not config.init_from_scratch:
     raise ValueError(
-      "fine-tuning without config.model_init (the pretrained checkpoint) would train from "
+      f"{'fine-tuning' if config.stage == 'finetune' else 'segmentation'} without config.model_init (the pretrained checkpoint) would train from "
       "random initialisation; set --config.model_init=<workdir or .npz>, or "
       "--config.init_from_scratch=true to do that on purpose"
     )

@@ -16,6 +16,9 @@ Kinds (`REGISTRY`):
   representation, top-1 on a test split. Metrics `{name}/{k}shot`.
 - `linear` (linear.py): closed-form ridge and L-BFGS logistic regression on the frozen
   representation of a whole training split. Metrics `{name}/ridge_accuracy|logreg_accuracy|...`.
+- `segmentation` (segmentation.py): mean IoU and pixel accuracy, overall and per class, of a
+  segmentation model's per-pixel logits over a split (the ignore label and padding never
+  count). Metrics `{name}/miou|pixel_accuracy|mean_class_accuracy|iou/<class>|accuracy/<class>`.
 
 The trainer builds them from the stage config with `build`:
 
@@ -66,6 +69,7 @@ from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.evaluators.fewshot import FewShotEvaluator
 from vit_jax.evaluators.linear import LinearProbeEvaluator
 from vit_jax.evaluators.real import RealEvaluator
+from vit_jax.evaluators.segmentation import SegmentationEvaluator
 
 
 class Evaluator(Protocol):
@@ -80,6 +84,7 @@ REGISTRY = {
   "fewshot": FewShotEvaluator,
   "linear": LinearProbeEvaluator,
   "real": RealEvaluator,
+  "segmentation": SegmentationEvaluator,
 }
 
 # make_data(dataset_config_overrides, split (None: the dataset's eval_split), global_batch_size)
@@ -131,6 +136,13 @@ def num_classes_of(dataset: Mapping[str, Any]) -> int:
   from vit_jax import input_pipeline
 
   return input_pipeline.get_dataset_info(input_pipeline.dataset_config(**dict(dataset))).num_classes
+
+
+def _class_names_of(dataset: Mapping[str, Any]) -> list[str] | None:
+  from vit_jax import input_pipeline
+
+  cfg = input_pipeline.dataset_config(**dict(dataset))
+  return input_pipeline.get_dataset_info(cfg).class_names
 
 
 def downstream_dataset(stage: Any, entry: Any) -> dict[str, Any]:
@@ -205,6 +217,11 @@ def build(
         data = make_data(ds, kwargs.pop("split", None) or None, bs)
         out.append(REGISTRY[kind](predict, data, **kwargs))
         continue
+      if kind == "segmentation":
+        data = make_data(ds, kwargs.pop("split", None) or None, bs)
+        kwargs.setdefault("class_names", _class_names_of(ds))
+        out.append(REGISTRY[kind](predict, data, num_classes(ds), **kwargs))
+        continue
       train = make_data(ds, kwargs.pop("train_split", None) or ds.get("train_split", "train"), bs)
       test = make_data(ds, kwargs.pop("test_split", None), bs)
       if kind == "fewshot":
@@ -254,6 +271,7 @@ __all__ = [
   "FewShotEvaluator",
   "LinearProbeEvaluator",
   "RealEvaluator",
+  "SegmentationEvaluator",
   "build",
   "downstream_dataset",
   "predict_fn",

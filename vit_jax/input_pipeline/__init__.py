@@ -89,6 +89,10 @@ __all__ = [
 ]
 
 
+# Per-pixel label sources (vit_jax.input_pipeline.segmentation: numpy, in memory).
+_SEGMENTATION_SOURCES = ("seg_builtin", "seg_folder")
+
+
 def make_train_iterator(
   dataset_config,
   *,
@@ -115,7 +119,10 @@ def make_train_iterator(
   Returns:
     A TrainIterator (iterator of dicts, plus get_state(), num_skipped, close()).
   """
-  from vit_jax.input_pipeline.pipeline import TrainIterator
+  if dataset_config.source in _SEGMENTATION_SOURCES:
+    from vit_jax.input_pipeline.segmentation import TrainIterator
+  else:
+    from vit_jax.input_pipeline.pipeline import TrainIterator
 
   return TrainIterator(
     dataset_config,
@@ -143,6 +150,9 @@ def make_eval_iterator(dataset_config, split: str | None = None, **kwargs) -> "E
   Returns:
     An EvalIterable (len() = batches per pass; .num_examples).
   """
-  from vit_jax.input_pipeline.pipeline import EvalIterable
+  if dataset_config.source in _SEGMENTATION_SOURCES:
+    from vit_jax.input_pipeline.segmentation import EvalIterable
+  else:
+    from vit_jax.input_pipeline.pipeline import EvalIterable
 
   return EvalIterable(dataset_config, split, **kwargs)

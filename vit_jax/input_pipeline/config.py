@@ -8,7 +8,8 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
   """Returns a locked ConfigDict with every input pipeline field (defaults: ImageNet via tfds).
 
   Fields:
-    source: 'tfrecord' | 'tfds' | 'folder' | 'builtin'.
+    source: 'tfrecord' | 'tfds' | 'folder' | 'builtin', or for per-pixel labels 'seg_builtin' |
+      'seg_folder' (vit_jax.input_pipeline.segmentation).
     name: tfds name ('cifar10', 'oxford_iiit_pet', ...), builtin name ('fashion_mnist',
       'animal_mnist', 'mnist_5k', 'digits'), or the shards' prefix for `file_pattern`.
     data_dir: tfds data_dir; the directory of the shards (local or gs://) for 'tfrecord'; the root

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from vit_jax.input_pipeline import builtin, splits, vtab
+from vit_jax.input_pipeline import builtin, segmentation, splits, vtab
 
 INFO_FILENAME = "dataset_info.json"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -521,6 +521,8 @@ def get_source(config, split: str, process_index: int, process_count: int) -> So
 def check_readable(config, split: str) -> None:
   """Raises MissingDataError unless `split` of the dataset is where the config says: its files
   found (a tfds dataset opened), no example read, an image folder not listed."""
+  if config.source in segmentation.SOURCES:
+    return segmentation.check_readable(config, split)
   if config.source == "tfds":
     TfdsSource(config, split, 0, 1)._as_dataset(0)
   elif config.source == "tfrecord":
@@ -531,6 +533,8 @@ def check_readable(config, split: str) -> None:
 
 def get_dataset_info(config) -> DatasetInfo:
   """Number of classes, examples per split, class names; see DatasetInfo."""
+  if config.source in segmentation.SOURCES:
+    return segmentation.get_dataset_info(config)
   splits = list(dict.fromkeys([config.train_split, config.eval_split]))
   num_classes, class_names, num_examples = None, None, {}
   if config.source == "builtin":

@@ -18,6 +18,8 @@ trainer everything that depends on the loss:
   supervised  softmax or sigmoid cross-entropy on labels (`config.loss` 'softmax_xent' |
               'sigmoid_xent'); top-1, or precision@1 for multi-label data
   mpp         masked patch prediction (§4.6, `config.loss = 'mpp'`, `config.mpp`)
+  segmentation  per-pixel softmax cross-entropy with an ignore label (`config.loss =
+              'seg_softmax_xent'`, `config.segmentation`); `correct` is pixel accuracy
 
 This package must not import TensorFlow.
 """
@@ -45,10 +47,12 @@ class Objective(Protocol):
 
 def get(config: ml_collections.ConfigDict, num_classes: int) -> Objective:
   """The objective of a stage config: `config.loss`, with `config.mpp` for 'mpp'."""
-  from vit_jax.objectives import mpp, supervised  # noqa: PLC0415
+  from vit_jax.objectives import mpp, segmentation, supervised  # noqa: PLC0415
 
   if config.loss == "mpp":
     return mpp.MaskedPatchPrediction(config.mpp)
+  if config.loss == "seg_softmax_xent":
+    return segmentation.Segmentation(num_classes, config.segmentation)
   return supervised.Supervised(
     config.loss, num_classes, multi_label=bool(config.dataset.get("multi_label", False))
   )

@@ -58,7 +58,9 @@ class Supervised:
 
   def __post_init__(self):
     if self.loss not in LOSSES:
-      raise ValueError(f"config.loss={self.loss!r}; expected one of {(*LOSSES, 'mpp')}")
+      raise ValueError(
+        f"config.loss={self.loss!r}; expected one of {(*LOSSES, 'mpp', 'seg_softmax_xent')}"
+      )
 
   def model(self, model_config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None):
     return models.get_model(model_config, self.num_classes, mesh=mesh)

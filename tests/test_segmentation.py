@@ -1,0 +1,284 @@
+"""Segmentation data, loss, evaluator and stage: each against a hand-made or numpy reference."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit_jax import config_files, input_pipeline, stages
+from vit_jax.checkpoint import train_state
+from vit_jax.evaluators import segmentation as seg_eval
+from vit_jax.input_pipeline import segmentation as seg_data
+from vit_jax.objectives import segmentation as seg_obj
+
+IGNORE = seg_data.IGNORE_LABEL
+
+
+# ---------------------------------------------------------------------------------------------
+# Data.
+
+
+def test_synthetic_canvases_label_exactly_the_bright_object_pixels():
+  # Flat objects of grey 200 (class 4) and 70 (class 7): resized they stay flat, so every pixel
+  # showing 200 is class 4 + 1, every one showing 70 is an edge pixel (ignored), and the
+  # background (grey < 60) is 0.
+  objects = np.stack([np.full((28, 28, 1), 200, np.uint8), np.full((28, 28, 1), 70, np.uint8)])
+  images, masks = seg_data.make_synthetic(objects, np.array([4, 7]), num=20, seed=5)
+  assert images.shape == (20, 48, 48, 1) and masks.shape == (20, 48, 48)
+  image = images[..., 0]
+  np.testing.assert_array_equal(masks == 5, image == 200)
+  np.testing.assert_array_equal(masks == IGNORE, image == 70)
+  assert set(np.unique(masks)) == {0, 5, IGNORE}
+  assert image[masks == 0].max() < 60
+  again = seg_data.make_synthetic(objects, np.array([4, 7]), num=20, seed=5)
+  np.testing.assert_array_equal(again[1], masks)
+  assert not np.array_equal(seg_data.make_synthetic(objects, np.array([4, 7]), 20, 6)[1], masks)
+
+
+def test_builtin_task_splits_and_classes():
+  config = input_pipeline.dataset_config(
+    source="seg_builtin", name="mnist_seg", train_split="train[:50]", eval_split="val"
+  )
+  info = input_pipeline.get_dataset_info(config)
+  assert info.num_classes == 11 and info.class_names[0] == "background"
+  assert info.num_examples == {"train[:50]": 50, "val": seg_data.SPLIT_SIZES["val"]}
+  val = seg_data.load_split(config, "val")
+  train = seg_data.load_split(config, "train")
+  assert not any(np.array_equal(val.images[0], t) for t in train.images[:200])
+  labels = np.unique(np.stack(train.masks))
+  assert set(labels) <= set(range(11)) | {IGNORE} and len(labels) == 12
+
+
+def _block_pair(seed=0):
+  rng = np.random.default_rng(seed)
+  mask = np.kron(rng.integers(0, 6, (6, 6)), np.ones((8, 8), np.int64)).astype(np.uint8)
+  return (mask[..., None] * 40).astype(np.uint8), mask
+
+
+def test_augmentation_moves_image_and_mask_together():
+  image, mask = _block_pair()
+  ops = seg_data.parse_ops("random_crop(0.3)|flip_lr")
+  flipped = 0
+  for seed in range(12):
+    out, label = seg_data.augment(image, mask, ops, 32, np.random.default_rng(seed))
+    assert out.shape == (32, 32, 3) and label.shape == (32, 32) and label.dtype == np.int32
+    assert set(np.unique(label)) <= set(np.unique(mask))  # nearest neighbour: no new labels
+    decoded = np.rint((out[..., 0] + 1.0) * 127.5 / 40).astype(int)
+    agree = np.mean(decoded == label)
+    assert agree > 0.75, (seed, agree)  # bilinear blurs the blocks' borders only
+    assert np.mean(decoded == label[:, ::-1]) < agree - 0.4  # a mask left unflipped fails
+    _, no_flip = seg_data.augment(
+      image, mask, seg_data.parse_ops("random_crop(0.3)"), 32, np.random.default_rng(seed)
+    )
+    flipped += not np.array_equal(no_flip, label)
+  assert 2 <= flipped <= 10  # about half the draws flip
+
+
+def test_unknown_op_is_one_line():
+  with pytest.raises(ValueError, match="segmentation preprocessing op 'rotate'"):
+    seg_data.parse_ops("flip_lr|rotate")
+
+
+def _write_folder(root, masks_mode="P", size_mismatch=False, bad_label=False, drop_mask=False):
+  for split in ("train",):
+    os.makedirs(root / split / "images", exist_ok=True)
+    os.makedirs(root / split / "masks", exist_ok=True)
+    for i in range(3):
+      image, mask = _block_pair(i)
+      Image.fromarray(np.repeat(image, 3, axis=2)).save(root / split / "images" / f"im{i}.png")
+      if drop_mask and i == 2:
+        continue
+      if bad_label and i == 1:
+        mask = mask.copy()
+        mask[0, 0] = 9
+      if size_mismatch and i == 1:
+        mask = mask[:40]
+      m = Image.fromarray(mask, mode="L")
+      if masks_mode == "P":
+        m = m.convert("P")
+        m.putpalette([v for c in range(256) for v in (c * 7 % 256, c * 3 % 256, c)])
+        # convert('P') from 'L' keeps values as indices for a grey input
+      m.save(root / split / "masks" / f"im{i}.png")
+  (root / "classes.txt").write_text("\n".join(f"c{i}" for i in range(6)) + "\n")
+
+
+@pytest.mark.parametrize("mode", ["P", "L"])
+def test_folder_source_reads_palette_and_grey_masks(tmp_path, mode):
+  _write_folder(tmp_path, mode)
+  config = input_pipeline.dataset_config(
+    source="seg_folder", data_dir=str(tmp_path), train_split="train", eval_split="train"
+  )
+  assert input_pipeline.get_dataset_info(config).num_classes == 6
+  data = seg_data.load_split(config, "train")
+  for i in range(3):
+    np.testing.assert_array_equal(data.masks[i], _block_pair(i)[1])
+  assert data.names == ["im0.png", "im1.png", "im2.png"]
+
+
+@pytest.mark.parametrize(
+  "kind, message",
+  [
+    ("size_mismatch", r"mask .*im1.png is 48x40 but its image is 48x48"),
+    ("bad_label", r"mask .*im1.png: label 9 outside \[0, 6\)"),
+    ("drop_mask", r"image .*im2.png has no mask"),
+    ("no_masks", r"no masks/ directory"),
+  ],
+)
+def test_bad_folders_are_one_line_naming_the_culprit(tmp_path, kind, message):
+  if kind == "no_masks":
+    _write_folder(tmp_path)
+    for f in os.listdir(tmp_path / "train" / "masks"):
+      os.remove(tmp_path / "train" / "masks" / f)
+    os.rmdir(tmp_path / "train" / "masks")
+  else:
+    _write_folder(tmp_path, **{kind: True})
+  seg_data._folder_data.cache_clear()
+  config = input_pipeline.dataset_config(source="seg_folder", data_dir=str(tmp_path))
+  with pytest.raises((ValueError, FileNotFoundError), match=message) as e:
+    seg_data.load_split(config, "train")
+  assert "\n" not in str(e.value)
+
+
+def test_train_iterator_resumes_exactly_and_eval_pads_with_mask_zero():
+  config = input_pipeline.dataset_config(
+    source="seg_builtin",
+    name="mnist_seg",
+    image_size=24,
+    train_split="train[:40]",
+    eval_split="val[:10]",
+    pp_train="random_crop(0.5)|flip_lr",
+    pp_eval="",
+  )
+  it = input_pipeline.make_train_iterator(config, global_batch_size=8, seed=3)
+  batches = [next(it) for _ in range(7)]  # crosses the epoch boundary (40 examples)
+  resumed = input_pipeline.make_train_iterator(
+    config, global_batch_size=8, seed=3, state=_state_after(config, 4)
+  )
+  for want in batches[4:]:
+    got = next(resumed)
+    for k in ("image", "label", "mask"):
+      np.testing.assert_array_equal(got[k], want[k])
+  # Two simulated hosts deliver the two halves of the same global batch.
+  halves = [
+    next(
+      input_pipeline.make_train_iterator(
+        config, global_batch_size=8, seed=3, process_index=h, process_count=2
+      )
+    )
+    for h in range(2)
+  ]
+  np.testing.assert_array_equal(np.concatenate([h["label"] for h in halves]), batches[0]["label"])
+  ev = list(input_pipeline.make_eval_iterator(config, global_batch_size=4))
+  assert len(ev) == 3
+  np.testing.assert_array_equal(np.concatenate([b["mask"] for b in ev]), [1] * 10 + [0] * 2)
+  assert np.all(ev[-1]["label"][2:] == IGNORE)
+
+
+def _state_after(config, batches):
+  it = input_pipeline.make_train_iterator(config, global_batch_size=8, seed=3)
+  for _ in range(batches):
+    next(it)
+  return it.get_state()
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss and evaluator.
+
+
+def test_pixel_cross_entropy_ignores_the_ignore_label():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 3, 4, 5)).astype(np.float32)
+  labels = rng.integers(0, 5, (2, 3, 4))
+  labels[0, 0, :3] = IGNORE
+  labels[1] = IGNORE  # nothing counts: 0, not NaN
+  loss, acc = seg_obj.pixel_xent(jnp.asarray(logits), jnp.asarray(labels))
+  z = logits[0] - logits[0].max(-1, keepdims=True)
+  logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  keep = labels[0] != IGNORE
+  ref = -np.mean(np.take_along_axis(logp, np.where(keep, labels[0], 0)[..., None], -1)[keep])
+  np.testing.assert_allclose(loss[0], ref, rtol=1e-5)
+  np.testing.assert_allclose(acc[0], np.mean(logits[0].argmax(-1)[keep] == labels[0][keep]))
+  assert float(loss[1]) == 0.0 and float(acc[1]) == 0.0
+
+
+def test_miou_of_a_hand_computed_example():
+  # 3 classes, 10 counted pixels (one ignored, one padded example):
+  labels = np.array([[0, 0, 0, 0, 1, 1, 1, 2, 2, IGNORE]])
+  preds = np.array([[0, 0, 0, 1, 1, 1, 2, 2, 0, 1]])
+  # class 0: TP 3, FP 1 (the last 2→0), FN 1 (0→1): IoU 3/5; class 1: TP 2, FP 1, FN 1: 2/4;
+  # class 2: TP 1, FP 1, FN 1: 1/3. mIoU = (0.6 + 0.5 + 1/3) / 3; pixel accuracy 6/9.
+  matrix = np.asarray(seg_eval.confusion(jnp.asarray(preds), jnp.asarray(labels), 1.0, 3))
+  np.testing.assert_array_equal(matrix, [[3, 1, 0], [0, 2, 1], [1, 0, 1]])
+  m = seg_eval.metrics_from_confusion(matrix, ["bg", "a", "b"], prefix="val/")
+  assert m["val/miou"] == pytest.approx((0.6 + 0.5 + 1 / 3) / 3)
+  assert m["val/pixel_accuracy"] == pytest.approx(6 / 9)
+  assert m["val/iou/a"] == pytest.approx(0.5) and m["val/accuracy/bg"] == pytest.approx(0.75)
+  assert m["val/mean_class_accuracy"] == pytest.approx((3 / 4 + 2 / 3 + 1 / 2) / 3)
+  # A class neither labelled nor predicted has no IoU and does not drag the mean.
+  m4 = seg_eval.metrics_from_confusion(np.pad(matrix, ((0, 1), (0, 1))))
+  assert m4["miou"] == pytest.approx(m["val/miou"]) and "iou/3" not in m4
+
+  # Through the evaluator: the same pixels as one 1x10 image, plus a padded example (mask 0)
+  # whose pixels are all wrong.
+  def predict(params, images):
+    del params
+    return jax.nn.one_hot(images[..., 0].astype(jnp.int32), 3)
+
+  batch = {
+    "image": np.stack([preds.astype(np.float32)[..., None], np.zeros((1, 10, 1), np.float32)]),
+    "label": np.stack([labels, np.full((1, 10), 2)]),
+    "mask": np.array([1.0, 0.0], np.float32),
+  }
+  ev = seg_eval.SegmentationEvaluator(predict, lambda: [batch], 3, name="t")
+  got = ev.run(None)
+  assert got["t/miou"] == pytest.approx(m["val/miou"]) and got["t/num_pixels"] == 9
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage.
+
+
+def _config(tmp_path, total_steps, extra=()):
+  return config_files.from_flags(
+    [
+      "--config=configs/segment.py:dataset=mnist_seg,head=progressive,runlocal",
+      "--config.init_from_scratch=true",
+      "--config.dataset.train_split=train[:64]",
+      "--config.dataset.eval_split=val[:16]",
+      "--config.evals.test.split=test[:16]",
+      f"--config.total_steps={total_steps}",
+      "--config.checkpoint.asynchronous=false",
+      *extra,
+    ]
+  )
+
+
+def test_segment_stage_learns_resumes_bitwise_and_reports_miou(tmp_path):
+  straight = stages.run(_config(tmp_path, 6), str(tmp_path / "straight"))
+  assert {"val/miou", "test/miou", "test/pixel_accuracy", "test/iou/background"} <= set(straight)
+  # Stopped after step 3 (total_steps may change on resume), then continued to 6.
+  stages.run(_config(tmp_path, 3), str(tmp_path / "split"))
+  resumed = stages.run(_config(tmp_path, 6), str(tmp_path / "split"))
+  assert resumed["test/miou"] == straight["test/miou"]
+
+  def params(workdir):
+    return train_state.restore_params(str(tmp_path / workdir))
+
+  jax.tree.map(np.testing.assert_array_equal, params("split"), params("straight"))
+  # Fine-tuning's loader fills the encoder from that workdir: a second run from it starts with
+  # its encoder (and a fresh head).
+  ft = _config(
+    tmp_path,
+    1,
+    [f"--config.model_init={tmp_path / 'straight'}", "--config.init_from_scratch=false"],
+  )
+  ft.schedule.base_lr = 0.0  # no update: the saved parameters are the loaded ones
+  stages.run(ft, str(tmp_path / "from_pretrained"))
+  loaded, source = params("from_pretrained"), params("straight")
+  np.testing.assert_array_equal(loaded["embedding"]["kernel"], source["embedding"]["kernel"])
+  assert not np.array_equal(
+    loaded["head"]["classifier"]["kernel"], source["head"]["classifier"]["kernel"]
+  )
