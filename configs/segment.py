@@ -65,7 +65,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.representation_size = None
   config.init_from_scratch = False
   config.loss = "seg_softmax_xent"
-  config.segmentation = ml_collections.ConfigDict(dict(head=arg.head, layers=(), width=64))
+  # width: channels of the progressive head (32 keeps its full-resolution conv cheap on a CPU).
+  config.segmentation = ml_collections.ConfigDict(dict(head=arg.head, layers=(), width=32))
   config.total_steps = 1000
   config.batch_size = 32
   config.grad_clip_norm = 1.0

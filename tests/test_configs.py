@@ -37,6 +37,12 @@ ARGS = {
     "dataset=mnist_5k",
   ],
   "linear_probe": ["", "dataset=fashion_mnist"],
+  "segment": [
+    "",
+    "dataset=fashion_mnist_seg,head=progressive",
+    "dataset=mnist_seg,model=R26x1",
+    "dataset=folder,model=B/16,lr=0.01",
+  ],
   "pretrain_mpp": [
     "dataset=jft",
     "dataset=jft,model=L/16,target=downsample4x4",
@@ -67,13 +73,13 @@ def test_every_config_file_is_listed():
 def test_config_builds(name, arg, runlocal):
   arg = ",".join(filter(None, [arg, "runlocal" if runlocal else ""]))
   config = _get(name, arg)
-  assert config.stage in ("pretrain", "finetune", "linear_probe")
+  assert config.stage in ("pretrain", "finetune", "segment", "linear_probe")
   assert isinstance(config, ml_collections.ConfigDict)
   if runlocal and "model" in config:
-    assert config.model.name == "ViT-testing"
+    assert config.model.name == ("BiT-R26x1" if "R26x1" in arg else "ViT-testing")
   if runlocal and "total_steps" in config:
     assert config.total_steps <= 10
-  if config.stage in ("pretrain", "finetune"):
+  if config.stage in ("pretrain", "finetune", "segment"):
     assert config.batch_size % config.accum_steps == 0
     if not runlocal and arg.startswith("dataset=imagenet21k"):
       assert config.batch_size == 4096
@@ -222,7 +228,7 @@ def test_pretrain_sigmoid_head_bias():
   assert config.model.representation_size == config.model.hidden_size
 
 
-@pytest.mark.parametrize("name", ["pretrain", "finetune", "pretrain_mpp"])
+@pytest.mark.parametrize("name", ["pretrain", "finetune", "pretrain_mpp", "segment"])
 def test_every_top_level_field_is_read(name):
   root = CONFIG_DIR.parent
   source = "\n".join((root / f).read_text() for f in TRAIN_SOURCES)
