@@ -1,6 +1,7 @@
 """Segmentation data, loss, evaluator and stage: each against a hand-made or numpy reference."""
 
 import os
+import types
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import config_files, input_pipeline, stages
+from vit_jax import config_files, input_pipeline, predict, stages
 from vit_jax.checkpoint import train_state
 from vit_jax.evaluators import segmentation as seg_eval
 from vit_jax.input_pipeline import segmentation as seg_data
@@ -242,6 +243,7 @@ def test_miou_of_a_hand_computed_example():
 
 
 def _config(tmp_path, total_steps, extra=()):
+  # 48px: the canvases' own size, so predict's masks are compared pixel for pixel below.
   return config_files.from_flags(
     [
       "--config=configs/segment.py:dataset=mnist_seg,head=progressive,runlocal",
@@ -250,6 +252,7 @@ def _config(tmp_path, total_steps, extra=()):
       "--config.dataset.eval_split=val[:16]",
       "--config.evals.test.split=test[:16]",
       f"--config.total_steps={total_steps}",
+      "--config.dataset.image_size=48",
       "--config.checkpoint.asynchronous=false",
       *extra,
     ]
@@ -268,6 +271,29 @@ def test_segment_stage_learns_resumes_bitwise_and_reports_miou(tmp_path):
     return train_state.restore_params(str(tmp_path / workdir))
 
   jax.tree.map(np.testing.assert_array_equal, params("split"), params("straight"))
+
+  # predict: the masks it writes for the test canvases (PNG files, read back) score the mIoU
+  # the trainer's evaluator reported, through another path (PIL preprocessing, numpy counts).
+  test = seg_data.load_split(_config(tmp_path, 6).dataset, "test[:16]")
+  files = []
+  for i, image in enumerate(test.images):
+    files.append(str(tmp_path / f"canvas{i}.png"))
+    Image.fromarray(image[..., 0]).save(files[-1])
+  flag = lambda v: types.SimpleNamespace(value=v)  # noqa: E731
+  predict.segment(
+    files,
+    types.SimpleNamespace(
+      checkpoint=flag(str(tmp_path / "straight")), masks_dir=flag(str(tmp_path / "masks"))
+    ),
+  )
+  written = [np.asarray(Image.open(tmp_path / "masks" / f"canvas{i}_mask.png")) for i in range(16)]
+  assert Image.open(tmp_path / "masks" / "canvas0_mask.png").mode == "P"
+  assert (tmp_path / "masks" / "canvas0_overlay.png").exists()
+  labels = np.stack(test.masks)
+  matrix = seg_eval.confusion(np.stack(written), labels, np.ones(labels.shape), 11)
+  ours = seg_eval.metrics_from_confusion(np.asarray(matrix))
+  assert ours["miou"] == pytest.approx(straight["test/miou"], abs=1e-6)
+  assert ours["pixel_accuracy"] == pytest.approx(straight["test/pixel_accuracy"], abs=1e-6)
   # Fine-tuning's loader fills the encoder from that workdir: a second run from it starts with
   # its encoder (and a fresh head).
   ft = _config(

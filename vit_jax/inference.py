@@ -229,3 +229,86 @@ def read_images(paths: Sequence[str]) -> tuple[list[str], list[Image.Image]]:
 def read_class_names(path: str) -> list[str]:
   with open(path) as f:
     return [line.strip() for line in f if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Segmentation (a workdir of the `segment` stage, configs/segment.py).
+
+# Colours of the first classes in written masks (palette PNGs: the pixel values are the class
+# indices, the palette only shows them); the background is black.
+_PALETTE = [
+  (0, 0, 0),
+  (230, 25, 75),
+  (60, 180, 75),
+  (255, 225, 25),
+  (0, 130, 200),
+  (245, 130, 48),
+  (145, 30, 180),
+  (70, 240, 240),
+  (240, 50, 230),
+  (210, 245, 60),
+  (250, 190, 212),
+  (0, 128, 128),
+  (170, 110, 40),
+  (128, 0, 0),
+  (128, 128, 0),
+  (0, 0, 128),
+]
+
+
+def mask_image(mask: np.ndarray) -> Image.Image:
+  """uint8 class indices [H, W] → a palette PNG image whose pixel values are those indices."""
+  image = Image.fromarray(np.asarray(mask, np.uint8), mode="P")
+  palette = [c for i in range(256) for c in _PALETTE[i % len(_PALETTE)]]
+  image.putpalette(palette)
+  return image
+
+
+def overlay_image(image: Image.Image, mask: np.ndarray, alpha: float = 0.5) -> Image.Image:
+  """The image with the mask's class colours blended in (background left as it is)."""
+  rgb = np.asarray(image.convert("RGB").resize(mask.shape[::-1]), np.float32)
+  colours = np.asarray([_PALETTE[i % len(_PALETTE)] for i in range(256)], np.float32)[mask]
+  blend = np.where(mask[..., None] > 0, (1 - alpha) * rgb + alpha * colours, rgb)
+  return Image.fromarray(blend.astype(np.uint8))
+
+
+class Segmenter:
+  """A `segment` stage checkpoint as a per-pixel classifier of image files.
+
+  The workdir's `config.json` gives the encoder, the head (`segmentation`), the input size and
+  the dataset's class names. Images are resized to the input size (bilinear), as the stage's
+  evaluation does, and the predicted mask is resized back to the image's own size (nearest).
+  """
+
+  def __init__(self, checkpoint: str):
+    from vit_jax.models import segmentation  # noqa: PLC0415
+
+    model_config, params, saved = checkpoint_lib.load_backbone(checkpoint)
+    if saved is None or saved.get("stage") != "segment":
+      raise ValueError(f"{checkpoint} is not a workdir of the segment stage (configs/segment.py)")
+    head = saved.segmentation
+    last = params["head"].get("linear") or params["head"]["classifier"]  # the head's classifier
+    self.num_classes = int(np.shape(last["bias"])[0])
+    self.model = segmentation.get_model(
+      model_config, self.num_classes, head.head, tuple(head.layers), int(head.width)
+    )
+    self.params = params
+    self.image_size = int(saved.dataset.image_size)
+    names = dataset_class_names(saved.dataset)
+    self.class_names = names if names and len(names) == self.num_classes else None
+    self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False))
+
+  def masks(self, images: Sequence[Image.Image], batch_size: int = 16) -> list[np.ndarray]:
+    """uint8 class indices [h, w] per image, at each image's own size."""
+    size = self.image_size
+    arrays = np.stack([preprocess(im, size, "decode|resize|value_range(-1, 1)") for im in images])
+    out = []
+    for start in range(0, len(arrays), batch_size):
+      chunk = arrays[start : start + batch_size]
+      n = len(chunk)
+      chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
+      out.extend(np.asarray(jax.numpy.argmax(self._apply(self.params, chunk), -1))[:n])
+    return [
+      np.asarray(Image.fromarray(m.astype(np.uint8)).resize(im.size, Image.Resampling.NEAREST))
+      for m, im in zip(out, images, strict=True)
+    ]

@@ -15,6 +15,13 @@ central_crop|value_range` ops), or resize to the model's size — with PIL and n
 (vit_jax.inference, the library behind this command); TensorFlow is imported only to look up a
 dataset's class names when no other source has them. An unreadable image is skipped with one
 warning line naming it; the others are classified.
+
+A workdir of the segment stage (configs/segment.py) segments the images instead: each one's
+mask is written to `--masks_dir` as `<name>_mask.png` (a palette PNG whose pixel values are the
+class indices, at the image's size), beside `<name>_overlay.png` (the classes' colours blended
+into the image), and the classes found are printed with their share of the pixels:
+
+  python -m vit_jax.predict --checkpoint=/tmp/seg --masks_dir=/tmp/masks canvas.png
 """
 
 import os
@@ -44,6 +51,9 @@ def define_flags() -> types.SimpleNamespace:
     ),
     top_k=flags.DEFINE_integer("top_k", 5, "How many classes to print per image."),
     batch_size=flags.DEFINE_integer("batch_size", 32, "Images per forward pass."),
+    masks_dir=flags.DEFINE_string(
+      "masks_dir", None, "Segmentation checkpoints: where to write the masks (PNG)."
+    ),
   )
   flags.mark_flag_as_required("checkpoint")
   return f
@@ -64,6 +74,8 @@ def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
   missing = [p for p in paths if not os.path.exists(p)]
   if missing:
     raise app.UsageError(f"no such file: {', '.join(missing)}")
+  if f.masks_dir.value:
+    return segment(paths, f)
   names = inference.read_class_names(f.class_names.value) if f.class_names.value else None
   classifier = inference.Classifier(
     f.checkpoint.value, model=f.model.value, image_size=f.image_size.value, class_names=names
@@ -73,6 +85,24 @@ def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
   for path, p in zip(paths, probs, strict=True):
     idx = np.argsort(-p, kind="stable")[: min(f.top_k.value, classifier.num_classes)]
     print(format_predictions(path, [(int(i), classifier.name(int(i)), float(p[i])) for i in idx]))
+
+
+def segment(paths: list[str], f: types.SimpleNamespace) -> None:
+  """Writes each image's mask and overlay into --masks_dir; prints the classes found."""
+  segmenter = inference.Segmenter(f.checkpoint.value)
+  paths, images = inference.read_images(paths)
+  os.makedirs(f.masks_dir.value, exist_ok=True)
+  for path, image, mask in zip(paths, images, segmenter.masks(images), strict=True):
+    stem = os.path.join(f.masks_dir.value, os.path.splitext(os.path.basename(path))[0])
+    inference.mask_image(mask).save(stem + "_mask.png")
+    inference.overlay_image(image, mask).save(stem + "_overlay.png")
+    counts = np.bincount(mask.ravel(), minlength=segmenter.num_classes)
+    found = [
+      f"{segmenter.class_names[i] if segmenter.class_names else i} {counts[i] / mask.size:.1%}"
+      for i in np.argsort(-counts, kind="stable")
+      if counts[i]
+    ]
+    print(f"{path} -> {stem}_mask.png: {', '.join(found)}")
 
 
 if __name__ == "__main__":
