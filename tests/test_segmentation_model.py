@@ -63,17 +63,24 @@ def scanned_config():
 def test_hybrid_maps_are_on_the_resnet_grid():
   resnet = ml_collections.ConfigDict(dict(num_layers=(1,), width_factor=1))
   model = models.get_model("testing", 10, resnet=resnet, patch_size=1, layer_norm_kernel="xla")
-  params = _init(model, 32)
-  images = _images(2, 32)
+  params = _init(model, 16)
+  images = _images(2, 16)
   (last,) = models.forward_intermediates(model, params, images, (-1,), norm=True)
-  # One-stage stem: 7x7/2 conv + max-pool /2 → 8x8 feature map, 1x1 patches.
-  assert last.shape == (2, 8, 8, 32)
+  # One-stage stem: 7x7/2 conv + max-pool /2 → 4x4 feature map, 1x1 patches.
+  assert last.shape == (2, 4, 4, 32)
   tokens = model.apply({"params": params}, images, train=False, return_tokens=True)
-  np.testing.assert_array_equal(np.asarray(last).reshape(2, 64, 32), np.asarray(tokens))
+  np.testing.assert_array_equal(np.asarray(last).reshape(2, 16, 32), np.asarray(tokens))
+
+
+def _small_bit_config():
+  """BiT-R26x1 with one unit per block: the same strides and widths, compiled in half the time."""
+  config = models.get_model_config("R26x1")
+  config.block_units = (1, 1, 1, 1)
+  return config
 
 
 def test_bit_maps_have_the_block_strides_and_the_last_one_pools_to_the_representation():
-  model = models.get_model("R26x1", 10)
+  model = models.get_model(_small_bit_config(), 10)
   params = _init(model, 32)
   images = _images(2, 32)
   maps = models.forward_intermediates(model, params, images, (0, 1, 2, 3), norm=True)
@@ -98,10 +105,10 @@ def test_a_layer_outside_the_model_is_one_clear_line(layers):
   assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("encoder", ["testing", "R26x1"])
+@pytest.mark.parametrize("encoder", ["testing", "bit"])
 @pytest.mark.parametrize("head", segmentation.HEADS)
 def test_segmentation_model_logits_per_pixel_and_loads_a_pretrained_encoder(encoder, head):
-  config = models.get_model_config(encoder)
+  config = models.get_model_config(encoder) if encoder == "testing" else _small_bit_config()
   model = segmentation.get_model(config, 11, head)
   params = _init(model, 32)
   images = _images(2, 32)
