@@ -1,15 +1,23 @@
-"""experiments/segmentation.py --quick end to end: every stage it chains, its table and plot."""
+"""experiments/segmentation.py --quick end to end: every stage it chains, its table and plot.
 
+The trainer runs on one device of this process (tests/conftest.py gives it eight, over which
+every compile and checkpoint save of a tiny model costs more), as tests/test_experiments_start.py
+does; everything else runs as from the command line.
+"""
+
+import functools
 import json
 
+import jax
 import numpy as np
 import pytest
 
 from experiments import segmentation
-from vit_jax import input_pipeline
+from vit_jax import input_pipeline, train
 
 
-def test_quick_segmentation_experiment(tmp_path, capsys):
+def test_quick_segmentation_experiment(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))
   results = segmentation.main(["--quick", f"--workdir={tmp_path}"])
   printed = capsys.readouterr().out
   # Each stage's command is printed before it runs, so that a reader can rerun it.

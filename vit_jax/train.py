@@ -1,4 +1,4 @@
-"""The trainer of the pretrain and fine-tune stages: `run(config, workdir)`.
+"""The trainer of the pretrain, fine-tune and segment stages: `run(config, workdir)`.
 
 One procedure, in bannered sections read top to bottom: setup, data, model and optimizer,
 checkpoint, evaluators, data iterator, loop. It runs on any mesh (vit_jax.sharding), on one or many processes,

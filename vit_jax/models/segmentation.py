@@ -10,9 +10,10 @@ head is the `head` subtree, initialised fresh:
                block's map, its logits upsampled bilinearly to the pixels.
   progressive  the maps of several blocks (`layers`), each LayerNorm'd and projected to `width`
                channels, resized to the finest map's grid and summed (a simple feature
-               pyramid; for a ViT all maps share one grid), then 3x3 conv → ReLU → ×2 bilinear
-               upsampling until the pixel grid (SETR-PUP's progressive upsampling), then a
-               per-pixel linear classifier.
+               pyramid; for a ViT all maps share one grid), then 3x3 conv → ReLU, ×2 bilinear
+               upsampling while that stays within the pixel grid, a last 3x3 conv → ReLU
+               (SETR-PUP's progressive upsampling), a per-pixel linear classifier, and a
+               bilinear resize to the pixels if the grid is not there yet.
 
 The ViT's maps are read through its final LayerNorm (`feature_norm`), the BiT ResNet's last map
 through its final GroupNorm → ReLU (vit_jax.models.forward_intermediates). The model returns
@@ -62,7 +63,6 @@ class SegmentationHead(nn.Module):
     if self.kind not in HEADS:
       raise ValueError(f"segmentation head {self.kind!r}; expected one of {HEADS}")
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    batch = maps[0].shape[0]
     height, width = out_shape
     if self.kind == "linear":
       logits = nn.Dense(self.num_classes, name="linear", **kw)(maps[-1])
@@ -81,7 +81,6 @@ class SegmentationHead(nn.Module):
         break
       x = _resize(x, (x.shape[1] * 2, x.shape[2] * 2))
     logits = nn.Dense(self.num_classes, name="classifier", **kw)(x)
-    del batch
     return _resize(logits, (height, width))
 
 
