@@ -297,3 +297,16 @@ def test_segment_stage_resumes_bitwise_and_predict_scores_its_miou(tmp_path, mon
   ours = seg_eval.metrics_from_confusion(np.asarray(matrix))
   assert ours["miou"] == pytest.approx(straight["test/miou"], abs=1e-6)
   assert ours["pixel_accuracy"] == pytest.approx(straight["test/pixel_accuracy"], abs=1e-6)
+
+
+def test_progress_line_leaves_the_per_class_values_to_the_metrics(monkeypatch):
+  from vit_jax import logging_util
+
+  lines = []
+  progress = logging_util.Progress(10, 0)
+  monkeypatch.setattr(progress, "_log", lines.append)
+  results = {"val/miou": 0.25, "val/pixel_accuracy": 0.9, "val/iou/bear": 0.1}
+  with progress.evaluation(10, "val", results):
+    pass
+  assert lines[-1].startswith("step 10/10 | val: miou 0.25, pixel_accuracy 90.00% (")
+  assert "bear" not in lines[-1]

@@ -120,13 +120,19 @@ class Progress:
 
   @contextlib.contextmanager
   def evaluation(self, step: int, name: str, results: dict[str, float]):
-    """Times the `with` body, which fills `results`, then logs one line of them."""
+    """Times the `with` body, which fills `results`, then logs one line of them.
+
+    Per-class breakdowns (`<name>/iou/<class>`, a second '/' in the key) are left off the line;
+    they are in the metrics written to TensorBoard and the stage's final metrics.
+    """
     start = time.perf_counter()
     yield
     seconds = time.perf_counter() - start
     shown = []
     for key, value in sorted(results.items()):
       label = key.split("/", 1)[-1]
+      if "/" in label:
+        continue
       percent = "accuracy" in label or "shot" in label
       shown.append(f"{label} {100 * value:.2f}%" if percent else f"{label} {value:.4g}")
     self._log(f"step {step}/{self._total} | {name}: {', '.join(shown)} ({_duration(seconds)})")
