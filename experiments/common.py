@@ -78,8 +78,9 @@ def run_stage(
   """
   from absl import logging as absl_logging
 
-  from vit_jax import config_files, console, stages
-  from vit_jax import workdir as workdir_lib
+  from vit_jax import config_files, stages
+  from vit_jax.runtime import console
+  from vit_jax.runtime import workdir as workdir_lib
 
   done = os.path.join(workdir, DONE)
   if resume and os.path.exists(done):

@@ -21,7 +21,8 @@ import textwrap
 PROGRAM = textwrap.dedent(
   """
   import os, signal, sys
-  from vit_jax import cli, input_pipeline, main
+  from vit_jax import input_pipeline, main
+  from vit_jax.runtime import cli
   from vit_jax.checkpoint import train_state
   name = os.environ.get("FAULT_SIGNAL", "SIGTERM")
   sig = getattr(signal, name)

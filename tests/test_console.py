@@ -1,4 +1,4 @@
-"""vit_jax/console.py: the terminal shows the project's lines, warnings and errors, and a run's
+"""vit_jax/runtime/console.py: the terminal shows the project's lines, warnings and errors, and a run's
 last line is the last thing it shows.
 
 Each case runs in a child process, since `console.setup` redirects the process's stderr.
@@ -20,7 +20,7 @@ _CHILD = textwrap.dedent(
   import logging, sys, threading
   from absl import app
   from absl import logging as absl_logging
-  from vit_jax import console
+  from vit_jax.runtime import console
 
   def main(argv):
     console.setup(argv[1])

@@ -218,7 +218,8 @@ def test_bench_trainer_runs_main(monkeypatch, capsys):
   """bench_trainer.main: the trainer's bare compiled step, then `train.run` on the same config,
   at batch 8 for 3 steps of a one-block model (the demo's config otherwise)."""
   from experiments import bench_trainer
-  from vit_jax import logging_util, models, sharding
+  from vit_jax import models, sharding
+  from vit_jax.runtime import logging_util
 
   tiny = models.get_model_config("demo")
   tiny.update(TINY_MODEL)

@@ -20,8 +20,8 @@ import pytest
 import small_disk  # tests/
 import xla_env  # tests/
 
-from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoint import train_state
+from vit_jax.runtime import workdir as workdir_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOTAL = 40

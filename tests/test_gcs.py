@@ -23,9 +23,10 @@ import pytest
 import random_weights  # tests/
 import xla_env  # tests/
 
-from vit_jax import checkpoint, gcs
-from vit_jax import workdir as workdir_lib
+from vit_jax import checkpoint
 from vit_jax.checkpoint import train_state
+from vit_jax.runtime import gcs
+from vit_jax.runtime import workdir as workdir_lib
 from vit_jax.tools import make_shards
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -60,7 +61,7 @@ def run(env, *args, timeout=400, **fault) -> tuple[int, str]:
     [sys.executable, *args], env=fault_injection.child_env(env, **fault), cwd=REPO,
     capture_output=True, text=True, timeout=timeout,
   )  # fmt: skip
-  # The entry points' terminal is stderr (vit_jax.console); make_shards prints to stdout.
+  # The entry points' terminal is stderr (vit_jax.runtime.console); make_shards prints to stdout.
   lines = [x for x in proc.stderr.splitlines() or proc.stdout.splitlines() if x.strip()]
   last = lines[-1] if lines else ""
   shown = " ".join(a if len(a) < 200 else "<code>" for a in args)
@@ -309,7 +310,7 @@ def test_stages_and_tools_read_gcs_checkpoints(env, pretrained, local_gcs, tmp_p
 _LOCKER = textwrap.dedent(
   """
   import pathlib, sys, time
-  from vit_jax import workdir
+  from vit_jax.runtime import workdir
   ready = pathlib.Path(sys.argv[2])
   (ready / sys.argv[3]).touch()
   while len(list(ready.iterdir())) < 2:  # both processes imported: go together

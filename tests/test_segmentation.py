@@ -300,7 +300,7 @@ def test_segment_stage_resumes_bitwise_and_predict_scores_its_miou(tmp_path, mon
 
 
 def test_progress_line_leaves_the_per_class_values_to_the_metrics(monkeypatch):
-  from vit_jax import logging_util
+  from vit_jax.runtime import logging_util
 
   lines = []
   progress = logging_util.Progress(10, 0)

@@ -13,10 +13,11 @@ import numpy as np
 import optax
 import pytest
 
-from vit_jax import logging_util, models, optim, sharding, train, workdir
+from vit_jax import models, optim, sharding, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune, pretrain
 from vit_jax.objectives import supervised
+from vit_jax.runtime import logging_util, workdir
 
 
 def _step_fn(accum_steps, loss="softmax_xent", multi_label=False, num_classes=4):

@@ -24,7 +24,7 @@ from absl import logging
 from etils import epath
 
 from vit_jax import checkpoint, evaluators, sharding
-from vit_jax import workdir as workdir_lib
+from vit_jax.runtime import workdir as workdir_lib
 
 RESULTS_FILE = "linear_probe.json"
 
@@ -39,7 +39,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   Config fields: see configs/linear_probe.py.
   """
   # Setup. (clu's writers import TensorFlow: not at module level, so predict stays TF-free.)
-  from vit_jax import logging_util
+  from vit_jax.runtime import logging_util
 
   start = time.perf_counter()
   if not config.model_init:

@@ -8,7 +8,7 @@ overridden with `--config.field=value`; configs are locked, so a misspelt field 
 naming the nearest field.
 
 The terminal shows progress, metrics, warnings and errors; everything else (library chatter,
-native messages) goes to the log file named on the first line (vit_jax.console), and a failed run
+native messages) goes to the log file named on the first line (vit_jax.runtime.console), and a failed run
 ends with one line saying what went wrong. `--verbose` shows everything on the terminal instead.
 
 Multi-host: on a multi-host TPU VM slice `jax.distributed.initialize()` runs automatically
@@ -25,11 +25,12 @@ import types
 
 from absl import app, flags, logging
 
-from vit_jax import cli, config_files
+from vit_jax import config_files
+from vit_jax.runtime import cli
 
 
 def define_flags() -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.cli)."""
+  """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
     config=config_files.define_flag(),
     workdir=flags.DEFINE_string("workdir", None, "Checkpoints, metrics and logs go here."),

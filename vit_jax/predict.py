@@ -31,11 +31,12 @@ from collections.abc import Sequence
 import numpy as np
 from absl import app, flags
 
-from vit_jax import cli, inference
+from vit_jax import inference
+from vit_jax.runtime import cli
 
 
 def define_flags() -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.cli)."""
+  """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
     checkpoint=flags.DEFINE_string(
       "checkpoint", None, "Workdir, step directory or .npz of a trained classifier."

@@ -1,7 +1,7 @@
 """The stages a config names, and running one: what `python -m vit_jax.main` runs, as a library.
 
 `run(config, workdir)` runs `config.stage` ('pretrain', 'finetune' and 'segment': vit_jax.train;
-'linear_probe': vit_jax.linear_probe) holding the workdir's lock (vit_jax.workdir.lock);
+'linear_probe': vit_jax.linear_probe) holding the workdir's lock (vit_jax.runtime.workdir.lock);
 `run_and_record` also writes its final metrics into the workdir (what scripts chaining stages
 read). For programs that run stages themselves (vit_jax.tools.transfer, experiments/).
 
@@ -17,7 +17,7 @@ STAGES = ("pretrain", "finetune", "segment", "linear_probe")
 
 def run(config, workdir: str) -> dict[str, Any]:
   """Runs the stage `config.stage` holding the workdir's lock; returns its final metrics."""
-  from vit_jax import workdir as workdir_lib
+  from vit_jax.runtime import workdir as workdir_lib
 
   if config.stage not in STAGES:
     raise ValueError(f"config.stage={config.stage!r}; expected one of {STAGES}")
@@ -33,7 +33,7 @@ def run(config, workdir: str) -> dict[str, Any]:
 
 def run_and_record(config, workdir: str) -> dict[str, Any]:
   """`run`, then the final metrics into the workdir (process 0)."""
-  from vit_jax import workdir as workdir_lib
+  from vit_jax.runtime import workdir as workdir_lib
 
   metrics = run(config, workdir)
   if jax.process_index() == 0 and isinstance(metrics, dict) and metrics:

@@ -25,14 +25,14 @@ The model, the per-example loss and what counts as correct come from the objecti
 Images/s and MFU count only time spent training: evaluation and checkpoint saves are excluded.
 
 Workdir: a config that differs from the workdir's saved `config.json` in a field that may not
-change on resume stops the run before anything is touched (vit_jax.workdir); `config.json` is
+change on resume stops the run before anything is touched (vit_jax.runtime.workdir); `config.json` is
 written, atomically, once the state is restored or initialised.
 
 Non-finite losses: each step records on device the first step whose loss or gradient norm was
 not finite; the host reads that one scalar whenever it fetches metrics and before every
 checkpoint, so a bad step stops the run (FloatingPointError naming the step) and is never saved.
 
-Stopping: SIGTERM or SIGINT (vit_jax.stopping), and on TPU VMs (with jax.distributed) a
+Stopping: SIGTERM or SIGINT (vit_jax.runtime.stopping), and on TPU VMs (with jax.distributed) a
 preemption notice, make every process save the same step and raise `stopping.Stopped`; the rerun
 resumes there without replaying a step. A second signal exits at once. Killed without notice, a
 run resumes from the latest complete checkpoint and replays the same steps; a latest checkpoint
@@ -59,16 +59,15 @@ from vit_jax import (
   ema,
   evaluators,
   input_pipeline,
-  logging_util,
   mixup,
   objectives,
   optim,
   sharding,
-  stopping,
 )
-from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoint import train_state
 from vit_jax.cost import compiled_stats, flops
+from vit_jax.runtime import logging_util, stopping
+from vit_jax.runtime import workdir as workdir_lib
 
 # step int32 [], params, opt_state, rng uint32 [2]; with config.ema_decay also ema (like params).
 State = dict[str, Any]

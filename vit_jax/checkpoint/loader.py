@@ -19,9 +19,9 @@ import numpy as np
 from etils import epath
 
 from vit_jax import models
-from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoint import adapt, npz, timm_hf, train_state
 from vit_jax.models import mpp
+from vit_jax.runtime import workdir as workdir_lib
 
 
 def load(path: str | os.PathLike, num_heads: int | None = None) -> dict[str, Any]:

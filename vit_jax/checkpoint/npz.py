@@ -44,7 +44,7 @@ PARAM_FILE_SUFFIXES = (".npz", ".safetensors")
 # PyTorch's pickled checkpoints, which `load` refuses by name (never unpickled).
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # What a Hugging Face or timm model directory holds next to its weights (and vit_jax.tools.convert
-# writes there). Not the workdir's stage config, vit_jax.workdir.CONFIG_FILE.
+# writes there). Not the workdir's stage config, vit_jax.runtime.workdir.CONFIG_FILE.
 WEIGHTS_CONFIG_FILE = "config.json"
 # How a zip file starts (a first entry, or an empty archive): every `.npz` is one.
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")

@@ -30,8 +30,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from vit_jax import gcs
 from vit_jax.checkpoint import npz
+from vit_jax.runtime import gcs
 
 _STATE, _DATA = "state", "data"
 CHECKPOINT_DIR = "checkpoints"

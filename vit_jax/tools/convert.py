@@ -31,15 +31,16 @@ from typing import Any
 import ml_collections
 from absl import app, flags, logging
 
-from vit_jax import checkpoint, cli, models
+from vit_jax import checkpoint, models
 from vit_jax.checkpoint import layouts, timm_hf, train_state
+from vit_jax.runtime import cli
 
 FORMATS = ("timm", "hf", "npz")
 WEIGHTS = {"timm": "model.safetensors", "hf": "model.safetensors", "npz": "model.npz"}
 
 
 def define_flags() -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.cli)."""
+  """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
     input=flags.DEFINE_string(
       "in", None, "Input: .npz, .safetensors, a model directory or a workdir."

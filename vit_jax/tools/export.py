@@ -19,12 +19,13 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from vit_jax import cli, inference
+from vit_jax import inference
 from vit_jax.export import formats
+from vit_jax.runtime import cli
 
 
 def define_flags() -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.cli)."""
+  """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
     checkpoint=flags.DEFINE_string(
       "checkpoint", None, "Workdir, step directory or .npz (local or gs://)."

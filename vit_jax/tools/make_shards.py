@@ -24,12 +24,12 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
-from vit_jax import cli, gcs
 from vit_jax.input_pipeline import builtin, sources
+from vit_jax.runtime import cli, gcs
 
 
 def define_flags() -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.cli)."""
+  """The command's flags (see vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
     dataset=flags.DEFINE_string(
       "dataset", None, f"Bundled dataset: one of {sorted(builtin.LOADERS)}."

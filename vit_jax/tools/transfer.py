@@ -41,8 +41,8 @@ from typing import Any
 from absl import app, flags
 from etils import epath
 
-from vit_jax import cli
-from vit_jax import workdir as workdir_lib
+from vit_jax.runtime import cli
+from vit_jax.runtime import workdir as workdir_lib
 
 RESULTS_FILE, TABLE_FILE = "results.json", "table.md"
 
@@ -282,7 +282,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def define_flags() -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.cli)."""
+  """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
     checkpoint=flags.DEFINE_string("checkpoint", None, "Pretrained weights: .npz or a workdir."),
     model=flags.DEFINE_string("model", "", "Model preset (vit_jax.models), e.g. L/16."),

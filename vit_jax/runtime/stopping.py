@@ -97,7 +97,7 @@ class StopOnSignal:
     name = signal.Signals(signum).name
     if self.signal_name is not None:
       # Written straight to the terminal: no logging lock is taken inside a signal handler.
-      from vit_jax import console
+      from vit_jax.runtime import console
 
       console.write_line(
         f"vit_jax: second signal ({name}): exiting now without saving; the checkpoints "

@@ -13,7 +13,7 @@ start time), so that a second launch on the same workdir stops with one line nam
 instead of writing the same checkpoints. The lock is released when the run ends, however it
 ends; a lock left by a process that is gone (killed, its machine restarted) is taken over with a
 warning when it names this host. The lock is created exclusively: O_EXCL on a local disk, a
-generation precondition on gs:// (vit_jax.gcs), so of two launches in the same instant one wins
+generation precondition on gs:// (vit_jax.runtime.gcs), so of two launches in the same instant one wins
 (on other object stores the check and the write are two requests).
 
 This file must not import TensorFlow.
@@ -35,7 +35,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from vit_jax import gcs
+from vit_jax.runtime import gcs
 
 CONFIG_FILE = "config.json"
 LOCK_FILE = "lock.json"
@@ -114,7 +114,7 @@ def check_config(workdir: str, config: ml_collections.ConfigDict) -> None:
     shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
     raise ValueError(
       f"{workdir} holds a run with another config: {shown}. Use a new --workdir, or the "
-      f"saved settings ({path}); what may change on resume: vit_jax.workdir.RESUMABLE_FIELDS"
+      f"saved settings ({path}); what may change on resume: vit_jax.runtime.workdir.RESUMABLE_FIELDS"
     )
 
 

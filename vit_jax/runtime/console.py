@@ -2,7 +2,7 @@
 
 `setup(workdir)` sends the process's whole stderr (absl log lines of every library, TensorFlow's
 and XLA's native messages, tracebacks of background threads) to a log file, and puts a filtered
-stream on the terminal: this project's own log lines (the progress line of vit_jax.logging_util,
+stream on the terminal: this project's own log lines (the progress line of vit_jax.runtime.logging_util,
 evaluation results, checkpoints), and every warning or error but Orbax's. Library chatter (Orbax's
 lines, TensorFlow's raw read errors, asyncio tracebacks after a failure) stays in the file.
 `fail(error)` ends a failed run with one line on the terminal, the traceback in the file, and

@@ -12,7 +12,7 @@ the library code of a command lives in library modules (vit_jax.stages, vit_jax.
                         `errors` raised by `main`, ends in `<name>: error: <Kind>: <message>`
   DistributedFlags      --distributed, --coordinator_address, --num_processes, --process_id
   run_stages(...)       the body of a command that runs stages into a workdir (vit_jax.main,
-                        vit_jax.tools.transfer): its log file (vit_jax.console), jax.distributed
+                        vit_jax.tools.transfer): its log file (vit_jax.runtime.console), jax.distributed
                         connected, a stop (SIGTERM, preemption) ending in its line and exit
                         status, any failure in one line naming the log.
 
@@ -29,12 +29,12 @@ from typing import Any
 
 from absl import app, flags
 
-from vit_jax import distributed
+from vit_jax.runtime import distributed
 
 
 @dataclasses.dataclass(frozen=True)
 class DistributedFlags:
-  """The flags of a multi-host run (vit_jax.distributed.initialize)."""
+  """The flags of a multi-host run (vit_jax.runtime.distributed.initialize)."""
 
   mode: flags.FlagHolder
   coordinator_address: flags.FlagHolder
@@ -92,9 +92,9 @@ def _flag_error(error: BaseException) -> tuple[BaseException, str]:
 
 
 def _setup_console(workdir: str | None, process: int, name: str) -> str:
-  """The log file (vit_jax.console) in the workdir, or in the temporary directory when the
+  """The log file (vit_jax.runtime.console) in the workdir, or in the temporary directory when the
   workdir cannot be written; exits (after setting up the latter) for an unwritable workdir."""
-  from vit_jax import console
+  from vit_jax.runtime import console
 
   try:
     return console.setup(workdir, process)
@@ -112,7 +112,7 @@ def _parser(name: str) -> Callable[[list[str]], list[str]]:
     try:
       return flags.FLAGS(argv)
     except Exception as e:  # noqa: BLE001 - flags.Error, or the config file's own exception
-      from vit_jax import console
+      from vit_jax.runtime import console
 
       workdir = flag_value(argv, "workdir") if "workdir" in flags.FLAGS else None
       process = int(flag_value(argv, "process_id") or 0)
@@ -142,7 +142,7 @@ def run(
     try:
       return main(argv, holders)
     except errors as e:
-      from vit_jax import console
+      from vit_jax.runtime import console
 
       console.end(console.error_line(e, name))  # a command without a log file: no traceback
       sys.exit(1)
@@ -163,11 +163,11 @@ def run_stages(
   verbose: bool = False,
 ) -> Any:
   """The body of a command that runs stages into `workdir`: the terminal shows progress and
-  results, everything else goes to the log file (vit_jax.console; `verbose`: everything on the
+  results, everything else goes to the log file (vit_jax.runtime.console; `verbose`: everything on the
   terminal); the processes of a multi-host run are connected; `body()` runs. A stop (SIGTERM,
-  SIGINT, a TPU preemption: vit_jax.stopping.Stopped) ends in its line and exit status, any
+  SIGINT, a TPU preemption: vit_jax.runtime.stopping.Stopped) ends in its line and exit status, any
   other failure in one line naming the log (exit 1)."""
-  from vit_jax import console, stopping
+  from vit_jax.runtime import console, stopping
 
   process = distributed_flags.process_id.value or 0
   log = None if verbose else _setup_console(workdir, process, name)

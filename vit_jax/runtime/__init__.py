@@ -1,0 +1,12 @@
+"""A stage's process around the training: its command line, terminal, hosts, stops and workdir.
+
+  cli           a command's flags, the distributed flags, and its one-line end on an error
+  console       what reaches the terminal, and the log file that keeps everything else
+  distributed   connecting the processes of a multi-host run (jax.distributed)
+  stopping      SIGTERM / SIGINT turned into a stop at a step every process saves
+  workdir       a workdir's lock, its config.json and atomic JSON writes
+  gcs           gs:// specifics: the client library, bucket and credential checks, atomic create
+  logging_util  metric writers, the progress line, parameter overview, MFU
+
+This package must not import TensorFlow.
+"""
