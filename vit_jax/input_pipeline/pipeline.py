@@ -5,7 +5,7 @@ decoded or preprocessed becomes a zero image with mask 0 instead of being droppe
 boundaries are fixed in the raw-record stream. Global batch b holds stream positions
 b·B .. b·B + B − 1, position b·B + r in row r of the global jax.Array: each host reads the
 positions of the rows that jax.make_array_from_process_local_data gives its devices
-(`_host_rows`), so the global batch is laid out the same on any number of hosts and devices and
+(`layout.host_rows`), so the global batch is laid out the same on any number of hosts and devices and
 any mesh. An example's augmentations are drawn from a stateless seed of (seed, its position).
 
 Which record sits at a position: for sources with a global order (`source.global_order`: the
@@ -30,12 +30,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from vit_jax.input_pipeline import preprocess, sources
+from vit_jax.input_pipeline import layout, preprocess, sources
 
 _ERROR_MARK = "vit_jax.input_pipeline error: "
 
@@ -43,23 +42,6 @@ _ERROR_MARK = "vit_jax.input_pipeline error: "
 # the Python source with `ast`) buys nothing and is a hazard on CPython 3.11.7, whose `ast.parse`
 # can fail with "AST constructor recursion depth mismatch" while other threads parse too.
 graph_fn = tf.autograph.experimental.do_not_convert
-
-
-def _hosts(process_index: int | None, process_count: int | None) -> tuple[int, int]:
-  index = jax.process_index() if process_index is None else process_index
-  count = jax.process_count() if process_count is None else process_count
-  if not 0 <= index < count:
-    raise ValueError(f"process_index={index} outside [0, process_count={count}).")
-  return index, count
-
-
-def _local_batch_size(global_batch_size: int, process_count: int) -> int:
-  if global_batch_size <= 0 or global_batch_size % process_count:
-    raise ValueError(
-      f"global_batch_size={global_batch_size} must be a positive multiple of the number of "
-      f"hosts ({process_count})."
-    )
-  return global_batch_size // process_count
 
 
 def _options(config) -> tf.data.Options:
@@ -188,34 +170,6 @@ def _translate_error(e: tf.errors.OpError) -> Exception:
   return e
 
 
-def _host_rows(mesh, data_axes, global_batch_size: int, process_index: int, process_count: int):
-  """The rows of the global batch that this host's local rows become, in order: int64 [L].
-
-  jax.make_array_from_process_local_data gives a process the rows of its devices' shards in
-  increasing order. Without a mesh, or with hosts simulated in one process, host h's rows are
-  the h-th block of L = global_batch_size / process_count.
-  """
-  local = global_batch_size // process_count
-  if mesh is None or jax.process_count() == 1:
-    return np.arange(process_index * local, (process_index + 1) * local, dtype=np.int64)
-  axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
-  shards = sorted(
-    {
-      index[0].indices(global_batch_size)[:2]
-      for device, index in sharding.devices_indices_map((global_batch_size,)).items()
-      if device.process_index == process_index
-    }
-  )
-  rows = np.concatenate([np.arange(start, stop, dtype=np.int64) for start, stop in shards])
-  if len(rows) != local:
-    raise ValueError(
-      f"process {process_index}'s devices hold {len(rows)} rows of the global batch over "
-      f"data_axes {axes}, not global_batch_size / process_count = {local}."
-    )
-  return rows
-
-
 class _Prefetcher:
   """Pulls `items` on a thread, `size` ahead of the consumer; errors are re-raised by `get`."""
 
@@ -275,18 +229,6 @@ def _numpy_batches(ds: tf.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
     del it
 
 
-def _to_global(batch: dict[str, np.ndarray], mesh, data_axes) -> dict[str, Any]:
-  """Host-local numpy batch → global jax.Arrays sharded on dim 0 over `data_axes` (or numpy)."""
-  if mesh is None:
-    return batch
-  axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
-  unknown = [a for a in axes if a not in mesh.axis_names]
-  if unknown:
-    raise ValueError(f"data_axes {unknown} are not axes of the mesh {mesh.axis_names}.")
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
-
-
 class TrainIterator:
   """Endless iterator of global training batches with a resumable position (see get_state)."""
 
@@ -302,11 +244,11 @@ class TrainIterator:
     process_index: int | None = None,
     process_count: int | None = None,
   ):
-    self.process_index, self.process_count = _hosts(process_index, process_count)
+    self.process_index, self.process_count = layout.hosts(process_index, process_count)
     self.global_batch_size = global_batch_size
-    self.local_batch_size = _local_batch_size(global_batch_size, self.process_count)
+    self.local_batch_size = layout.local_batch_size(global_batch_size, self.process_count)
     self.seed = int(seed)
-    self._rows = _host_rows(
+    self._rows = layout.host_rows(
       mesh, data_axes, global_batch_size, self.process_index, self.process_count
     )
     self._source = sources.get_source(
@@ -383,7 +325,7 @@ class TrainIterator:
     for batch in _numpy_batches(ds):
       records += self.local_batch_size
       skipped = int(np.sum(batch["mask"] == 0))
-      yield _to_global(batch, mesh, data_axes), records, skipped
+      yield layout.to_global(batch, mesh, data_axes), records, skipped
 
   def __iter__(self):
     return self
@@ -449,8 +391,8 @@ class EvalIterable:
     process_index: int | None = None,
     process_count: int | None = None,
   ):
-    self.process_index, self.process_count = _hosts(process_index, process_count)
-    self.local_batch_size = _local_batch_size(global_batch_size, self.process_count)
+    self.process_index, self.process_count = layout.hosts(process_index, process_count)
+    self.local_batch_size = layout.local_batch_size(global_batch_size, self.process_count)
     self.split = split or config.eval_split
     self._config, self._mesh, self._data_axes = config, mesh, data_axes
     self._source = sources.get_source(config, self.split, self.process_index, self.process_count)
@@ -486,7 +428,7 @@ class EvalIterable:
 
   def _produce(self):
     for batch in _numpy_batches(self._dataset()):
-      yield _to_global(batch, self._mesh, self._data_axes)
+      yield layout.to_global(batch, self._mesh, self._data_axes)
 
   def __iter__(self) -> Iterator[dict[str, Any]]:
     prefetcher = _Prefetcher(self._produce(), self._config.prefetch)

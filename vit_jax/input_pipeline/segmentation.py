@@ -43,11 +43,10 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import jax
 import numpy as np
 from PIL import Image
 
-from vit_jax.input_pipeline import builtin, splits
+from vit_jax.input_pipeline import builtin, layout, splits
 
 IGNORE_LABEL = 255
 SOURCES = ("seg_builtin", "seg_folder")
@@ -334,41 +333,6 @@ def augment(
 # Iterators.
 
 
-def _hosts(process_index, process_count) -> tuple[int, int]:
-  index = jax.process_index() if process_index is None else process_index
-  count = jax.process_count() if process_count is None else process_count
-  if not 0 <= index < count:
-    raise ValueError(f"process_index={index} outside [0, process_count={count}).")
-  return index, count
-
-
-def _host_rows(mesh, data_axes, global_batch: int, index: int, count: int) -> np.ndarray:
-  """The rows of the global batch this host supplies (those of its devices' shards)."""
-  if global_batch % count:
-    raise ValueError(f"global_batch_size={global_batch} must be a multiple of {count} hosts")
-  local = global_batch // count
-  if mesh is None or jax.process_count() == 1:
-    return np.arange(index * local, (index + 1) * local)
-  axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
-  shards = sorted(
-    {
-      idx[0].indices(global_batch)[:2]
-      for device, idx in sharding.devices_indices_map((global_batch,)).items()
-      if device.process_index == index
-    }
-  )
-  return np.concatenate([np.arange(a, b) for a, b in shards])
-
-
-def _to_global(batch: dict[str, np.ndarray], mesh, data_axes) -> dict[str, Any]:
-  if mesh is None:
-    return batch
-  axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
-
-
 class TrainIterator:
   """Endless training batches {'image' [B, S, S, 3], 'label' int32 [B, S, S], 'mask' [B]}."""
 
@@ -384,10 +348,11 @@ class TrainIterator:
     process_index: int | None = None,
     process_count: int | None = None,
   ):
-    self.process_index, self.process_count = _hosts(process_index, process_count)
+    self.process_index, self.process_count = layout.hosts(process_index, process_count)
+    layout.local_batch_size(int(global_batch_size), self.process_count)  # divides, or one line
     self.global_batch_size = int(global_batch_size)
     self.seed = int(seed)
-    self._rows = _host_rows(
+    self._rows = layout.host_rows(
       mesh, data_axes, self.global_batch_size, self.process_index, self.process_count
     )
     self._mesh, self._data_axes = mesh, data_axes
@@ -429,7 +394,7 @@ class TrainIterator:
       "label": np.stack([p[1] for p in pairs]),
       "mask": np.ones(len(pairs), np.float32),
     }
-    return _to_global(batch, self._mesh, self._data_axes)
+    return layout.to_global(batch, self._mesh, self._data_axes)
 
   @property
   def num_skipped(self) -> int:
@@ -462,10 +427,11 @@ class EvalIterable:
     process_index: int | None = None,
     process_count: int | None = None,
   ):
-    self.process_index, self.process_count = _hosts(process_index, process_count)
+    self.process_index, self.process_count = layout.hosts(process_index, process_count)
+    layout.local_batch_size(int(global_batch_size), self.process_count)  # divides, or one line
     self.split = split or config.eval_split
     self.global_batch_size = int(global_batch_size)
-    self._rows = _host_rows(
+    self._rows = layout.host_rows(
       mesh, data_axes, self.global_batch_size, self.process_index, self.process_count
     )
     self._mesh, self._data_axes = mesh, data_axes
@@ -498,4 +464,4 @@ class EvalIterable:
         "label": np.stack(labels),
         "mask": np.asarray(mask, np.float32),
       }
-      yield _to_global(batch, self._mesh, self._data_axes)
+      yield layout.to_global(batch, self._mesh, self._data_axes)

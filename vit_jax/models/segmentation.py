@@ -91,6 +91,30 @@ def _resize(x: jax.Array, hw: Sequence[int]) -> jax.Array:
   return jax.image.resize(x, (x.shape[0], *hw, x.shape[3]), "bilinear")
 
 
+def _segment(module, encode, images, train, return_representation, example_ids) -> jax.Array:
+  """The body of both segmenting models' `__call__`: `encode` is the encoder's own `__call__`,
+  asked for the maps of `module.head_layers` (normed); the head is made inside the caller's
+  compact method, so it is named `head` under the model."""
+  maps = encode(
+    images,
+    train=train,
+    example_ids=example_ids,
+    feature_layers=module.head_layers,
+    feature_norm=True,
+  )
+  if return_representation:
+    return jnp.mean(maps[-1], axis=(1, 2))
+  head = SegmentationHead(
+    module.num_classes,
+    module.head_kind,
+    module.head_width,
+    module.dtype,
+    module.param_dtype,
+    name="head",
+  )
+  return head(maps, images.shape[1:3]).astype(jnp.float32)
+
+
 class SegmentingViT(vit.VisionTransformer):
   """A ViT (or hybrid) with a segmentation head on its patch tokens; `num_classes` is the number
   of segmentation classes (background included)."""
@@ -109,19 +133,7 @@ class SegmentingViT(vit.VisionTransformer):
     example_ids: jax.Array | None = None,
   ) -> jax.Array:
     """images [batch, height, width, 3] in [-1, 1] → float32 logits [batch, height, width, K]."""
-    maps = super().__call__(
-      images,
-      train=train,
-      example_ids=example_ids,
-      feature_layers=self.head_layers,
-      feature_norm=True,
-    )
-    if return_representation:
-      return jnp.mean(maps[-1], axis=(1, 2))
-    head = SegmentationHead(
-      self.num_classes, self.head_kind, self.head_width, self.dtype, self.param_dtype, name="head"
-    )
-    return head(maps, images.shape[1:3]).astype(jnp.float32)
+    return _segment(self, super().__call__, images, train, return_representation, example_ids)
 
 
 class SegmentingBiT(bit.ResNetV2):
@@ -141,19 +153,7 @@ class SegmentingBiT(bit.ResNetV2):
     example_ids: jax.Array | None = None,
   ) -> jax.Array:
     """images [batch, height, width, 3] in [-1, 1] → float32 logits [batch, height, width, K]."""
-    maps = super().__call__(
-      images,
-      train=train,
-      example_ids=example_ids,
-      feature_layers=self.head_layers,
-      feature_norm=True,
-    )
-    if return_representation:
-      return jnp.mean(maps[-1], axis=(1, 2))
-    head = SegmentationHead(
-      self.num_classes, self.head_kind, self.head_width, self.dtype, self.param_dtype, name="head"
-    )
-    return head(maps, images.shape[1:3]).astype(jnp.float32)
+    return _segment(self, super().__call__, images, train, return_representation, example_ids)
 
 
 def get_model(
