@@ -3,9 +3,11 @@ folder and synthetic sources they were written from (bitwise), and its one-line 
 
 import json
 import os
+import types
 
 import numpy as np
 import pytest
+from absl import app
 from PIL import Image
 
 from vit_jax import input_pipeline
@@ -85,20 +87,68 @@ def test_folder_shards_give_the_folder_arrays_bitwise(tmp_path):
 def test_synthetic_shards_and_their_train_batches_are_the_tasks(tmp_path):
   _clear_caches()
   make_shards.shard_seg_builtin("mnist_seg", "val", str(tmp_path), num_shards=2)
-  kw = dict(name="mnist_seg", image_size=24, train_split="val[:32]", pp_train="random_crop|flip_lr")
+  kw = dict(
+    name="mnist_seg",
+    image_size=24,
+    train_split="val[:32]",
+    pp_train="random_crop|flip_lr",
+    pp_eval="",
+  )
   builtin = _config("seg_builtin", "", **kw)
   shards = _config("seg_shards", tmp_path, **kw)
   _assert_same_data(seg_data.load_split(shards, "val"), seg_data.load_split(builtin, "val"))
   assert input_pipeline.get_dataset_info(shards).class_names == seg_data.synthetic_class_names(
     "mnist_seg"
   )
-  # Through the trainer's iterator: the same augmented batches.
+  # Through the trainer's iterators: the same augmented batches.
+  input_pipeline.check_readable(shards, "val[:32]")
   a = input_pipeline.make_train_iterator(builtin, global_batch_size=8, seed=1)
   b = input_pipeline.make_train_iterator(shards, global_batch_size=8, seed=1)
-  for _ in range(2):
-    x, y = next(a), next(b)
+  pairs = [(next(a), next(b)) for _ in range(2)]
+  ev = input_pipeline.make_eval_iterator
+  pairs += zip(
+    ev(builtin, "val[:9]", global_batch_size=4),
+    ev(shards, "val[:9]", global_batch_size=4),
+    strict=True,
+  )
+  assert len(pairs) == 5
+  for x, y in pairs:
     for k in ("image", "label", "mask"):
       np.testing.assert_array_equal(x[k], y[k])
+
+
+def _flags(**values):
+  names = ("dataset", "folder", "task", "split", "out_dir", "name", "num_shards", "shuffle_seed")
+  defaults = dict.fromkeys(names) | dict(num_shards=2, shuffle_seed=0)
+  return types.SimpleNamespace(
+    **{k: types.SimpleNamespace(value=v) for k, v in (defaults | values).items()}
+  )
+
+
+def test_make_shards_command_picks_the_task(tmp_path, capsys):
+  # The command's main (its flags as values): a synthetic task's name implies segmentation, a
+  # folder needs --task=segmentation, and a synthetic task is no classification dataset.
+  _clear_caches()
+  _write_folder(tmp_path / "pets", n=3)
+  make_shards.main([], _flags(dataset="mnist_seg", split=["val"], out_dir=str(tmp_path / "a")))
+  make_shards.main(
+    [],
+    _flags(
+      folder=str(tmp_path / "pets"),
+      task="segmentation",
+      split=["train"],
+      out_dir=str(tmp_path / "b"),
+    ),
+  )
+  assert "val: 2 shards" in capsys.readouterr().out
+  assert len(seg_data.load_split(_config("seg_shards", tmp_path / "a"), "val[:3]").masks) == 3
+  assert seg_data.load_split(_config("seg_shards", tmp_path / "b"), "train").names == [
+    "x0.png",
+    "x1.png",
+    "x2.png",
+  ]
+  with pytest.raises(app.UsageError, match="--dataset=mnist_seg is a segmentation task"):
+    make_shards.main([], _flags(dataset="mnist_seg", task="classification", out_dir="x"))
 
 
 def _one_record_shards(tmp_path, mask_rows):
@@ -140,3 +190,35 @@ def test_tfrecord_source_refuses_segmentation_shards(tmp_path):
   config = _config("tfrecord", tmp_path, name="t", train_split="train", eval_split="train")
   with pytest.raises(ValueError, match="segmentation shards; dataset.source='seg_shards'"):
     input_pipeline.get_dataset_info(config)
+
+
+@pytest.mark.slow  # ~20 s on 2 cores; the fast tests hold the source to the others' arrays
+def test_segment_stage_runs_on_shards(tmp_path, monkeypatch):
+  import functools
+
+  import jax
+
+  from vit_jax import config_files, stages, train
+
+  _clear_caches()
+  monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))
+  make_shards.shard_seg_builtin("mnist_seg", "val", str(tmp_path / "shards"), num_shards=2)
+  config = config_files.from_flags(
+    [
+      "--config=configs/segment.py:dataset=shards,runlocal",
+      f"--config.dataset.data_dir={tmp_path / 'shards'}",
+      "--config.init_from_scratch=true",
+      "--config.dataset.train_split=val[:32]",
+      "--config.dataset.eval_split=val[32:48]",
+      "--config.evals.test.split=val[48:64]",
+      "--config.dataset.image_size=16",
+      "--config.total_steps=2",
+      "--config.checkpoint.asynchronous=false",
+    ]
+  )
+  results = stages.run(config, str(tmp_path / "workdir"))
+  # The test evaluator counted the labelled pixels of the 16 shards' canvases at 16px.
+  batches = input_pipeline.make_eval_iterator(config.dataset, "val[48:64]", global_batch_size=8)
+  labelled = sum(int(np.sum(b["label"] != IGNORE)) for b in batches)
+  assert results["test/num_pixels"] == labelled > 0
+  assert 0 <= results["test/miou"] <= 1 and "test/iou/background" in results
