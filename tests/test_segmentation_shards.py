@@ -151,10 +151,12 @@ def test_make_shards_command_picks_the_task(tmp_path, capsys):
     make_shards.main([], _flags(dataset="mnist_seg", task="classification", out_dir="x"))
 
 
-def _one_record_shards(tmp_path, mask_rows):
-  """Shards of one 8x6 image whose mask has `mask_rows` rows (8: a good example)."""
+def _one_record_shards(tmp_path, mask_rows, label=0):
+  """Shards of one 8x6 image whose mask has `mask_rows` rows (8: a good example), one pixel
+  labelled `label`."""
   image = np.zeros((8, 6, 3), np.uint8)
   mask = np.zeros((mask_rows, 6), np.uint8)
+  mask[1, 2] = label
   examples = [(seg_data.encode_png(image), mask, "bad.png", 0)]
   make_shards._write_segmentation(examples, 1, str(tmp_path), "t", "train", 1, CLASSES, 3)
 
@@ -166,6 +168,7 @@ def _one_record_shards(tmp_path, mask_rows):
     ("classification", r"dataset_info.json: shards of a classification task, not segmentation"),
     ("no_split", r"segmentation shards .*: no split 'val'; splits: \['train'\]"),
     ("mask_size", r"mask .*t-train.tfrecord-00000-of-00001 record 0 \(bad.png\) is 6x5 but its"),
+    ("label", r"mask .*t-train.tfrecord-00000-of-00001 record 0 \(bad.png\): label 7 outside"),
   ],
 )
 def test_bad_shards_are_one_line_naming_the_culprit(tmp_path, kind, message):
@@ -178,6 +181,8 @@ def test_bad_shards_are_one_line_naming_the_culprit(tmp_path, kind, message):
     split = "val[:10]"
   elif kind == "mask_size":
     _one_record_shards(tmp_path, 5)
+  elif kind == "label":
+    _one_record_shards(tmp_path, 8, label=7)
   with pytest.raises((ValueError, FileNotFoundError), match=message) as e:
     seg_data.load_split(_config("seg_shards", tmp_path), split)
   assert "\n" not in str(e.value)
