@@ -4,7 +4,10 @@ Arguments (`configs/segment.py:key=value,...`, see configs/common.py):
   dataset    animal_mnist_seg | fashion_mnist_seg | mnist_seg (offline synthetic tasks, 48px
              canvases of 1-3 bundled objects, vit_jax/input_pipeline/segmentation.py) |
              folder (your data: --config.dataset.data_dir=<dir> holding
-             <split>/images/*.png|jpg, <split>/masks/*.png and classes.txt)
+             <split>/images/*.png|jpg, <split>/masks/*.png and classes.txt) |
+             shards (TFRecord shards of either, local or gs://, written by
+             `python -m vit_jax.tools.make_shards --task=segmentation`:
+             --config.dataset.data_dir=<their out_dir>)
                                                                   default animal_mnist_seg
   model      a vit_jax.models preset (ViT, hybrid or BiT ResNet)  default demo
   head       linear (SETR-naive: per-token linear classifier, upsampled bilinearly) |
@@ -37,7 +40,9 @@ from vit_jax.configs import common
 from vit_jax.input_pipeline import segmentation as seg_data
 from vit_jax.models import segmentation as seg_models
 
-DATASETS = (*seg_data.SYNTHETIC, "folder")
+DATASETS = (*seg_data.SYNTHETIC, "folder", "shards")
+# The sources of the datasets that are not a synthetic task; theirs is 'seg_builtin'.
+_SOURCES = {"folder": "seg_folder", "shards": "seg_shards"}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -47,13 +52,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   )
   common.check_choice("segment", "dataset", arg.dataset, DATASETS)
   common.check_choice("segment", "head", arg.head, seg_models.HEADS)
-  folder = arg.dataset == "folder"
+  source = _SOURCES.get(arg.dataset, "seg_builtin")
 
   config = common.training_config("segment")
   config.dataset = common.dataset_config(
-    source="seg_folder" if folder else "seg_builtin",
+    source=source,
     name=arg.dataset,
-    image_size=48 if not folder else 224,
+    image_size=48 if source == "seg_builtin" else 224,
     train_split="train",
     eval_split="val",
     pp_train="random_crop(0.5)|flip_lr",

@@ -20,8 +20,9 @@ Usage (what the trainer calls):
   batch = next(train_iter)
   # 'image': float32 [B, H, W, 3] in [-1, 1] (pp_train decides the range)
   # 'label': int32 [B]; float32 multi-hot [B, K] if multi_label (mixup is the trainer's);
-  #          int32 [B, H, W] per pixel for the segmentation sources 'seg_builtin' and 'seg_folder'
-  #          (vit_jax.input_pipeline.segmentation: numpy, in memory, the same iterator interface)
+  #          int32 [B, H, W] per pixel for the segmentation sources 'seg_builtin', 'seg_folder'
+  #          and 'seg_shards' (vit_jax.input_pipeline.segmentation: numpy, in memory, the same
+  #          iterator interface)
   # 'mask':  float32 [B], 0 for a bad example (undecodable image, unreadable record): never count it
   # With a mesh: global jax.Arrays sharded over the batch on data_axes (each host passes its
   # global_batch_size / process_count rows to jax.make_array_from_process_local_data).
@@ -92,7 +93,7 @@ __all__ = [
 
 
 # Per-pixel label sources (vit_jax.input_pipeline.segmentation: numpy, in memory).
-_SEGMENTATION_SOURCES = ("seg_builtin", "seg_folder")
+_SEGMENTATION_SOURCES = ("seg_builtin", "seg_folder", "seg_shards")
 
 
 def make_train_iterator(

@@ -9,11 +9,11 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
 
   Fields:
     source: 'tfrecord' | 'tfds' | 'folder' | 'builtin', or for per-pixel labels 'seg_builtin' |
-      'seg_folder' (vit_jax.input_pipeline.segmentation).
+      'seg_folder' | 'seg_shards' (vit_jax.input_pipeline.segmentation).
     name: tfds name ('cifar10', 'oxford_iiit_pet', ...), builtin name ('fashion_mnist',
       'animal_mnist', 'mnist_5k', 'digits'), or the shards' prefix for `file_pattern`.
-    data_dir: tfds data_dir; the directory of the shards (local or gs://) for 'tfrecord'; the root
-      `root/<split>/<class>/*.jpg` for 'folder'.
+    data_dir: tfds data_dir; the directory of the shards (local or gs://) for 'tfrecord' and
+      'seg_shards'; the root `root/<split>/<class>/*.jpg` for 'folder'.
     train_split, eval_split: split names. tfds, 'builtin' and 'folder' accept slices
       ('train[:99%]', 'train[:3750]'; builtin and folder slices are ranges of a fixed shuffle,
       see vit_jax.input_pipeline.splits); for 'tfrecord' a split containing '/' or a glob

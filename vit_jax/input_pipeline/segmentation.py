@@ -1,6 +1,6 @@
 """Segmentation data: images with a label per pixel, in memory, augmented in numpy.
 
-Two sources (`dataset.source`):
+Three sources (`dataset.source`):
 
   seg_builtin  an offline synthetic task made from the bundled real images (`dataset.name`):
                `fashion_mnist_seg`, `mnist_seg` or `animal_mnist_seg`. Each 48x48 grey canvas
@@ -16,11 +16,20 @@ Two sources (`dataset.source`):
                palette PNG's indices, or a grey PNG's values; IGNORE_LABEL = 255 is ignored);
                class names from `data_dir/classes.txt` (one per line, background first) or
                `dataset.num_classes`.
+  seg_shards   TFRecord shards in `data_dir` (local or gs://) written by `python -m
+               vit_jax.tools.make_shards --task=segmentation` from a folder or a synthetic task:
+               per tf.train.Example the encoded image, its mask as a grey PNG of class indices,
+               their size, the name and the position in the written split (IMAGE_KEY, ...);
+               classes, split sizes and the ignore label from `data_dir/dataset_info.json`
+               (`task: segmentation`). For now the shards are read whole, with tf.data, into the
+               same in-memory arrays as the other two sources, in the written split's order:
+               a split (or slice) gives exactly the arrays its folder or task gives.
 
 Splits can be sliced as the other in-memory sources (`train[:1000]`, vit_jax.input_pipeline.
-splits). Bad input ends with one line naming the file: a folder without `masks/`, an image
-without its mask, a mask whose size differs from its image, a label outside [0, num_classes)
-other than IGNORE_LABEL.
+splits). Bad input ends with one line naming the file (and record): a folder without `masks/`,
+an image without its mask, a mask whose size differs from its image, a label outside
+[0, num_classes) other than IGNORE_LABEL; a shards directory without dataset_info.json, shards of
+a classification task, a split the shards do not have.
 
 Augmentation (`pp_train`, `pp_eval`: ops joined by '|') moves image and mask together:
 `random_crop(min_area)` (a window of min_area..1 of the area, aspect 3/4..4/3), `flip_lr` (half
@@ -32,12 +41,13 @@ make_eval_iterator): row r of global batch b is stream position b·B + r, the ex
 its augmentation a function of (seed, position) alone, on any number of hosts and any mesh; the
 state {'num_records', 'num_skipped', 'seed', 'process_count'} resumes exactly.
 
-No TensorFlow here (numpy and PIL): the data is small and in memory, and image/mask ops are
-simplest to keep aligned on arrays.
+numpy and PIL (TensorFlow only to read and write the shards, imported there): the data is small
+and in memory, and image/mask ops are simplest to keep aligned on arrays.
 """
 
 import dataclasses
 import functools
+import io
 import os
 import re
 from collections.abc import Iterator
@@ -49,7 +59,7 @@ from PIL import Image
 from vit_jax.input_pipeline import builtin, layout, splits
 
 IGNORE_LABEL = 255
-SOURCES = ("seg_builtin", "seg_folder")
+SOURCES = ("seg_builtin", "seg_folder", "seg_shards")
 GENERATOR_SEED = 0
 CANVAS = 48
 SPLIT_SIZES = {"train": 4000, "val": 500, "test": 1000}
@@ -189,44 +199,176 @@ def folder_class_names(data_dir: str) -> list[str] | None:
     return [line.strip() for line in f if line.strip()]
 
 
-def read_mask(path: str) -> np.ndarray:
+def read_mask(path: str | io.BytesIO, where: str | None = None) -> np.ndarray:
   """A label PNG → uint8 [h, w]: a palette image's indices or a grey image's values."""
   with Image.open(path) as image:
     if image.mode not in ("P", "L"):
       raise ValueError(
-        f"mask {path}: PNG mode {image.mode!r}; expected a palette ('P') or grey ('L') image "
-        "whose pixel values are the labels"
+        f"mask {where or path}: PNG mode {image.mode!r}; expected a palette ('P') or grey ('L') "
+        "image whose pixel values are the labels"
       )
     return np.asarray(image).astype(np.uint8)
 
 
-@functools.cache
-def _folder_data(data_dir: str, split: str, num_classes: int) -> SegmentationData:
-  image_dir, mask_dir = _folder_split(data_dir, split)
+def _check_mask(mask: np.ndarray, image: np.ndarray, num_classes: int, where: str) -> None:
+  """One line naming `where` for a mask of another size than its image or a label outside."""
+  if mask.shape != image.shape[:2]:
+    raise ValueError(
+      f"mask {where} is {mask.shape[1]}x{mask.shape[0]} but its image is "
+      f"{image.shape[1]}x{image.shape[0]}"
+    )
+  bad = np.unique(mask[(mask >= num_classes) & (mask != IGNORE_LABEL)])
+  if bad.size:
+    raise ValueError(
+      f"mask {where}: label {int(bad[0])} outside [0, {num_classes}) (and not the ignore "
+      f"label {IGNORE_LABEL})"
+    )
+
+
+def folder_listing(data_dir: str, split: str) -> list[str]:
+  """The image file names of a folder's split, sorted (the order of the split's examples)."""
+  image_dir, _ = _folder_split(data_dir, split)
   names = sorted(f for f in os.listdir(image_dir) if f.lower().endswith(_IMAGE_EXTENSIONS))
   if not names:
     raise FileNotFoundError(f"segmentation folder {image_dir}: no .png/.jpg/.jpeg images")
+  return names
+
+
+def read_folder_example(
+  data_dir: str, split: str, name: str, num_classes: int
+) -> tuple[bytes, np.ndarray, np.ndarray]:
+  """One example of a folder, checked: (the image file's bytes, image uint8 [h, w, 3] (RGB),
+  mask uint8 [h, w])."""
+  image_dir, mask_dir = _folder_split(data_dir, split)
+  image_path = os.path.join(image_dir, name)
+  mask_path = os.path.join(mask_dir, os.path.splitext(name)[0] + ".png")
+  if not os.path.exists(mask_path):
+    raise FileNotFoundError(f"image {image_path} has no mask {mask_path}")
+  with open(image_path, "rb") as f:
+    encoded = f.read()
+  image = _decode_image(encoded, channels=3)
+  mask = read_mask(mask_path)
+  _check_mask(mask, image, num_classes, mask_path)
+  return encoded, image, mask
+
+
+def _decode_image(encoded: bytes, channels: int) -> np.ndarray:
+  """PNG/JPEG bytes → uint8 [h, w, 3] (RGB) or, for channels=1, [h, w, 1] (grey)."""
+  with Image.open(io.BytesIO(encoded)) as im:
+    if channels == 1:
+      return np.asarray(im.convert("L"))[..., None]
+    return np.asarray(im.convert("RGB"))
+
+
+@functools.cache
+def _folder_data(data_dir: str, split: str, num_classes: int) -> SegmentationData:
+  names = folder_listing(data_dir, split)
   images, masks = [], []
   for name in names:
-    mask_path = os.path.join(mask_dir, os.path.splitext(name)[0] + ".png")
-    if not os.path.exists(mask_path):
-      raise FileNotFoundError(f"image {os.path.join(image_dir, name)} has no mask {mask_path}")
-    with Image.open(os.path.join(image_dir, name)) as im:
-      image = np.asarray(im.convert("RGB"))
-    mask = read_mask(mask_path)
-    if mask.shape != image.shape[:2]:
-      raise ValueError(
-        f"mask {mask_path} is {mask.shape[1]}x{mask.shape[0]} but its image is "
-        f"{image.shape[1]}x{image.shape[0]}"
-      )
-    bad = np.unique(mask[(mask >= num_classes) & (mask != IGNORE_LABEL)])
-    if bad.size:
-      raise ValueError(
-        f"mask {mask_path}: label {int(bad[0])} outside [0, {num_classes}) (and not the ignore "
-        f"label {IGNORE_LABEL})"
-      )
+    _, image, mask = read_folder_example(data_dir, split, name, num_classes)
     images.append(image)
     masks.append(mask)
+  return SegmentationData(images, masks, names)
+
+
+# ---------------------------------------------------------------------------------------------
+# The shards source: TFRecord shards written by vit_jax.tools.make_shards --task=segmentation.
+
+# Feature keys of a segmentation tf.train.Example (DeepLab's names, where it has them): the
+# encoded image, its mask as a grey PNG of class indices, their size, the name (file name or
+# `split/i`) and the position in the split (the shards are shuffled; the source restores the
+# written split's order, so its slices are the folder's or the synthetic task's).
+IMAGE_KEY = "image/encoded"
+MASK_KEY = "image/segmentation/class/encoded"
+HEIGHT_KEY, WIDTH_KEY = "image/height", "image/width"
+NAME_KEY, INDEX_KEY = "image/filename", "image/index"
+TASK = "segmentation"  # dataset_info.json's `task` for these shards (classification: none)
+
+
+def encode_png(array: np.ndarray) -> bytes:
+  """uint8 [h, w], [h, w, 1] or [h, w, 3] → PNG bytes (grey or RGB)."""
+  if array.ndim == 3 and array.shape[2] == 1:
+    array = array[..., 0]
+  out = io.BytesIO()
+  Image.fromarray(array).save(out, format="PNG")
+  return out.getvalue()
+
+
+def serialize_example(
+  image_bytes: bytes, height: int, width: int, mask: np.ndarray, name: str, index: int
+) -> bytes:
+  """A serialized tf.train.Example: encoded image of height×width, mask uint8 [h, w] (as PNG)."""
+  import tensorflow as tf  # Only the shards need it.
+
+  def feature(value):
+    if isinstance(value, bytes):
+      return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+
+  features = {
+    IMAGE_KEY: feature(image_bytes),
+    MASK_KEY: feature(encode_png(mask)),
+    HEIGHT_KEY: feature(height),
+    WIDTH_KEY: feature(width),
+    NAME_KEY: feature(name.encode()),
+    INDEX_KEY: feature(index),
+  }
+  return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def shards_info(data_dir: str) -> dict:
+  """dataset_info.json of segmentation shards; one line if it is missing or of another task."""
+  from vit_jax.input_pipeline import sources  # It imports this module.
+
+  info = sources.read_info_json(data_dir)
+  if info is None:
+    raise FileNotFoundError(
+      f"segmentation shards {data_dir}: no {sources.INFO_FILENAME} (write the shards with "
+      "python -m vit_jax.tools.make_shards --task=segmentation)"
+    )
+  if info.get("task") != TASK:
+    raise ValueError(
+      f"{os.path.join(data_dir, sources.INFO_FILENAME)}: shards of a "
+      f"{info.get('task', 'classification')} task, not segmentation (source 'tfrecord' reads "
+      "classification shards)"
+    )
+  return info
+
+
+@functools.cache
+def _shards_data(data_dir: str, split: str) -> SegmentationData:
+  import tensorflow as tf  # Only the shards need it.
+
+  info = shards_info(data_dir)
+  entry = info["splits"].get(split)
+  if entry is None:
+    raise FileNotFoundError(
+      f"segmentation shards {data_dir}: no split {split!r}; splits: {sorted(info['splits'])}"
+    )
+  num_classes, channels = len(info["class_names"]), int(info["image_channels"])
+  n = int(entry["num_examples"])
+  images, masks, names = [None] * n, [None] * n, [None] * n
+  for file in sorted(entry["shards"]):
+    path = os.path.join(data_dir, file)
+    try:
+      records = list(tf.data.TFRecordDataset(path).as_numpy_iterator())
+    except tf.errors.OpError as e:
+      raise ValueError(f"segmentation shard {path}: {e.message.splitlines()[0]}") from e
+    for r, record in enumerate(records):
+      where = f"{path} record {r}"
+      f = tf.train.Example.FromString(record).features.feature
+      i, name = int(f[INDEX_KEY].int64_list.value[0]), f[NAME_KEY].bytes_list.value[0].decode()
+      if not 0 <= i < n or names[i] is not None:
+        raise ValueError(f"{where}: index {i} repeated or outside the split's {n} examples")
+      image = _decode_image(f[IMAGE_KEY].bytes_list.value[0], channels)
+      mask = read_mask(io.BytesIO(f[MASK_KEY].bytes_list.value[0]), where)
+      _check_mask(mask, image, num_classes, f"{where} ({name})")
+      images[i], masks[i], names[i] = image, mask, name
+  if None in names:
+    raise ValueError(
+      f"segmentation shards {data_dir}: split {split!r} lacks example {names.index(None)} of "
+      f"the {n} its dataset_info.json lists"
+    )
   return SegmentationData(images, masks, names)
 
 
@@ -240,6 +382,8 @@ def get_dataset_info(config) -> SegmentationInfo:
     names = synthetic_class_names(config.name) if config.name in SYNTHETIC else None
     if names is None:
       raise ValueError(f"seg_builtin dataset {config.name!r}; expected one of {sorted(SYNTHETIC)}")
+  elif config.source == "seg_shards":
+    names = shards_info(_data_dir(config))["class_names"]
   else:
     names = folder_class_names(config.data_dir or "")
   num_classes = config.num_classes or (len(names) if names else None)
@@ -256,16 +400,22 @@ def get_dataset_info(config) -> SegmentationInfo:
   return SegmentationInfo(int(num_classes), counts, names)
 
 
+def _data_dir(config) -> str:
+  if not config.data_dir:
+    raise ValueError(f"dataset.source={config.source!r} needs dataset.data_dir")
+  return config.data_dir
+
+
 def load_split(config, split: str) -> SegmentationData:
   """The examples of `split` (a slice of one allowed) of a segmentation dataset config."""
   base = splits.base_split(split)
   if config.source == "seg_builtin":
     data = _synthetic_split(config.name, base)
   elif config.source == "seg_folder":
-    if not config.data_dir:
-      raise ValueError("dataset.source='seg_folder' needs dataset.data_dir")
-    num_classes = config.num_classes or len(folder_class_names(config.data_dir) or []) or 256
+    num_classes = config.num_classes or len(folder_class_names(_data_dir(config)) or []) or 256
     data = _folder_data(config.data_dir, base, int(num_classes))
+  elif config.source == "seg_shards":
+    data = _shards_data(_data_dir(config), base)
   else:
     raise ValueError(f"dataset.source={config.source!r}; expected one of {SOURCES}")
   rows = splits.slice_rows(split, len(data.masks), f"segmentation split {base!r}")

@@ -566,6 +566,11 @@ def get_dataset_info(config) -> DatasetInfo:
         num_examples[s] = TfdsSource(config, s, 0, 1).host_length(0)
   elif config.source == "tfrecord":
     info = read_info_json(config.data_dir) or {}
+    if info.get("task") == segmentation.TASK:
+      raise ValueError(
+        f"{config.data_dir}/{INFO_FILENAME}: segmentation shards; dataset.source='seg_shards' "
+        "reads them"
+      )
     num_classes = info.get("num_classes")
     class_names = info.get("class_names")
     for s in splits:

@@ -13,29 +13,57 @@ writes `{out_dir}/{name}-{split}.tfrecord-{i:05d}-of-{n:05d}` and merges `{out_d
 shards: {file: num_examples}}}}), which `get_dataset_info` and the per-host split read. Examples are
 shuffled (seeded) before sharding, so that each shard holds every class. Folder images are stored
 as their original bytes; bundled arrays are encoded as PNG.
+
+With `--task=segmentation` (implied by a synthetic task's name) the input is a segmentation folder
+(`<split>/images/`, `<split>/masks/`, `classes.txt`) or a `seg_builtin` task, each record holds an
+image, its mask (a grey PNG of class indices, 255 ignored), their size, the name and the position
+in the split (vit_jax.input_pipeline.segmentation.serialize_example), and dataset_info.json adds
+{task: 'segmentation', ignore_label, image_channels}; `source='seg_shards'` reads them:
+
+  python -m vit_jax.tools.make_shards --task=segmentation --folder=/data/streets \
+      --split=train,val --out_dir=gs://bucket/streets --num_shards=16
+  python -m vit_jax.tools.make_shards --dataset=animal_mnist_seg --split=train,val,test \
+      --out_dir=/tmp/animal_mnist_seg
 """
 
 import json
 import os
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
-from vit_jax.input_pipeline import builtin, sources
+from vit_jax import input_pipeline
+from vit_jax.input_pipeline import builtin, segmentation, sources
 from vit_jax.runtime import cli, gcs
+
+TASKS = ("classification", "segmentation")
 
 
 def define_flags() -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
     dataset=flags.DEFINE_string(
-      "dataset", None, f"Bundled dataset: one of {sorted(builtin.LOADERS)}."
+      "dataset",
+      None,
+      f"Bundled dataset: one of {sorted(builtin.LOADERS)}, or a synthetic segmentation task: "
+      f"{sorted(segmentation.SYNTHETIC)}.",
     ),
     folder=flags.DEFINE_string(
-      "folder", None, "Image folder root: ROOT/<split>/<class>/*.{jpg,jpeg,png}."
+      "folder",
+      None,
+      "Image folder root: ROOT/<split>/<class>/*.{jpg,jpeg,png}; with --task=segmentation "
+      "ROOT/<split>/images/*, ROOT/<split>/masks/*.png and ROOT/classes.txt.",
+    ),
+    task=flags.DEFINE_enum(
+      "task",
+      None,
+      TASKS,
+      "What the labels are; default: segmentation for a synthetic segmentation task, else "
+      "classification.",
     ),
     split=flags.DEFINE_list("split", ["train", "test"], "Split(s) to write, comma separated."),
     out_dir=flags.DEFINE_string("out_dir", None, "Output directory (local or gs://)."),
@@ -51,25 +79,34 @@ def define_flags() -> types.SimpleNamespace:
   )
 
 
+def _classification_record(example: tuple[bytes, int]) -> bytes:
+  return sources.serialize_example(example[0], int(example[1]))
+
+
 def write_shards(
-  examples: Sequence[tuple[bytes, int]] | Iterator[tuple[bytes, int]],
+  examples: Sequence[Any] | Iterator[Any],
   num_examples: int,
   out_dir: str,
   name: str,
   split: str,
   num_shards: int,
   class_names: Sequence[str],
+  serialize: Callable[[Any], bytes] = _classification_record,
+  info: dict[str, Any] | None = None,
 ) -> list[str]:
-  """Writes (image bytes, label) pairs, in the given order, to contiguous shards; updates the info.
+  """Writes examples, in the given order, to contiguous shards; updates the info.
 
   Args:
-    examples: encoded images with their labels, `num_examples` of them.
+    examples: `num_examples` examples, by default (encoded image, label) pairs.
     num_examples: how many `examples` yields.
     out_dir: output directory.
     name: file prefix.
     split: split name.
     num_shards: number of shards (never more than examples, so none is empty).
     class_names: names in label order.
+    serialize: an example → a serialized tf.train.Example (default: the ImageNet layout).
+    info: more fields of dataset_info.json (a segmentation task's); they must agree with the
+      fields other splits wrote there.
 
   Returns:
     The shard paths.
@@ -83,21 +120,26 @@ def write_shards(
     path = sources.shard_path(out_dir, f"{name}-{split}", i, num_shards)
     with tf.io.TFRecordWriter(path) as writer:
       for _ in range(bounds[i + 1] - bounds[i]):
-        image, label = next(examples)
-        writer.write(sources.serialize_example(image, int(label)))
+        writer.write(serialize(next(examples)))
     paths.append(path)
     lengths[os.path.basename(path)] = int(bounds[i + 1] - bounds[i])
-  _update_info(out_dir, name, split, class_names, lengths)
+  _update_info(out_dir, name, split, class_names, lengths, info or {})
   return paths
 
 
-def _update_info(out_dir, name, split, class_names, lengths):
+def _update_info(out_dir, name, split, class_names, lengths, extra):
   info = sources.read_info_json(out_dir) or {}
   if info.get("class_names") not in (None, list(class_names)):
     raise ValueError(f"{out_dir}/{sources.INFO_FILENAME} lists other class names.")
+  if info.get("splits") and info.get("task") != extra.get("task"):
+    raise ValueError(
+      f"{out_dir}/{sources.INFO_FILENAME} describes shards of a "
+      f"{info.get('task', 'classification')} task."
+    )
   info.update(
     name=name, num_classes=len(class_names), class_names=list(class_names), multi_label=False
   )
+  info.update(extra)
   info.setdefault("splits", {})[split] = {
     "num_examples": sum(lengths.values()),
     "file_pattern": f"{name}-{split}.tfrecord-*",
@@ -139,6 +181,60 @@ def shard_folder(root: str, split: str, out_dir: str, num_shards: int, name=None
   return write_shards(examples, len(order), out_dir, name, split, num_shards, source.class_names)
 
 
+def _write_segmentation(
+  examples, num_examples, out_dir, name, split, num_shards, class_names, channels
+):
+  """Writes (image bytes, mask, name, index) examples, `channels` the decoded images' channels."""
+
+  def serialize(example):
+    image_bytes, mask, example_name, index = example
+    return segmentation.serialize_example(image_bytes, *mask.shape, mask, example_name, index)
+
+  info = dict(
+    task=segmentation.TASK, ignore_label=segmentation.IGNORE_LABEL, image_channels=channels
+  )
+  return write_shards(
+    examples, num_examples, out_dir, name, split, num_shards, class_names, serialize, info
+  )
+
+
+def shard_seg_builtin(dataset: str, split: str, out_dir: str, num_shards: int, name=None, seed=0):
+  """Writes a synthetic segmentation task's split (PNG-encoded canvases) as shards."""
+  config = input_pipeline.dataset_config(source="seg_builtin", name=dataset)
+  data = segmentation.load_split(config, split)
+  order = np.random.default_rng(seed).permutation(len(data.masks))
+  examples = (
+    (segmentation.encode_png(data.images[i]), data.masks[i], data.names[i], int(i)) for i in order
+  )
+  channels = data.images[0].shape[2]
+  class_names = segmentation.synthetic_class_names(dataset)
+  return _write_segmentation(
+    examples, len(order), out_dir, name or dataset, split, num_shards, class_names, channels
+  )
+
+
+def shard_seg_folder(root: str, split: str, out_dir: str, num_shards: int, name=None, seed=0):
+  """Writes a segmentation folder's split (images as their original bytes) as shards."""
+  class_names = segmentation.folder_class_names(root)
+  if not class_names:
+    raise ValueError(
+      f"segmentation folder {root}: no classes.txt (class names, one per line, background first)"
+    )
+  names = segmentation.folder_listing(root, split)
+  order = np.random.default_rng(seed).permutation(len(names))
+
+  def example(i):
+    encoded, _, mask = segmentation.read_folder_example(root, split, names[i], len(class_names))
+    return encoded, mask, names[i], int(i)
+
+  name = name or os.path.basename(os.path.normpath(root))
+  examples = (example(i) for i in order)
+  # The seg_folder source decodes every image as RGB; the shards source does the same.
+  return _write_segmentation(
+    examples, len(order), out_dir, name, split, num_shards, class_names, channels=3
+  )
+
+
 class _Attrs:
   def __init__(self, d):
     self.__dict__.update(d)
@@ -150,13 +246,19 @@ def main(argv, f: types.SimpleNamespace):
     raise app.UsageError("Pass exactly one of --dataset and --folder.")
   if not f.out_dir.value:
     raise app.UsageError("--out_dir is required.")
+  synthetic = f.dataset.value in segmentation.SYNTHETIC
+  task = f.task.value or ("segmentation" if synthetic else "classification")
+  if synthetic and task != "segmentation":
+    raise app.UsageError(f"--dataset={f.dataset.value} is a segmentation task.")
   gcs.check_bucket(f.out_dir.value)  # before TensorFlow's makedirs: a missing bucket hangs it
   for split in f.split.value:
     args = (split, f.out_dir.value, f.num_shards.value, f.name.value, f.shuffle_seed.value)
     if f.dataset.value:
-      paths = shard_builtin(f.dataset.value, *args)
+      write = shard_seg_builtin if task == "segmentation" else shard_builtin
+      paths = write(f.dataset.value, *args)
     else:
-      paths = shard_folder(f.folder.value, *args)
+      write = shard_seg_folder if task == "segmentation" else shard_folder
+      paths = write(f.folder.value, *args)
     logging.info("Wrote %d shards of split %s to %s", len(paths), split, f.out_dir.value)
     print(f"{split}: {len(paths)} shards, e.g. {paths[0]}")
 
