@@ -23,13 +23,14 @@ import json
 import math
 import os
 import re
-import sys
 import time
+import types
+from collections.abc import Sequence
 from typing import Any
 
 from absl import app, flags, logging
 
-from vit_jax import config_files
+from vit_jax import cli, config_files
 
 
 def _quiet_env() -> None:
@@ -41,24 +42,32 @@ def _quiet_env() -> None:
 
 _quiet_env()
 
-FLAGS = flags.FLAGS
 
-
-def _define_flags() -> None:
-  # Defined only when run as the command: the trainer's entry point (vit_jax.main), which tests
-  # import into the same process, has a --config flag of its own.
-  config_files.define_flag()
-  flags.DEFINE_string("topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.")
-  flags.DEFINE_integer(
-    "num_classes", None, "Classes of the head (default: known for jft, imagenet21k, imagenet2012)."
+def define_flags() -> types.SimpleNamespace:
+  """The command's flags (see vit_jax.cli)."""
+  f = types.SimpleNamespace(
+    config=config_files.define_flag(),
+    topology=flags.DEFINE_string(
+      "topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16."
+    ),
+    num_classes=flags.DEFINE_integer(
+      "num_classes",
+      None,
+      "Classes of the head (default: known for jft, imagenet21k, imagenet2012).",
+    ),
+    efficiency=flags.DEFINE_float(
+      "efficiency", 0.5, "Assumed fraction of peak FLOP/s at which the chip runs the compiled step."
+    ),
+    search=flags.DEFINE_bool(
+      "search", False, "Compile the proposed settings; print those that fit."
+    ),
+    max_trials=flags.DEFINE_integer(
+      "max_trials", 4, "At most this many compilations for --search."
+    ),
+    json=flags.DEFINE_bool("json", False, "Print one JSON object instead of the report."),
   )
-  flags.DEFINE_float(
-    "efficiency", 0.5, "Assumed fraction of peak FLOP/s at which the chip runs the compiled step."
-  )
-  flags.DEFINE_bool("search", False, "Compile the proposed settings; print those that fit.")
-  flags.DEFINE_integer("max_trials", 4, "At most this many compilations for --search.")
-  flags.DEFINE_bool("json", False, "Print one JSON object instead of the report.")
-  flags.mark_flags_as_required(["config"])
+  flags.mark_flags_as_required(["config", "topology"])
+  return f
 
 
 GiB = 2**30
@@ -499,30 +508,23 @@ def format_plan(p: Plan) -> str:
   return "\n".join(lines)
 
 
-def main(argv):
+def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  quiet_libtpu(FLAGS.topology)
-  if not FLAGS.topology:
-    sys.exit("--topology is required, e.g. --topology=v3:16x16")
-  try:
-    parse_topology(FLAGS.topology)
-  except ValueError as e:
-    sys.exit(str(e))
+  topology = f.topology.value
+  quiet_libtpu(topology)
+  parse_topology(topology)
   if not libtpu_available():
-    sys.exit(install_hint())
-  config = FLAGS.config
-  kwargs = dict(num_classes=FLAGS.num_classes, efficiency=FLAGS.efficiency)
-  try:
-    base = plan(config, FLAGS.topology, **kwargs)
-  except ValueError as e:
-    sys.exit(str(e))
+    raise RuntimeError(install_hint())
+  config = f.config.value
+  kwargs = dict(num_classes=f.num_classes.value, efficiency=f.efficiency.value)
+  base = plan(config, topology, **kwargs)
   suggestions = suggestions_for(base, config)
-  found = search(config, FLAGS.topology, base, FLAGS.max_trials, **kwargs) if FLAGS.search else []
-  if FLAGS.json:
+  found = search(config, topology, base, f.max_trials.value, **kwargs) if f.search.value else []
+  if f.json.value:
     out = base.to_dict()
     out["suggestions"] = [dict(overrides=o, why=w) for o, w in suggestions]
-    if FLAGS.search:
+    if f.search.value:
       out["search"] = [dict(overrides=o, plan=p.to_dict()) for o, p in found]
     print(json.dumps(out, indent=2, default=str))
     return
@@ -532,7 +534,7 @@ def main(argv):
     for overrides, why in suggestions:
       flags_text = " ".join(f"--config.{k}={v}" for k, v in overrides.items())
       print(f"  {flags_text}\n      {why}")
-  if FLAGS.search:
+  if f.search.value:
     print(f"\n--search: {len(found)} of the proposed settings fit (fastest first):")
     for overrides, p in found:
       flags_text = " ".join(f"--config.{k}={v}" for k, v in overrides.items())
@@ -543,5 +545,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, "plan", define_flags, errors=(ValueError, RuntimeError))
