@@ -4,24 +4,18 @@ The parser and the fit logic run everywhere; the compile path runs on the eight 
 devices of conftest (the same code as for a TPU topology), and on a real TPU topology when
 libtpu is installed (`pip install -e ".[tpu]"`); the paper configs on a v3 slice are slow tests.
 
-libtpu allows one process per machine: it locks /tmp/libtpu_lockfile for the life of any process
-that starts JAX with libtpu installed (a pytest worker running CPU tests included), and a second
-one aborts ("Internal error when accessing libtpu multi-process lockfile"). So the tests that
-compile for a topology (`libtpu_test`) each run in a pytest process of their own, one at a time
-across processes (an flock on LIBTPU_TEST_LOCK), with ALLOW_MULTIPLE_LIBTPU_LOAD set in it so that
-the lock of the processes that merely started JAX (there is no TPU here to share) does not stop it.
+The tests that compile for a topology (`libtpu_test`) each run in a pytest process of their own
+(tests/libtpu_process.py says why).
 """
 
-import fcntl
-import functools
 import os
 import re
 import subprocess
 import sys
-import tempfile
 
 import jax
 import pytest
+from libtpu_process import libtpu_test, run_with_libtpu  # tests/
 
 from vit_jax import sharding, train
 from vit_jax.configs import pretrain
@@ -29,47 +23,7 @@ from vit_jax.cost import compiled_stats
 from vit_jax.tools import plan as planner
 
 GiB = 2**30
-needs_libtpu = pytest.mark.skipif(
-  not planner.libtpu_available(),
-  reason='libtpu is not installed (optional extra: pip install -e ".[tpu]")',
-)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIBTPU_TEST_LOCK = os.path.join(tempfile.gettempdir(), "vit_jax_libtpu_tests.lock")
-_IN_OWN_PROCESS = "VIT_JAX_LIBTPU_TEST_PROCESS"  # set in the process that runs the test's body
-
-
-def _run_with_libtpu(cmd: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
-  """Runs `cmd` in the repository root once no other test process is using libtpu.
-
-  Its environment: no local accelerator probed, libtpu's one-process check off (see the module
-  docstring), no pytest-xdist state or PYTEST_ADDOPTS inherited, and `env`.
-  """
-  env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | env
-  env.update(JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-  with open(LIBTPU_TEST_LOCK, "a") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
-
-
-def libtpu_test(fn):
-  """A test that compiles with libtpu: its body runs in a pytest process of its own."""
-
-  @functools.wraps(fn)
-  def wrapper(*args, **kwargs):
-    if os.environ.get(_IN_OWN_PROCESS):
-      return fn(*args, **kwargs)
-    node = os.environ["PYTEST_CURRENT_TEST"].rsplit(" ", 1)[0]  # 'tests/test_plan.py::name[id]'
-    out = _run_with_libtpu(
-      [sys.executable, "-m", "pytest", node, "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-       "-p", "no:xdist"],
-      timeout=3600,
-      **{_IN_OWN_PROCESS: "1"},
-    )  # fmt: skip
-    report = out.stdout[-6000:] + out.stderr[-3000:]
-    # Exactly this test ran and passed (not skipped, not deselected).
-    assert out.returncode == 0 and re.search(r"\b1 passed\b", out.stdout), report
-
-  return needs_libtpu(wrapper)
 
 
 # A loop of 4 iterations holding an all-gather, a dot, a reduce-scatter and an all-reduce, then an
@@ -388,7 +342,7 @@ def test_planner_command_needs_libtpu_or_prints_a_report(tmp_path):
     assert last.startswith("plan: error: RuntimeError: libtpu is not installed"), out.stderr
     assert 'pip install -e ".[tpu]"' in last
     return
-  out = _run_with_libtpu(cmd, timeout=600)
+  out = run_with_libtpu(cmd, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.startswith("v3:2x2: 8 × TPU v3, mesh {'data': 8, 'fsdp': 1, 'model': 1}")
   assert re.search(r"^  total .* of 16 GiB HBM: fits", out.stdout, re.M), out.stdout
