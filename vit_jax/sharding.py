@@ -128,7 +128,7 @@ def slice_devices(devices: Sequence[jax.Device], slices: int) -> list[list[jax.D
       f"mesh.slices={slices}, but the {len(devices)} devices are in {len(groups)} slice(s) "
       f"(by their {attribute})"
     )
-  if slices == 1 and devices[0].platform == "tpu" and len(groups) > 1:
+  if slices == 1 and attribute == "slice_index" and len(groups) > 1:
     raise ValueError(
       f"mesh.slices=1, but the {len(devices)} devices are in {len(groups)} slices (by their "
       f"slice_index): set mesh.slices={len(groups)}"
