@@ -93,6 +93,30 @@ def test_parse_hlo_counts_collectives_and_matmuls_per_loop_iteration():
   assert stats.matmul_flops == 4 * 2 * 64 * 128 * 512
 
 
+# What the TPU compiler makes of an all-reduce across 2 slices (from a v5e:4x4 x 2 compile): an
+# all-reduce inside the slice, then a host transfer to the other slice through the megascale
+# runtime (and its recv).
+MULTISLICE_HLO = HLO.replace(
+  "  ROOT %r = f32[64,128]{1,0} copy(%a2a)",
+  """  %aa = token[] after-all(), frontend_attributes={MegascaleRendezvousKeyName="all-reduce.53_0"}
+  %send = (f32[64,128]{1,0:T(8,128)}, u32[], token[]) send(%a2a, %aa), channel_id=9, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.53_0",_xla_megascale_reduce_operation="SUM",_xla_megascale_target="{1,2}x{0:15}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %send-done = token[] send-done(%send), channel_id=9, is_host_transfer=true
+  %recv = (f32[64,128]{1,0:T(8,128)}, u32[], token[]) recv(%aa), channel_id=10, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_megascale_transfer_type="ALL_REDUCE"}
+  ROOT %r = f32[64,128]{1,0} copy(%a2a)""",
+)
+
+
+def test_parse_hlo_counts_the_bytes_between_slices_apart():
+  """The megascale send of an f32[64, 128] all-reduce across 2 slices: 2 x (2 - 1) / 2 of its
+  32 KiB over the data-centre network (its recv not counted again); the collectives inside the
+  slice are the interconnect's."""
+  stats = compiled_stats.parse_hlo(MULTISLICE_HLO, num_devices=8, slices=2)
+  assert stats.dcn_bytes == 64 * 128 * 4
+  assert stats.ici_bytes == sum(v["bytes"] for v in stats.collectives.values()) > 0
+  assert compiled_stats.parse_hlo(MULTISLICE_HLO, 8, slices=4).dcn_bytes == 64 * 128 * 4 * 1.5
+  assert compiled_stats.parse_hlo(HLO, num_devices=8).dcn_bytes == 0
+
+
 def test_parse_hlo_trip_count_from_backend_config_and_unknown_loops():
   text = HLO.replace(
     "condition=%cond, body=%body",
