@@ -40,9 +40,11 @@ def dropout(x: jax.Array, rate: float, key: jax.Array, example_ids: jax.Array) -
   row; here it depends only on `key` and the example's id, whatever batch, micro-batch or
   sharding the example is in. The same number of random bits as one draw for the whole array.
 
-  The bits are those of `jax.random.bernoulli(fold_in(key, id), 1 - rate, example's shape)`
-  (the same masks, bit for bit: tests/test_invariance.py), computed in x's own shape (`keep_mask`:
-  threefry of each element's position within its example, under its example's key). Drawn
+  The bits are those of `jax.random.bernoulli(fold_in(key, id), float32(1 - rate), example's
+  shape)` (the same masks, bit for bit: tests/test_invariance.py; a float32 draw with or without
+  JAX_ENABLE_X64, so a float64 run draws the float32 run's masks), computed in x's own shape
+  (`keep_mask`: threefry of each element's position within its example, under its example's
+  key). Drawn
   through a vmap over [n, k, ...] instead, the TPU compiler kept about 4 bytes per element of
   every dropout for the backward pass; in x's shape it recomputes the mask, as for flax's one
   draw (figures: tests/test_step_memory.py, docs/pod_planning.md).
@@ -72,7 +74,8 @@ def dropout(x: jax.Array, rate: float, key: jax.Array, example_ids: jax.Array) -
 
 def keep_mask(shape: tuple[int, ...], rows: int, row_keys: jax.Array, keep: float) -> jax.Array:
   """bool `shape`: element e of row r is kept with probability `keep`, by the bits
-  `jax.random.bernoulli(key, keep, per-example shape)` gives it under row r's example's key.
+  `jax.random.bernoulli(key, float32(keep), per-example shape)` gives it under row r's
+  example's key.
 
   Args:
     shape: [n·k, ...], example i owning rows i·k .. i·k + k − 1.
@@ -82,9 +85,8 @@ def keep_mask(shape: tuple[int, ...], rows: int, row_keys: jax.Array, keep: floa
   """
   # jax.random.bernoulli's steps with the partitionable threefry (jax._src.random): the 64-bit
   # counter of an element is its index in the example's row-major order (under 2**32: its high
-  # word is 0), the bits are the hash's two words xor'ed (or joined, for 64-bit floats), their
-  # top mantissa bits make a float in [1, 2), less 1 it is compared with `keep`.
-  dtype = jax.lax.dtype(keep)  # bernoulli compares in the dtype of its p
+  # word is 0), the bits are the hash's two words xor'ed, their top 23 bits make a float32 in
+  # [1, 2), less 1 it is compared with `keep`.
   per_row = math.prod(shape[1:])
   index = jax.lax.broadcasted_iota(jnp.uint32, shape, 0) % np.uint32(rows) * np.uint32(per_row)
   stride = per_row
@@ -96,16 +98,9 @@ def keep_mask(shape: tuple[int, ...], rows: int, row_keys: jax.Array, keep: floa
   key_shape = (shape[0],) + (1,) * (len(shape) - 1)
   k1, k2 = (row_keys[:, i].reshape(key_shape) for i in (0, 1))
   bits1, bits2 = jax_random.threefry2x32_p.bind(k1, k2, jnp.zeros(shape, jnp.uint32), index)
-  finfo = jnp.finfo(dtype)
-  if finfo.bits == 64:
-    uint = jnp.uint64
-    bits = (bits1.astype(uint) << uint(32)) | bits2.astype(uint)
-  else:
-    uint = jnp.uint32
-    bits = bits1 ^ bits2
-  one = jnp.asarray(np.array(1.0, dtype).view(uint))
-  floats = jax.lax.bitcast_convert_type((bits >> uint(finfo.bits - finfo.nmant)) | one, dtype)
-  return floats - jnp.array(1.0, dtype) < keep
+  one = np.array(1.0, np.float32).view(np.uint32)
+  floats = jax.lax.bitcast_convert_type(((bits1 ^ bits2) >> np.uint32(9)) | one, jnp.float32)
+  return floats - np.float32(1.0) < np.float32(keep)
 
 
 def matmul_2d(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
