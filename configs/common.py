@@ -139,9 +139,12 @@ def fewshot_eval(
   return entry
 
 
-def mesh_config(data: int = -1, fsdp: int = 1, model: int = 1) -> ml_collections.ConfigDict:
-  """Sizes of the ('data', 'fsdp', 'model') mesh axes; one may be -1 (all remaining devices)."""
-  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, model=model))
+def mesh_config(
+  data: int = -1, fsdp: int = 1, model: int = 1, slices: int = 1
+) -> ml_collections.ConfigDict:
+  """Sizes of the ('data', 'fsdp', 'model') mesh axes; one may be -1 (all remaining devices).
+  `slices`: TPU slices joined by the data-centre network, spanned by `data` (vit_jax.sharding)."""
+  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, model=model, slices=slices))
 
 
 def checkpoint_config(

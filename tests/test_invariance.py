@@ -12,7 +12,7 @@ import pytest
 
 from vit_jax import input_pipeline, models
 from vit_jax.configs import pretrain
-from vit_jax.models import mpp
+from vit_jax.models import mpp, ops
 
 B = 8
 
@@ -89,6 +89,30 @@ def test_dropout_masks_follow_the_example_not_its_row():
   np.testing.assert_allclose(logits(images[7:], ids[7:]), out[7:], rtol=1e-5, atol=1e-6)
   # Dropout is on: another id is another mask.
   assert not np.allclose(logits(images[7:], ids[:1]), out[7:], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+  "shape,n,key",
+  [
+    ((6, 5, 7), 6, jax.random.PRNGKey(3)),  # [batch, tokens, width]: one row per example
+    ((4 * 9, 16), 4, jax.random.PRNGKey(4)),  # an MLP's flattened tokens: 9 rows per example
+    ((3 * 2, 3, 5), 3, jax.random.key(5)),  # a typed key, 2 rows of [3, 5] per example
+  ],
+)
+def test_dropout_mask_is_bernoulli_under_the_examples_key(shape, n, key):
+  """ops.dropout's mask for example i is, bit for bit, jax.random.bernoulli(fold_in(key, id_i),
+  1 - rate) over the example's own shape (drawn here through a vmap over examples, as before
+  the mask was computed in x's shape), and its kept elements are scaled by 1 / (1 - rate)."""
+  rate = 0.3
+  ids = jnp.array([7, 1, 100_003, 2, 5, 9][:n])
+  x = jax.random.uniform(jax.random.PRNGKey(0), shape, minval=0.5, maxval=1.5)
+  out = jax.jit(ops.dropout, static_argnums=1)(x, rate, key, ids)
+  per_example = (n, shape[0] // n, *shape[1:])
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, ids)
+  expected = jax.vmap(lambda k: jax.random.bernoulli(k, 1 - rate, per_example[1:]))(keys)
+  np.testing.assert_array_equal(out != 0, expected.reshape(shape))
+  np.testing.assert_array_equal(out[out != 0], (x / (1 - rate))[out != 0])
+  assert 0.6 < float(expected.mean()) < 0.8
 
 
 def test_mpp_corruption_follows_the_example_not_its_row():

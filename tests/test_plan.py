@@ -4,24 +4,18 @@ The parser and the fit logic run everywhere; the compile path runs on the eight 
 devices of conftest (the same code as for a TPU topology), and on a real TPU topology when
 libtpu is installed (`pip install -e ".[tpu]"`); the paper configs on a v3 slice are slow tests.
 
-libtpu allows one process per machine: it locks /tmp/libtpu_lockfile for the life of any process
-that starts JAX with libtpu installed (a pytest worker running CPU tests included), and a second
-one aborts ("Internal error when accessing libtpu multi-process lockfile"). So the tests that
-compile for a topology (`libtpu_test`) each run in a pytest process of their own, one at a time
-across processes (an flock on LIBTPU_TEST_LOCK), with ALLOW_MULTIPLE_LIBTPU_LOAD set in it so that
-the lock of the processes that merely started JAX (there is no TPU here to share) does not stop it.
+The tests that compile for a topology (`libtpu_test`) each run in a pytest process of their own
+(tests/libtpu_process.py says why).
 """
 
-import fcntl
-import functools
 import os
 import re
 import subprocess
 import sys
-import tempfile
 
 import jax
 import pytest
+from libtpu_process import libtpu_test, run_with_libtpu  # tests/
 
 from vit_jax import sharding, train
 from vit_jax.configs import pretrain
@@ -29,47 +23,7 @@ from vit_jax.cost import compiled_stats
 from vit_jax.tools import plan as planner
 
 GiB = 2**30
-needs_libtpu = pytest.mark.skipif(
-  not planner.libtpu_available(),
-  reason='libtpu is not installed (optional extra: pip install -e ".[tpu]")',
-)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIBTPU_TEST_LOCK = os.path.join(tempfile.gettempdir(), "vit_jax_libtpu_tests.lock")
-_IN_OWN_PROCESS = "VIT_JAX_LIBTPU_TEST_PROCESS"  # set in the process that runs the test's body
-
-
-def _run_with_libtpu(cmd: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
-  """Runs `cmd` in the repository root once no other test process is using libtpu.
-
-  Its environment: no local accelerator probed, libtpu's one-process check off (see the module
-  docstring), no pytest-xdist state or PYTEST_ADDOPTS inherited, and `env`.
-  """
-  env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | env
-  env.update(JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-  with open(LIBTPU_TEST_LOCK, "a") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
-
-
-def libtpu_test(fn):
-  """A test that compiles with libtpu: its body runs in a pytest process of its own."""
-
-  @functools.wraps(fn)
-  def wrapper(*args, **kwargs):
-    if os.environ.get(_IN_OWN_PROCESS):
-      return fn(*args, **kwargs)
-    node = os.environ["PYTEST_CURRENT_TEST"].rsplit(" ", 1)[0]  # 'tests/test_plan.py::name[id]'
-    out = _run_with_libtpu(
-      [sys.executable, "-m", "pytest", node, "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-       "-p", "no:xdist"],
-      timeout=3600,
-      **{_IN_OWN_PROCESS: "1"},
-    )  # fmt: skip
-    report = out.stdout[-6000:] + out.stderr[-3000:]
-    # Exactly this test ran and passed (not skipped, not deselected).
-    assert out.returncode == 0 and re.search(r"\b1 passed\b", out.stdout), report
-
-  return needs_libtpu(wrapper)
 
 
 # A loop of 4 iterations holding an all-gather, a dot, a reduce-scatter and an all-reduce, then an
@@ -137,6 +91,30 @@ def test_parse_hlo_counts_collectives_and_matmuls_per_loop_iteration():
   # The dot: [64, 512] × [512, 128], 2 FLOPs per multiply-add, once per iteration.
   assert stats.matmul_flops_once == 2 * 64 * 128 * 512
   assert stats.matmul_flops == 4 * 2 * 64 * 128 * 512
+
+
+# What the TPU compiler makes of an all-reduce across 2 slices (from a v5e:4x4 x 2 compile): an
+# all-reduce inside the slice, then a host transfer to the other slice through the megascale
+# runtime (and its recv).
+MULTISLICE_HLO = HLO.replace(
+  "  ROOT %r = f32[64,128]{1,0} copy(%a2a)",
+  """  %aa = token[] after-all(), frontend_attributes={MegascaleRendezvousKeyName="all-reduce.53_0"}
+  %send = (f32[64,128]{1,0:T(8,128)}, u32[], token[]) send(%a2a, %aa), channel_id=9, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.53_0",_xla_megascale_reduce_operation="SUM",_xla_megascale_target="{1,2}x{0:15}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %send-done = token[] send-done(%send), channel_id=9, is_host_transfer=true
+  %recv = (f32[64,128]{1,0:T(8,128)}, u32[], token[]) recv(%aa), channel_id=10, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_megascale_transfer_type="ALL_REDUCE"}
+  ROOT %r = f32[64,128]{1,0} copy(%a2a)""",
+)
+
+
+def test_parse_hlo_counts_the_bytes_between_slices_apart():
+  """The megascale send of an f32[64, 128] all-reduce across 2 slices: 2 x (2 - 1) / 2 of its
+  32 KiB over the data-centre network (its recv not counted again); the collectives inside the
+  slice are the interconnect's."""
+  stats = compiled_stats.parse_hlo(MULTISLICE_HLO, num_devices=8, slices=2)
+  assert stats.dcn_bytes == 64 * 128 * 4
+  assert stats.ici_bytes == sum(v["bytes"] for v in stats.collectives.values()) > 0
+  assert compiled_stats.parse_hlo(MULTISLICE_HLO, 8, slices=4).dcn_bytes == 64 * 128 * 4 * 1.5
+  assert compiled_stats.parse_hlo(HLO, num_devices=8).dcn_bytes == 0
 
 
 def test_parse_hlo_trip_count_from_backend_config_and_unknown_loops():
@@ -372,16 +350,23 @@ def test_planner_command_needs_libtpu_or_prints_a_report(tmp_path):
     "--config.batch_size=16",
     "--topology=v3:2x2",
   ]
-  bad = subprocess.run(
-    [*cmd[:-1], "--topology=v3-8"], capture_output=True, text=True, timeout=120, cwd=REPO
-  )
-  assert bad.returncode != 0 and "--topology='v3-8'" in bad.stderr
+  # Bad input is one line naming the culprit (the command shape of vit_jax.cli).
+  for args, line in [
+    ([*cmd[:-1], "--topology=v3-8"], "plan: error: ValueError: --topology='v3-8': expected"),
+    (cmd[:-1], "plan: error: IllegalFlagValueError: flag --topology=None"),
+    ([*cmd, "--config.model.nope=1"], "plan: error: UnknownFieldError: --config.model.nope"),
+  ]:
+    bad = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith(line), bad.stderr
+    assert "Traceback" not in bad.stderr
   if not planner.libtpu_available():
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert out.returncode != 0
-    assert 'pip install -e ".[tpu]"' in out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("plan: error: RuntimeError: libtpu is not installed"), out.stderr
+    assert 'pip install -e ".[tpu]"' in last
     return
-  out = _run_with_libtpu(cmd, timeout=600)
+  out = run_with_libtpu(cmd, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.startswith("v3:2x2: 8 × TPU v3, mesh {'data': 8, 'fsdp': 1, 'model': 1}")
   assert re.search(r"^  total .* of 16 GiB HBM: fits", out.stdout, re.M), out.stdout

@@ -6,6 +6,9 @@ Every sharding decision of the trainer is declared here, once: a mesh with three
   fsdp   data parallelism with parameters and optimizer state sharded over it (ZeRO-3 style),
   model  tensor parallelism: attention heads and the MLP hidden units are split over it,
 
+several TPU slices (Multislice, `mesh.slices`) joined by the data-centre network: `data`'s outer
+factor crosses them, everything else stays inside a slice (the device order from `slice_index`),
+
 and an ordered list of rules mapping parameter names (regular expressions on the `/`-joined path,
 e.g. `Transformer/encoderblock_3/MlpBlock_3/Dense_0/kernel`) to PartitionSpecs. The same rules
 shard the optimizer state, whose leaves mirror the parameters. The batch (and with it every
@@ -27,6 +30,7 @@ import jax
 import ml_collections
 import numpy as np
 from absl import logging
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -62,7 +66,10 @@ def make_mesh(
 
   Args:
     mesh_config: sizes `data`, `fsdp`, `model`; one of them may be -1 to take the remaining
-      devices (e.g. data=-1, fsdp=1, model=1 is plain data parallelism on any slice).
+      devices (e.g. data=-1, fsdp=1, model=1 is plain data parallelism on any slice). `slices`
+      (default 1): the number of TPU slices the devices are in, joined by the data-centre network
+      (Multislice); `data` spans them (its outer factor, `slices`, crosses slices) while `fsdp`,
+      `model` and the rest of `data` stay inside one slice (`slice_devices`).
     devices: defaults to all devices of all processes.
 
   Returns:
@@ -83,9 +90,55 @@ def make_mesh(
     raise ValueError(
       f"mesh {dict(zip(MESH_AXES, sizes, strict=True))} needs {np.prod(sizes)} devices, have {len(devices)}"
     )
-  return jax.make_mesh(
-    tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+  slices = int(mesh_config.get("slices", 1))
+  in_slices = slice_devices(devices, slices)
+  axis_types = (AxisType.Auto,) * len(MESH_AXES)
+  if slices == 1:
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
+  data, fsdp, model = sizes
+  if data % slices:
+    raise ValueError(
+      f"mesh.slices={slices} does not divide mesh.data={data}: data parallelism spans the "
+      "slices, fsdp and model stay inside one"
+    )
+  del in_slices  # checked; create_hybrid_device_mesh groups the devices by the same attribute
+  array = mesh_utils.create_hybrid_device_mesh(
+    (data // slices, fsdp, model),
+    (slices, 1, 1),
+    devices,
+    process_is_granule=not hasattr(devices[0], "slice_index"),
   )
+  return Mesh(array, MESH_AXES, axis_types=axis_types)
+
+
+def slice_devices(devices: Sequence[jax.Device], slices: int) -> list[list[jax.Device]]:
+  """`devices` grouped by slice (their `slice_index`; for devices without one, such as CPU
+  devices, their process stands in for a slice), after checking that there are `slices` groups
+  of equal size; a mismatch is a one-line ValueError naming mesh.slices."""
+  if slices < 1:
+    raise ValueError(f"mesh.slices={slices}: expected a positive number of slices")
+  if len(devices) % slices:
+    raise ValueError(f"mesh.slices={slices} does not divide the {len(devices)} devices")
+  attribute = "slice_index" if hasattr(devices[0], "slice_index") else "process_index"
+  groups: dict[int, list[jax.Device]] = {}
+  for d in devices:
+    groups.setdefault(int(getattr(d, attribute)), []).append(d)
+  if slices > 1 and len(groups) != slices:
+    raise ValueError(
+      f"mesh.slices={slices}, but the {len(devices)} devices are in {len(groups)} slice(s) "
+      f"(by their {attribute})"
+    )
+  if slices == 1 and attribute == "slice_index" and len(groups) > 1:
+    raise ValueError(
+      f"mesh.slices=1, but the {len(devices)} devices are in {len(groups)} slices (by their "
+      f"slice_index): set mesh.slices={len(groups)}"
+    )
+  if len({len(g) for g in groups.values()}) > 1:
+    raise ValueError(
+      f"mesh.slices={slices}: the slices have unequal device counts "
+      f"{sorted(len(g) for g in groups.values())}"
+    )
+  return [groups[k] for k in sorted(groups)]
 
 
 def path_name(path: Sequence[Any]) -> str:

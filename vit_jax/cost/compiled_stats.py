@@ -113,12 +113,20 @@ class HloStats:
     matmul_flops: FLOPs of dots and convolutions, each counted once per execution.
     matmul_flops_once: the same, counting every loop body once (as XLA's cost analysis does).
     loops: [(body name, trip count or None if not found)].
+    dcn_bytes: bytes sent per step between slices, over the data-centre network: the TPU
+      compiler splits a collective across slices into one inside each slice and a host
+      transfer (`send` with `_xla_megascale_transfer_type`) between them, counted here as the
+      ring algorithm over the slices would send its buffer (all-reduce 2 (S - 1) / S of it,
+      all-gather, reduce-scatter and all-to-all (S - 1) / S, anything else all of it).
+    ici_bytes: the bytes of the other collectives (`collectives`), inside a slice.
   """
 
   collectives: dict[str, dict[str, float]]
   matmul_flops: float
   matmul_flops_once: float
   loops: list[tuple[str, int | None]]
+  dcn_bytes: float = 0.0
+  ici_bytes: float = 0.0
 
 
 def _computations(text: str) -> tuple[dict[str, list[_Instr]], dict[str, dict[str, str]], str]:
@@ -248,12 +256,13 @@ def _valid_taps(
   return int(real.sum())
 
 
-def parse_hlo(text: str, num_devices: int) -> HloStats:
+def parse_hlo(text: str, num_devices: int, slices: int = 1) -> HloStats:
   """Collectives and matmul FLOPs of a compiled HLO module (`compiled.as_text()`), per device.
 
   Args:
     text: the HLO text of one device's program (SPMD: every device runs the same).
     num_devices: devices of the mesh (the group of a collective with `replica_groups={}`).
+    slices: TPU slices the program spans (Multislice), for `dcn_bytes`.
   """
   comps, shapes, entry = _computations(text)
   mult: dict[str, float] = {name: 0.0 for name in comps}
@@ -274,12 +283,20 @@ def parse_hlo(text: str, num_devices: int) -> HloStats:
         if callee in mult:
           mult[callee] += mult[name] * factor
   collectives = {k: {"count": 0.0, "bytes": 0.0} for k in COLLECTIVES}
-  flops = flops_once = 0.0
+  flops = flops_once = dcn = 0.0
   for name, instrs in comps.items():
     for instr in instrs:
       f = _matmul_flops(instr, shapes[name]) if instr.opcode in ("dot", "convolution") else 0.0
       flops += f * mult[name]
       flops_once += f if mult[name] > 0 else 0.0
+      transfer = re.search(r'_xla_megascale_transfer_type="(\w+)"', instr.attrs)
+      if instr.opcode == "send" and transfer:
+        size = _nbytes(_arrays(instr.type_str)[:1])  # (buffer, u32[], token[])
+        share = (slices - 1) / slices if slices > 1 else 1.0
+        factor = {"ALL_REDUCE": 2 * share, "ALL_GATHER": share, "REDUCE_SCATTER": share,
+                  "ALL_TO_ALL": share}.get(transfer.group(1), 1.0)  # fmt: skip
+        dcn += size * factor * mult[name]
+        continue
       kind = instr.opcode.removesuffix("-start")
       if kind not in COLLECTIVES or instr.opcode.endswith("-done"):
         continue
@@ -301,7 +318,8 @@ def parse_hlo(text: str, num_devices: int) -> HloStats:
       }[kind]
       collectives[kind]["count"] += mult[name]
       collectives[kind]["bytes"] += sent * mult[name]
-  return HloStats(collectives, flops, flops_once, loops)
+  ici = sum(v["bytes"] for v in collectives.values())
+  return HloStats(collectives, flops, flops_once, loops, dcn, ici)
 
 
 def sharded_bytes(tree: Any, shardings: Any) -> int:
@@ -339,6 +357,8 @@ class StepStats:
   flops_xla: float  # cost_analysis() as reported (loop bodies once)
   collectives: dict[str, dict[str, float]]
   loops: list[tuple[str, int | None]]
+  dcn_bytes: float = 0.0  # of the collectives' bytes, those sent between slices
+  ici_bytes: float = 0.0
 
   @property
   def total(self) -> int:
@@ -426,8 +446,9 @@ def step_stats(
       strict=True,
     )
   )
-  num_devices = len(jax.tree_util.tree_leaves(state_shardings["params"])[0].mesh.devices.flat)
-  hlo = parse_hlo(compiled.as_text(), num_devices)
+  mesh_devices = list(jax.tree_util.tree_leaves(state_shardings["params"])[0].mesh.devices.flat)
+  slices = len({int(getattr(d, "slice_index", 0)) for d in mesh_devices})
+  hlo = parse_hlo(compiled.as_text(), len(mesh_devices), slices)
   xla_flops = compiled_flops(compiled) or 0.0
   return StepStats(
     argument=int(mem.argument_size_in_bytes),
@@ -443,6 +464,8 @@ def step_stats(
     flops_xla=xla_flops,
     collectives=hlo.collectives,
     loops=hlo.loops,
+    dcn_bytes=hlo.dcn_bytes,
+    ici_bytes=hlo.ici_bytes,
   )
 
 

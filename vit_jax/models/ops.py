@@ -18,6 +18,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.extend import random as jax_random
 
 from vit_jax.kernels import cpu as cpu_kernels
 
@@ -38,20 +40,67 @@ def dropout(x: jax.Array, rate: float, key: jax.Array, example_ids: jax.Array) -
   row; here it depends only on `key` and the example's id, whatever batch, micro-batch or
   sharding the example is in. The same number of random bits as one draw for the whole array.
 
+  The bits are those of `jax.random.bernoulli(fold_in(key, id), float32(1 - rate), example's
+  shape)` (the same masks, bit for bit: tests/test_invariance.py; a float32 draw with or without
+  JAX_ENABLE_X64, so a float64 run draws the float32 run's masks), computed in x's own shape
+  (`keep_mask`: threefry of each element's position within its example, under its example's
+  key). Drawn
+  through a vmap over [n, k, ...] instead, the TPU compiler kept about 4 bytes per element of
+  every dropout for the backward pass; in x's shape it recomputes the mask, as for flax's one
+  draw (figures: tests/test_step_memory.py, docs/pod_planning.md).
+
   Args:
     x: [n·k, ...]: the rows of n examples, example i owning rows i·k .. i·k + k − 1 (k = 1 for
       [batch, ...]; k = tokens for an MLP's flattened tokens).
     rate: the probability of dropping an element.
-    key: the layer's key.
+    key: the layer's key (a threefry key, typed or raw uint32 [2]).
     example_ids: int [n], one id per example.
   """
   n = example_ids.shape[0]
-  per_example = x.reshape((n, x.shape[0] // n, *x.shape[1:]))
+  rows = x.shape[0] // n
   keep = 1.0 - rate
   keys = jax.vmap(jax.random.fold_in, (None, 0))(key, example_ids)
-  mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, per_example.shape[1:]))(keys)
-  out = jax.lax.select(mask, per_example / keep, jnp.zeros_like(per_example))
-  return out.reshape(x.shape)
+  if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
+    keys = jax.random.key_data(keys)
+  if keys.shape[-1:] != (2,) or not jax.config.jax_threefry_partitionable:
+    raise ValueError(
+      "ops.dropout draws threefry bits (jax_threefry_partitionable, jax's default); the key "
+      f"has data of shape {keys.shape[1:]} (jax_default_prng_impl="
+      f"{jax.config.jax_default_prng_impl!r})"
+    )
+  row_keys = jnp.repeat(keys, rows, axis=0, total_repeat_length=x.shape[0])  # [n·k, 2]
+  return jax.lax.select(keep_mask(x.shape, rows, row_keys, keep), x / keep, jnp.zeros_like(x))
+
+
+def keep_mask(shape: tuple[int, ...], rows: int, row_keys: jax.Array, keep: float) -> jax.Array:
+  """bool `shape`: element e of row r is kept with probability `keep`, by the bits
+  `jax.random.bernoulli(key, float32(keep), per-example shape)` gives it under row r's
+  example's key.
+
+  Args:
+    shape: [n·k, ...], example i owning rows i·k .. i·k + k − 1.
+    rows: k.
+    row_keys: uint32 [n·k, 2], each row's example's threefry key data.
+    keep: the probability of keeping an element.
+  """
+  # jax.random.bernoulli's steps with the partitionable threefry (jax._src.random): the 64-bit
+  # counter of an element is its index in the example's row-major order (under 2**32: its high
+  # word is 0), the bits are the hash's two words xor'ed, their top 23 bits make a float32 in
+  # [1, 2), less 1 it is compared with `keep`.
+  per_row = math.prod(shape[1:])
+  index = jax.lax.broadcasted_iota(jnp.uint32, shape, 0) % np.uint32(rows) * np.uint32(per_row)
+  stride = per_row
+  for axis in range(1, len(shape)):
+    stride //= shape[axis]
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * np.uint32(stride)
+  # Keys [n·k, 1, ...], broadcast by the hash itself: on the CPU it runs as a loop over its
+  # rounds, whose state would otherwise hold the keys at x's size too.
+  key_shape = (shape[0],) + (1,) * (len(shape) - 1)
+  k1, k2 = (row_keys[:, i].reshape(key_shape) for i in (0, 1))
+  bits1, bits2 = jax_random.threefry2x32_p.bind(k1, k2, jnp.zeros(shape, jnp.uint32), index)
+  one = np.array(1.0, np.float32).view(np.uint32)
+  floats = jax.lax.bitcast_convert_type(((bits1 ^ bits2) >> np.uint32(9)) | one, jnp.float32)
+  return floats - np.float32(1.0) < np.float32(keep)
 
 
 def matmul_2d(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:

@@ -12,7 +12,14 @@ activations, total against the chip's HBM), FLOPs per step, the step time and MF
 assumed fraction of the chip's peak (`--efficiency`), and the collectives of the step. If it does
 not fit it proposes settings that would; `--search` compiles them and prints those that fit.
 
+With `--slices=N` the step is compiled for N slices of the topology joined by the data-centre
+network (Multislice; the config's mesh.slices = N, vit_jax.sharding) and the report adds the bytes
+each device sends per step over that network (the TPU compiler's host transfers between slices)
+and over the chips' interconnect, and the time the former take at `--dcn_gbps` per host (default
+200 Gbit/s: Cloud TPU v5e's 2 x 100 Gbps NICs per host; set it for other machines).
+
 Memory and FLOPs are the compiler's; the step time is an estimate until measured on hardware.
+Bad input ends in one line, `plan: error: <Kind>: <message>`.
 Topologies: v2:AxB, v3:AxB (two devices per chip), v4:AxBxC, v5p:AxBxC (one megacore device per
 chip), v5e:AxB, v6e:AxB.
 """
@@ -23,13 +30,14 @@ import json
 import math
 import os
 import re
-import sys
 import time
+import types
+from collections.abc import Sequence
 from typing import Any
 
 from absl import app, flags, logging
 
-from vit_jax import config_files
+from vit_jax import cli, config_files
 
 
 def _quiet_env() -> None:
@@ -41,27 +49,47 @@ def _quiet_env() -> None:
 
 _quiet_env()
 
-FLAGS = flags.FLAGS
 
-
-def _define_flags() -> None:
-  # Defined only when run as the command: the trainer's entry point (vit_jax.main), which tests
-  # import into the same process, has a --config flag of its own.
-  config_files.define_flag()
-  flags.DEFINE_string("topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.")
-  flags.DEFINE_integer(
-    "num_classes", None, "Classes of the head (default: known for jft, imagenet21k, imagenet2012)."
+def define_flags() -> types.SimpleNamespace:
+  """The command's flags (see vit_jax.cli)."""
+  f = types.SimpleNamespace(
+    config=config_files.define_flag(),
+    topology=flags.DEFINE_string(
+      "topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16."
+    ),
+    num_classes=flags.DEFINE_integer(
+      "num_classes",
+      None,
+      "Classes of the head (default: known for jft, imagenet21k, imagenet2012).",
+    ),
+    efficiency=flags.DEFINE_float(
+      "efficiency", 0.5, "Assumed fraction of peak FLOP/s at which the chip runs the compiled step."
+    ),
+    search=flags.DEFINE_bool(
+      "search", False, "Compile the proposed settings; print those that fit."
+    ),
+    max_trials=flags.DEFINE_integer(
+      "max_trials", 4, "At most this many compilations for --search."
+    ),
+    json=flags.DEFINE_bool("json", False, "Print one JSON object instead of the report."),
+    slices=flags.DEFINE_integer(
+      "slices", 1, "Slices of --topology joined by the data-centre network (Multislice)."
+    ),
+    dcn_gbps=flags.DEFINE_float(
+      "dcn_gbps",
+      DCN_GBPS_PER_HOST,
+      "Data-centre network bandwidth per host, Gbit/s, for the time the DCN bytes take.",
+    ),
   )
-  flags.DEFINE_float(
-    "efficiency", 0.5, "Assumed fraction of peak FLOP/s at which the chip runs the compiled step."
-  )
-  flags.DEFINE_bool("search", False, "Compile the proposed settings; print those that fit.")
-  flags.DEFINE_integer("max_trials", 4, "At most this many compilations for --search.")
-  flags.DEFINE_bool("json", False, "Print one JSON object instead of the report.")
-  flags.mark_flags_as_required(["config"])
+  flags.mark_flags_as_required(["config", "topology"])
+  return f
 
 
 GiB = 2**30
+# Cloud TPU v5e's per-host NIC configuration, 2 x 100 Gbps (docs.cloud.google.com/tpu/docs/v5e:
+# "Per-host NIC configuration"; its "data center network bandwidth per Pod", 6.4 Tbps over the
+# 32 hosts of a v5e:16x16, is the same). Other generations: pass --dcn_gbps.
+DCN_GBPS_PER_HOST = 200.0
 HEADROOM = 0.9  # what the suggestions aim for, and search prefers: a tenth of the HBM left free
 # The head width of datasets whose class count is not readable without the data.
 KNOWN_NUM_CLASSES = {"jft": 18_291, "imagenet21k": 21_843, "imagenet2012": 1_000, "cifar10": 10}
@@ -112,8 +140,9 @@ def parse_topology(topology: str) -> tuple[str, tuple[int, ...]]:
   return m.group(1), tuple(int(d) for d in m.group(2).split("x"))
 
 
-def topology_devices(topology: str) -> list[Any]:
-  """The devices of a TPU slice, from libtpu's description of it (no TPU needed)."""
+def topology_devices(topology: str, slices: int = 1) -> list[Any]:
+  """The devices of `slices` TPU slices of `topology`, from libtpu's description (no TPU needed);
+  with several, each device's `slice_index` says its slice."""
   generation, _ = parse_topology(topology)
   if not libtpu_available():
     raise RuntimeError(install_hint())
@@ -122,7 +151,10 @@ def topology_devices(topology: str) -> list[Any]:
 
   # v4 and v5p are used as one device per chip (megacore), as Cloud TPU VMs run them.
   chip_config = "megacore" if generation in ("v4", "v5p") else "default"
-  desc = topologies.get_topology_desc(topology, "tpu", chip_config_name=chip_config)
+  if slices < 1:
+    raise ValueError(f"--slices={slices}: expected a positive number of slices")
+  kwargs = dict(num_slices=slices) if slices > 1 else {}
+  desc = topologies.get_topology_desc(topology, "tpu", chip_config_name=chip_config, **kwargs)
   return list(desc.devices)
 
 
@@ -168,6 +200,17 @@ class Plan:
   efficiency: float
   compile_seconds: float
   refused: str = ""  # the compiler's error when it refused the step for lack of memory
+  slices: int = 1
+  devices_per_host: int = 1
+  dcn_gbps: float = DCN_GBPS_PER_HOST  # per host
+
+  @property
+  def dcn_seconds(self) -> float | None:
+    """The time a step's DCN bytes take at `dcn_gbps` per host (every device of a host sending
+    its share at once), or None for one slice."""
+    if self.slices < 2:
+      return None
+    return self.stats.dcn_bytes * self.devices_per_host / (self.dcn_gbps * 1e9 / 8)
 
   @property
   def fits(self) -> bool:
@@ -187,7 +230,11 @@ class Plan:
   def to_dict(self) -> dict[str, Any]:
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "stats"}
     out.update(
-      stats=self.stats.to_dict(), fits=self.fits, step_seconds=self.step_seconds, mfu=self.mfu
+      stats=self.stats.to_dict(),
+      fits=self.fits,
+      step_seconds=self.step_seconds,
+      mfu=self.mfu,
+      dcn_seconds=self.dcn_seconds,
     )
     return out
 
@@ -213,7 +260,13 @@ def num_classes_for(config, num_classes: int | None) -> int:
 
 
 def plan(
-  config, topology: str, num_classes: int | None = None, efficiency: float = 0.5, devices=None
+  config,
+  topology: str,
+  num_classes: int | None = None,
+  efficiency: float = 0.5,
+  devices=None,
+  slices: int = 1,
+  dcn_gbps: float = DCN_GBPS_PER_HOST,
 ) -> Plan:
   """Compiles the trainer's step of `config` for `topology`; returns its per-device costs.
 
@@ -223,6 +276,8 @@ def plan(
     num_classes: head width (default: KNOWN_NUM_CLASSES of the dataset).
     efficiency: assumed fraction of peak FLOP/s for the implied step time.
     devices: devices to compile for instead of the topology's (tests: CPU devices).
+    slices: slices of `topology` (Multislice): the step is compiled with mesh.slices = slices.
+    dcn_gbps: data-centre network bandwidth per host, Gbit/s (Plan.dcn_seconds).
   """
   import jax  # noqa: PLC0415
 
@@ -230,7 +285,9 @@ def plan(
   from vit_jax.cost import compiled_stats, flops  # noqa: PLC0415
   from vit_jax.cost import devices as device_table  # noqa: PLC0415
 
-  devices = topology_devices(topology) if devices is None else list(devices)
+  devices = topology_devices(topology, slices) if devices is None else list(devices)
+  if slices != int(config.mesh.get("slices", 1)):
+    config = apply_overrides(config, {"mesh.slices": slices})
   classes = num_classes_for(config, num_classes)
   mesh = sharding.make_mesh(config.mesh, devices)
   built = train.build(config, mesh, classes)
@@ -274,7 +331,14 @@ def plan(
     efficiency=efficiency,
     compile_seconds=seconds,
     refused=refused,
+    slices=slices,
+    devices_per_host=len(devices) // len({(_slice(d), d.process_index) for d in devices}),
+    dcn_gbps=dcn_gbps,
   )
+
+
+def _slice(device) -> int:
+  return int(getattr(device, "slice_index", 0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -439,7 +503,8 @@ def _gib(x: float) -> str:
 def format_plan(p: Plan) -> str:
   s = p.stats
   lines = [
-    f"{p.topology}: {p.num_devices} × {p.device_kind}, mesh {p.mesh}, "
+    f"{p.topology}{f' × {p.slices} slices' if p.slices > 1 else ''}: {p.num_devices} × "
+    f"{p.device_kind}, mesh {p.mesh}, "
     f"batch {p.settings['batch_size']} ({p.settings['per_device_batch']} per device, "
     f"accum_steps {p.settings['accum_steps']}), remat={p.settings['remat']}, "
     f"scan={p.settings['scan']}; compiled in {p.compile_seconds:.0f} s",
@@ -490,6 +555,15 @@ def format_plan(p: Plan) -> str:
   unknown = [name for name, trips in s.loops if trips is None]
   if unknown:
     lines.append(f"  (trip count not found for {len(unknown)} loop(s): counted once)")
+  if p.slices > 1:
+    bound = p.dcn_seconds > (p.step_seconds or 0.0)
+    lines.append(
+      f"across {p.slices} slices: {s.dcn_bytes / 2**20:.1f} MiB per device per step over the "
+      f"data-centre network, {s.ici_bytes / 2**20:.1f} MiB over the chips' interconnect; "
+      f"{p.devices_per_host} devices per host at {p.dcn_gbps:g} Gbit/s per host: "
+      f"{1e3 * p.dcn_seconds:.3f} ms per step over DCN"
+      + (" (longer than the implied compute time: bound by DCN)" if bound else "")
+    )
   lines.append("collectives per device per step (bytes sent, ring algorithms):")
   for kind, v in s.collectives.items():
     if v["count"]:
@@ -499,30 +573,28 @@ def format_plan(p: Plan) -> str:
   return "\n".join(lines)
 
 
-def main(argv):
+def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  quiet_libtpu(FLAGS.topology)
-  if not FLAGS.topology:
-    sys.exit("--topology is required, e.g. --topology=v3:16x16")
-  try:
-    parse_topology(FLAGS.topology)
-  except ValueError as e:
-    sys.exit(str(e))
+  topology = f.topology.value
+  quiet_libtpu(topology)
+  parse_topology(topology)
   if not libtpu_available():
-    sys.exit(install_hint())
-  config = FLAGS.config
-  kwargs = dict(num_classes=FLAGS.num_classes, efficiency=FLAGS.efficiency)
-  try:
-    base = plan(config, FLAGS.topology, **kwargs)
-  except ValueError as e:
-    sys.exit(str(e))
+    raise RuntimeError(install_hint())
+  config = f.config.value
+  kwargs = dict(
+    num_classes=f.num_classes.value,
+    efficiency=f.efficiency.value,
+    slices=f.slices.value,
+    dcn_gbps=f.dcn_gbps.value,
+  )
+  base = plan(config, topology, **kwargs)
   suggestions = suggestions_for(base, config)
-  found = search(config, FLAGS.topology, base, FLAGS.max_trials, **kwargs) if FLAGS.search else []
-  if FLAGS.json:
+  found = search(config, topology, base, f.max_trials.value, **kwargs) if f.search.value else []
+  if f.json.value:
     out = base.to_dict()
     out["suggestions"] = [dict(overrides=o, why=w) for o, w in suggestions]
-    if FLAGS.search:
+    if f.search.value:
       out["search"] = [dict(overrides=o, plan=p.to_dict()) for o, p in found]
     print(json.dumps(out, indent=2, default=str))
     return
@@ -532,7 +604,7 @@ def main(argv):
     for overrides, why in suggestions:
       flags_text = " ".join(f"--config.{k}={v}" for k, v in overrides.items())
       print(f"  {flags_text}\n      {why}")
-  if FLAGS.search:
+  if f.search.value:
     print(f"\n--search: {len(found)} of the proposed settings fit (fastest first):")
     for overrides, p in found:
       flags_text = " ".join(f"--config.{k}={v}" for k, v in overrides.items())
@@ -543,5 +615,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, "plan", define_flags, errors=(ValueError, RuntimeError))
