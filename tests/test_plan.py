@@ -350,7 +350,7 @@ def test_planner_command_needs_libtpu_or_prints_a_report(tmp_path):
     "--config.batch_size=16",
     "--topology=v3:2x2",
   ]
-  # Bad input is one line naming the culprit (the command shape of vit_jax.cli).
+  # Bad input is one line naming the culprit (the command shape of vit_jax.runtime.cli).
   for args, line in [
     ([*cmd[:-1], "--topology=v3-8"], "plan: error: ValueError: --topology='v3-8': expected"),
     (cmd[:-1], "plan: error: IllegalFlagValueError: flag --topology=None"),

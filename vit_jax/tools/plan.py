@@ -37,7 +37,8 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from vit_jax import cli, config_files
+from vit_jax import config_files
+from vit_jax.runtime import cli
 
 
 def _quiet_env() -> None:
@@ -51,7 +52,7 @@ _quiet_env()
 
 
 def define_flags() -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.cli)."""
+  """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
     config=config_files.define_flag(),
     topology=flags.DEFINE_string(
