@@ -13,6 +13,7 @@ returned. Every accuracy of the experiments stands next to the raw-pixel baselin
 scored on the same test split.
 """
 
+import argparse
 import json
 import os
 import shutil
@@ -38,6 +39,17 @@ def out_dir(out: str | None, experiment: str, workdir: str, quick: bool = False)
   if out:
     return out
   return os.path.join(workdir, "results") if quick else results_dir(experiment)
+
+
+def parse_args(argv, doc: str, workdir: str, quick_help: str) -> argparse.Namespace:
+  """The flags every stage-running experiment takes: --workdir (default `workdir`), --out,
+  --quick (its tiny profile) and --verbose (every log line of the stages)."""
+  parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+  parser.add_argument("--workdir", default=workdir)
+  parser.add_argument("--out", help="results' folder (default: see the module docstring)")
+  parser.add_argument("--quick", action="store_true", help=quick_help)
+  parser.add_argument("--verbose", action="store_true", help="show every log line of the stages")
+  return parser.parse_args(argv)
 
 
 def write_json(path: str, value: Any, **kwargs) -> None:

@@ -28,7 +28,6 @@ from scratch. Outputs go to `--out` (default experiments/results/demo/; with --q
 <workdir>/results/).
 """
 
-import argparse
 import dataclasses
 import os
 import time
@@ -143,12 +142,7 @@ def probe_flags(profile: Profile, n: int | None, pretrained: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workdir", default="/tmp/vit_demo")
-  parser.add_argument("--out", help="results' folder (default: see the module docstring)")
-  parser.add_argument("--quick", action="store_true", help="tiny budgets (~1 minute, for CI)")
-  parser.add_argument("--verbose", action="store_true", help="show every log line of the stages")
-  args = parser.parse_args(argv)
+  args = common.parse_args(argv, __doc__, "/tmp/vit_demo", "tiny budgets (~1 minute, for CI)")
   profile = QUICK if args.quick else FULL
   os.makedirs(args.workdir, exist_ok=True)
   total_start = time.perf_counter()

@@ -27,7 +27,6 @@ then <encoder>_<head>/) are removed first. Outputs go to `--out` (default
 experiments/results/segmentation/; with --quick, <workdir>/results/).
 """
 
-import argparse
 import dataclasses
 import os
 import time
@@ -206,12 +205,7 @@ def pixel_baselines(profile: Profile, num_classes: int, class_names: list[str]) 
 
 
 def main(argv: list[str] | None = None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workdir", default="/tmp/vit_segmentation")
-  parser.add_argument("--out", help="results' folder (default: see the module docstring)")
-  parser.add_argument("--quick", action="store_true", help="tiny budgets (seconds, for CI)")
-  parser.add_argument("--verbose", action="store_true", help="show every log line of the stages")
-  args = parser.parse_args(argv)
+  args = common.parse_args(argv, __doc__, "/tmp/vit_segmentation", "tiny budgets (seconds, for CI)")
   profile = QUICK if args.quick else FULL
   os.makedirs(args.workdir, exist_ok=True)
   total_start = time.perf_counter()
