@@ -1,11 +1,13 @@
 """What several experiments share; the one module they import besides vit_jax.
 
+  parse_args                        the flags of a stage-running experiment
   run_stage, fmt_seconds            `python -m vit_jax.main` stages, run in this process
   train_step_fn                     a softmax cross-entropy step with one optax update
   results_dir, out_dir, write_json  where an experiment's outputs go: experiments/results/<name>/
+  finish_report                     the --quick caveat, total wall time and table.md
 
 The demo's ViT is the model preset 'demo' (vit_jax.models), the bundled datasets' default.
-Every experiment that chains stages (demo, scale_study, folder_transfer) runs them through
+Every experiment that chains stages (demo, scale_study, folder_transfer, segmentation) runs them through
 `run_stage`: the command is printed so that a reader can rerun any stage by hand, the progress
 lines (metrics, ETA, errors) are shown as they come, and the stage's final metrics are
 returned. Every accuracy of the experiments stands next to the raw-pixel baselines
@@ -50,6 +52,17 @@ def parse_args(argv, doc: str, workdir: str, quick_help: str) -> argparse.Namesp
   parser.add_argument("--quick", action="store_true", help=quick_help)
   parser.add_argument("--verbose", action="store_true", help="show every log line of the stages")
   return parser.parse_args(argv)
+
+
+def finish_report(results: dict, text: str, out: str) -> None:
+  """The end of an experiment's report: the --quick caveat and the total wall time printed, the
+  markdown table `text` written to `out`/table.md."""
+  if results["quick"]:
+    print("(--quick: budgets far too small for these numbers to mean anything.)")
+  print(f"Total wall time {fmt_seconds(results['seconds']['total'])}.")
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "table.md"), "w") as f:
+    f.write(text + "\n")
 
 
 def write_json(path: str, value: Any, **kwargs) -> None:

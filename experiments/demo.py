@@ -246,12 +246,7 @@ def _report(results: dict, out: str) -> None:
       f"points over scratch; fine-tuned ViT {100 * (row['finetune'] - best):+.1f} points vs the "
       "best pixel baseline"
     )
-  if results["quick"]:
-    print("(--quick: budgets far too small for these numbers to mean anything.)")
-  print(f"Total wall time {common.fmt_seconds(results['seconds']['total'])}.")
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "table.md"), "w") as f:
-    f.write(text + "\n")
+  common.finish_report(results, text, out)
   _plot(results, os.path.join(out, "label_efficiency.png"))
 
 

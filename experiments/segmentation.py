@@ -288,12 +288,7 @@ def _report(results: dict, out: str) -> None:
     if pre and scratch:
       gain = pre["miou"] - scratch["miou"]
       print(f"{head} head: pretraining bought {gain:+.3f} mIoU over scratch")
-  if results["quick"]:
-    print("(--quick: budgets far too small for these numbers to mean anything.)")
-  print(f"Total wall time {common.fmt_seconds(results['seconds']['total'])}.")
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "table.md"), "w") as f:
-    f.write(text + "\n")
+  common.finish_report(results, text, out)
   _plot(results, os.path.join(out, "segmentation.png"))
 
 
