@@ -13,11 +13,11 @@ import re
 import subprocess
 import sys
 
+import compiled_step  # tests/
 import jax
 import pytest
 from libtpu_process import libtpu_test, run_with_libtpu  # tests/
 
-from vit_jax import sharding, train
 from vit_jax.configs import pretrain
 from vit_jax.cost import compiled_stats
 from vit_jax.tools import plan as planner
@@ -268,20 +268,6 @@ def _train_matmul_flops(config, num_classes: int, examples: int) -> int:
   return examples * (3 * forward - embed)
 
 
-def _compile_independently(config, devices, num_classes):
-  """The trainer's step compiled without the planner (the reference for its numbers)."""
-  mesh = sharding.make_mesh(config.mesh, devices)
-  built = train.build(config, mesh, num_classes)
-  state = jax.tree_util.tree_map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-    built.abstract_state,
-    built.state_shardings,
-  )
-  batch = planner.abstract_batch(config, mesh, num_classes)
-  window = train.abstract_window(mesh)
-  return built.jit_step(batch).lower(state, batch, window).compile()
-
-
 def _assert_compiler_memory(p, compiled):
   mem = compiled.memory_analysis()
   s = p.stats
@@ -303,7 +289,7 @@ def test_plan_on_cpu_devices_reports_the_compilers_memory_and_loop_corrected_flo
   p = planner.plan(config, "cpu", num_classes=10, devices=devices)
   assert p.mesh == {"data": 4, "fsdp": 2, "model": 1}
   assert p.settings["per_device_batch"] == 2
-  compiled = _compile_independently(config, devices, 10)
+  compiled = compiled_step.compile_step(config, devices, 10)
   _assert_compiler_memory(p, compiled)
   # The compiled step's dots and convolutions are the model's matmuls, 2 images per device:
   # 20,071,680 FLOPs, exactly the analytic count (XLA may rewrite a one-row product as a multiply
@@ -381,7 +367,7 @@ def test_small_model_on_a_v3_8():
   assert p.fits and planner.suggestions_for(p, config) == []
   assert p.stats.flops > 0 and p.step_seconds > 0 and 0 < p.mfu < 1
   devices = planner.topology_devices("v3:2x2")
-  compiled = _compile_independently(config, devices, 10)
+  compiled = compiled_step.compile_step(config, devices, 10)
   _assert_compiler_memory(p, compiled)
   # The TPU compiler writes some matmuls as convolutions over padded windows: counted as the
   # matmuls they are, the unrolled and the scanned step each have exactly the model's matmul
@@ -389,7 +375,7 @@ def test_small_model_on_a_v3_8():
   matmuls = _train_matmul_flops(config, 10, examples=2)
   assert compiled_stats.parse_hlo(compiled.as_text(), 8).matmul_flops == matmuls
   scanned = _small_config(**{"model.scan": True})
-  hlo = compiled_stats.parse_hlo(_compile_independently(scanned, devices, 10).as_text(), 8)
+  hlo = compiled_stats.parse_hlo(compiled_step.compile_step(scanned, devices, 10).as_text(), 8)
   assert hlo.matmul_flops == matmuls and hlo.matmul_flops_once < 0.6 * matmuls
   # The planner's loop-corrected count of the scanned step agrees with the unrolled one.
   looped = planner.plan(scanned, "v3:2x2", num_classes=10)
@@ -480,5 +466,5 @@ def test_paper_pretraining_fits_a_v3_slice(model):
     overrides, p = found[0]
     config = planner.apply_overrides(config, overrides)
   assert p.stats.total <= 16 * GiB
-  compiled = _compile_independently(config, planner.topology_devices("v3:16x16"), 18_291)
+  compiled = compiled_step.compile_step(config, planner.topology_devices("v3:16x16"), 18_291)
   _assert_compiler_memory(p, compiled)

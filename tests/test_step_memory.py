@@ -18,11 +18,11 @@ The libtpu tests run in a process of their own (tests/libtpu_process.py) and are
 libtpu; the B/16 one is slow (minutes to compile on 2 cores).
 """
 
+import compiled_step  # tests/
 import jax
 import pytest
 from libtpu_process import libtpu_test  # tests/
 
-from vit_jax import sharding, train
 from vit_jax.configs import pretrain
 from vit_jax.tools import plan as planner
 
@@ -44,15 +44,7 @@ def small_config():
 
 def temporaries(config, devices, num_classes: int = NUM_CLASSES) -> int:
   """Bytes of temporaries per device of the trainer's step of `config` compiled for `devices`."""
-  mesh = sharding.make_mesh(config.mesh, devices)
-  built = train.build(config, mesh, num_classes)
-  state = jax.tree_util.tree_map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-    built.abstract_state,
-    built.state_shardings,
-  )
-  batch = planner.abstract_batch(config, mesh, num_classes)
-  compiled = built.jit_step(batch).lower(state, batch, train.abstract_window(mesh)).compile()
+  compiled = compiled_step.compile_step(config, devices, num_classes)
   return compiled.memory_analysis().temp_size_in_bytes
 
 
