@@ -2,9 +2,12 @@
 
 import re
 
+import pytest
+
 from experiments import ablate_step
 
 
+@pytest.mark.long
 def test_variants_patch_the_step_and_restore_the_model(capsys):
   from vit_jax.models import ops
 

@@ -17,6 +17,7 @@ from vit_jax.input_pipeline import builtin
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.long
 def test_quick_demo_then_predict(tmp_path):
   # The demo runs as a user would: its command, one CPU device.
   out = subprocess.run(

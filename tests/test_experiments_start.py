@@ -58,6 +58,7 @@ def in_process(monkeypatch):
 # The studies.
 
 
+@pytest.mark.long
 def test_scale_study_quick_profile_runs_main(tmp_path, in_process, monkeypatch):
   """scale_study.main --quick: the ViT's pretraining and fine-tuning stages, its train step's
   FLOPs, few-shot transfer of the final and intermediate checkpoints, test top-1, the raw-pixel

@@ -110,6 +110,7 @@ def disk(tmp_path):
     yield d
 
 
+@pytest.mark.long
 def test_signals_a_broken_checkpoint_and_a_full_disk_resume_exactly(env, reference, tmp_path):
   """One run's life on an 8 MiB disk: SIGTERM, Ctrl-C twice, a truncated checkpoint, the disk
   filling up; every rerun of the same command continues, and the last one ends with the

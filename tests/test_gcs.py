@@ -111,6 +111,7 @@ def _assert_same(a, b):
     np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.long
 def test_pretraining_reads_and_writes_gcs(pretrained, local_gcs, monkeypatch, tmp_path):
   """The run read the gs:// shards and wrote its workdir (metrics, config.json, its checkpoint
   committed, the lock released); `checkpoint.load('gs://...')` in this process gives the

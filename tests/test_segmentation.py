@@ -260,6 +260,7 @@ def _config(tmp_path, total_steps, extra=()):
   )
 
 
+@pytest.mark.long
 def test_segment_stage_resumes_bitwise_and_predict_scores_its_miou(tmp_path, monkeypatch):
   # One device of this process (tests/conftest.py gives eight): cheaper compiles and saves.
   monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))

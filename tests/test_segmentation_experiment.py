@@ -16,6 +16,7 @@ from experiments import segmentation
 from vit_jax import input_pipeline, train
 
 
+@pytest.mark.long
 def test_quick_segmentation_experiment(tmp_path, capsys, monkeypatch):
   monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))
   results = segmentation.main(["--quick", f"--workdir={tmp_path}"])

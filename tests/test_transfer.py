@@ -158,6 +158,7 @@ def _config(workdir: pathlib.Path, run: str) -> dict:
   return json.loads((workdir / "imagenet2012" / run / "config.json").read_text())
 
 
+@pytest.mark.long
 def test_command_runs_the_grid_and_the_final_run(imagenet_suite):
   proc, workdir, path = imagenet_suite
   out = proc.stdout
