@@ -50,6 +50,7 @@ class Profile:
   pretrain_flags: tuple[str, ...]  # beside configs/pretrain.py:dataset=fashion_mnist
   vit: str  # model preset of the ViT (the pretraining's)
   bit: str
+  bit_flags: tuple[str, ...]  # beside the BiT preset (quick: one unit per block)
   image_size: int
   steps: int
   batch_size: int
@@ -79,6 +80,7 @@ FULL = Profile(
   ),
   vit="demo",
   bit="R26x1",
+  bit_flags=(),
   image_size=48,
   steps=300,
   batch_size=16,
@@ -104,6 +106,9 @@ QUICK = Profile(
   ),
   vit="testing",
   bit="R26x1",
+  # R26x1's strides and widths with one bottleneck unit per block instead of two: the same code
+  # path, its step compiled in about half the time.
+  bit_flags=("--config.model.block_units=(1,1,1,1)",),
   image_size=16,
   steps=4,
   batch_size=8,
@@ -132,6 +137,8 @@ def segment_flags(profile: Profile, encoder: str, head: str, pretrained: str) ->
   flags.append(
     f"--config.model_init={pretrained}" if from_pretraining else "--config.init_from_scratch=true"
   )
+  if family == "bit":
+    flags += profile.bit_flags
   return flags + [
     f"--config.dataset.image_size={profile.image_size}",
     f"--config.dataset.train_split={profile.train_split}",
