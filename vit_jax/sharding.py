@@ -38,6 +38,8 @@ from jax.sharding import PartitionSpec as P
 MESH_AXES = ("data", "fsdp", "model")
 # The axes whose outer factor may cross slices (mesh.slice_axis); `model` stays inside one.
 SLICE_AXES = ("data", "fsdp")
+# Devices whose physical axes jax.make_mesh splits between mesh axes (jax/_src/sharding_impls.py).
+_SPLITTABLE_KINDS = ("TPU v5 lite", "TPU v5e")
 # The batch dimension of inputs and activations.
 BATCH_AXES = ("data", "fsdp")
 
@@ -119,6 +121,9 @@ def make_mesh(
     tuple(across),
     devices,
     process_is_granule=_slice_attribute(devices) == "process_index",
+    # As jax.make_mesh does for one slice: v5e's 2D torus may be split (e.g. fsdp=2 × model=2
+    # inside a 4x4 slice), other chips' may not.
+    allow_split_physical_axes=devices[0].device_kind in _SPLITTABLE_KINDS,
   )
   return Mesh(array, MESH_AXES, axis_types=axis_types)
 
