@@ -127,7 +127,4 @@ def test_the_planner_counts_the_bytes_between_slices():
   fsdp = planner.plan(config, "v5e:4x4", slices=2, slice_axis="fsdp")
   assert (fsdp.slice_axis, fsdp.mesh) == ("fsdp", {"data": 16, "fsdp": 2, "model": 1})
   assert "across 2 slices (fsdp across them):" in planner.format_plan(fsdp)
-  print(
-    f"DCN bytes per device: data across {two.stats.dcn_bytes}, fsdp across {fsdp.stats.dcn_bytes}"
-  )
   assert fsdp.stats.dcn_bytes > two.stats.dcn_bytes
