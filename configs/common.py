@@ -140,11 +140,19 @@ def fewshot_eval(
 
 
 def mesh_config(
-  data: int = -1, fsdp: int = 1, model: int = 1, slices: int = 1
+  data: int = -1, fsdp: int = 1, model: int = 1, slices: int = 1, slice_axis: str = "data"
 ) -> ml_collections.ConfigDict:
-  """Sizes of the ('data', 'fsdp', 'model') mesh axes; one may be -1 (all remaining devices).
-  `slices`: TPU slices joined by the data-centre network, spanned by `data` (vit_jax.sharding)."""
-  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, model=model, slices=slices))
+  """The device mesh (vit_jax.sharding.make_mesh).
+
+  Fields:
+    data, fsdp, model: sizes of the mesh axes; one may be -1 (all remaining devices).
+    slices: TPU slices the devices are in, joined by the data-centre network (Multislice).
+    slice_axis: 'data' | 'fsdp', the axis whose outer factor (`slices`) crosses the slices;
+      it must be a multiple of `slices`. The other axes stay inside one slice.
+  """
+  return ml_collections.ConfigDict(
+    dict(data=data, fsdp=fsdp, model=model, slices=slices, slice_axis=slice_axis)
+  )
 
 
 def checkpoint_config(

@@ -6,8 +6,9 @@ Every sharding decision of the trainer is declared here, once: a mesh with three
   fsdp   data parallelism with parameters and optimizer state sharded over it (ZeRO-3 style),
   model  tensor parallelism: attention heads and the MLP hidden units are split over it,
 
-several TPU slices (Multislice, `mesh.slices`) joined by the data-centre network: `data`'s outer
-factor crosses them, everything else stays inside a slice (the device order from `slice_index`),
+several TPU slices (Multislice, `mesh.slices`) joined by the data-centre network: the outer factor
+of one axis crosses them (`mesh.slice_axis`: `data`, by default, or `fsdp`), everything else stays
+inside a slice (the device order from `slice_index`),
 
 and an ordered list of rules mapping parameter names (regular expressions on the `/`-joined path,
 e.g. `Transformer/encoderblock_3/MlpBlock_3/Dense_0/kernel`) to PartitionSpecs. The same rules
@@ -35,6 +36,10 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "model")
+# The axes whose outer factor may cross slices (mesh.slice_axis); `model` stays inside one.
+SLICE_AXES = ("data", "fsdp")
+# Devices whose physical axes jax.make_mesh splits between mesh axes (jax/_src/sharding_impls.py).
+_SPLITTABLE_KINDS = ("TPU v5 lite", "TPU v5e")
 # The batch dimension of inputs and activations.
 BATCH_AXES = ("data", "fsdp")
 
@@ -68,8 +73,10 @@ def make_mesh(
     mesh_config: sizes `data`, `fsdp`, `model`; one of them may be -1 to take the remaining
       devices (e.g. data=-1, fsdp=1, model=1 is plain data parallelism on any slice). `slices`
       (default 1): the number of TPU slices the devices are in, joined by the data-centre network
-      (Multislice); `data` spans them (its outer factor, `slices`, crosses slices) while `fsdp`,
-      `model` and the rest of `data` stay inside one slice (`slice_devices`).
+      (Multislice). `slice_axis` (default 'data'): the axis whose outer factor, `slices`, crosses
+      them, 'data' (gradients reduced across slices) or 'fsdp' (parameters gathered across
+      slices too); the other axes and the rest of that one stay inside one slice
+      (`slice_devices`).
     devices: defaults to all devices of all processes.
 
   Returns:
@@ -91,35 +98,52 @@ def make_mesh(
       f"mesh {dict(zip(MESH_AXES, sizes, strict=True))} needs {np.prod(sizes)} devices, have {len(devices)}"
     )
   slices = int(mesh_config.get("slices", 1))
+  slice_axis = str(mesh_config.get("slice_axis", "data"))
+  if slice_axis not in SLICE_AXES:
+    raise ValueError(f"mesh.slice_axis={slice_axis!r}: expected one of {', '.join(SLICE_AXES)}")
   in_slices = slice_devices(devices, slices)
   axis_types = (AxisType.Auto,) * len(MESH_AXES)
   if slices == 1:
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
-  data, fsdp, model = sizes
-  if data % slices:
+  crossing = MESH_AXES.index(slice_axis)
+  if sizes[crossing] % slices:
     raise ValueError(
-      f"mesh.slices={slices} does not divide mesh.data={data}: data parallelism spans the "
-      "slices, fsdp and model stay inside one"
+      f"mesh.slices={slices} does not divide mesh.{slice_axis}={sizes[crossing]} "
+      f"(mesh.slice_axis={slice_axis}: its outer factor spans the slices)"
     )
   del in_slices  # checked; create_hybrid_device_mesh groups the devices by the same attribute
+  inside = list(sizes)
+  inside[crossing] //= slices
+  across = [1] * len(MESH_AXES)
+  across[crossing] = slices
   array = mesh_utils.create_hybrid_device_mesh(
-    (data // slices, fsdp, model),
-    (slices, 1, 1),
+    tuple(inside),
+    tuple(across),
     devices,
-    process_is_granule=not hasattr(devices[0], "slice_index"),
+    process_is_granule=_slice_attribute(devices) == "process_index",
+    # As jax.make_mesh does for one slice: v5e's 2D torus may be split (e.g. fsdp=2 × model=2
+    # inside a 4x4 slice), other chips' may not.
+    allow_split_physical_axes=devices[0].device_kind in _SPLITTABLE_KINDS,
   )
   return Mesh(array, MESH_AXES, axis_types=axis_types)
 
 
+def _slice_attribute(devices: Sequence[jax.Device]) -> str:
+  """The device attribute that says a device's slice: TPUs' `slice_index`; elsewhere (CPU and
+  GPU devices, whose `slice_index`, where they have one, is 0 on every process) the process."""
+  tpu = devices[0].platform == "tpu" and hasattr(devices[0], "slice_index")
+  return "slice_index" if tpu else "process_index"
+
+
 def slice_devices(devices: Sequence[jax.Device], slices: int) -> list[list[jax.Device]]:
-  """`devices` grouped by slice (their `slice_index`; for devices without one, such as CPU
-  devices, their process stands in for a slice), after checking that there are `slices` groups
-  of equal size; a mismatch is a one-line ValueError naming mesh.slices."""
+  """`devices` grouped by slice (TPUs' `slice_index`; for other devices, such as CPU devices,
+  their process stands in for a slice), after checking that there are `slices` groups of equal
+  size; a mismatch is a one-line ValueError naming mesh.slices."""
   if slices < 1:
     raise ValueError(f"mesh.slices={slices}: expected a positive number of slices")
   if len(devices) % slices:
     raise ValueError(f"mesh.slices={slices} does not divide the {len(devices)} devices")
-  attribute = "slice_index" if hasattr(devices[0], "slice_index") else "process_index"
+  attribute = _slice_attribute(devices)
   groups: dict[int, list[jax.Device]] = {}
   for d in devices:
     groups.setdefault(int(getattr(d, attribute)), []).append(d)

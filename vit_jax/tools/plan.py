@@ -17,6 +17,8 @@ network (Multislice; the config's mesh.slices = N, vit_jax.sharding) and the rep
 each device sends per step over that network (the TPU compiler's host transfers between slices)
 and over the chips' interconnect, and the time the former take at `--dcn_gbps` per host (default
 200 Gbit/s: Cloud TPU v5e's 2 x 100 Gbps NICs per host; set it for other machines).
+`--slice_axis=fsdp` makes FSDP's outer factor cross the slices instead of data parallelism's
+(mesh.slice_axis; the mesh's fsdp must then be a multiple of --slices).
 
 Memory and FLOPs are the compiler's; the step time is an estimate until measured on hardware.
 Bad input ends in one line, `plan: error: <Kind>: <message>`.
@@ -75,6 +77,12 @@ def define_flags() -> types.SimpleNamespace:
     json=flags.DEFINE_bool("json", False, "Print one JSON object instead of the report."),
     slices=flags.DEFINE_integer(
       "slices", 1, "Slices of --topology joined by the data-centre network (Multislice)."
+    ),
+    slice_axis=flags.DEFINE_enum(
+      "slice_axis",
+      None,
+      ["data", "fsdp"],
+      "The mesh axis whose outer factor crosses the slices (default: the config's mesh.slice_axis).",
     ),
     dcn_gbps=flags.DEFINE_float(
       "dcn_gbps",
@@ -202,6 +210,7 @@ class Plan:
   compile_seconds: float
   refused: str = ""  # the compiler's error when it refused the step for lack of memory
   slices: int = 1
+  slice_axis: str = "data"  # the mesh axis whose outer factor crosses the slices
   devices_per_host: int = 1
   dcn_gbps: float = DCN_GBPS_PER_HOST  # per host
 
@@ -268,6 +277,7 @@ def plan(
   devices=None,
   slices: int = 1,
   dcn_gbps: float = DCN_GBPS_PER_HOST,
+  slice_axis: str | None = None,
 ) -> Plan:
   """Compiles the trainer's step of `config` for `topology`; returns its per-device costs.
 
@@ -278,6 +288,7 @@ def plan(
     efficiency: assumed fraction of peak FLOP/s for the implied step time.
     devices: devices to compile for instead of the topology's (tests: CPU devices).
     slices: slices of `topology` (Multislice): the step is compiled with mesh.slices = slices.
+    slice_axis: 'data' | 'fsdp', the mesh.slice_axis to compile with (default: the config's).
     dcn_gbps: data-centre network bandwidth per host, Gbit/s (Plan.dcn_seconds).
   """
   import jax  # noqa: PLC0415
@@ -287,8 +298,12 @@ def plan(
   from vit_jax.cost import devices as device_table  # noqa: PLC0415
 
   devices = topology_devices(topology, slices) if devices is None else list(devices)
-  if slices != int(config.mesh.get("slices", 1)):
-    config = apply_overrides(config, {"mesh.slices": slices})
+  overrides = {"mesh.slices": slices, "mesh.slice_axis": slice_axis}
+  overrides = {
+    k: v for k, v in overrides.items() if v is not None and v != config.mesh.get(k.split(".")[1])
+  }
+  if overrides:
+    config = apply_overrides(config, overrides)
   classes = num_classes_for(config, num_classes)
   mesh = sharding.make_mesh(config.mesh, devices)
   built = train.build(config, mesh, classes)
@@ -333,6 +348,7 @@ def plan(
     compile_seconds=seconds,
     refused=refused,
     slices=slices,
+    slice_axis=str(config.mesh.get("slice_axis", "data")),
     devices_per_host=len(devices) // len({(_slice(d), d.process_index) for d in devices}),
     dcn_gbps=dcn_gbps,
   )
@@ -558,11 +574,15 @@ def format_plan(p: Plan) -> str:
     lines.append(f"  (trip count not found for {len(unknown)} loop(s): counted once)")
   if p.slices > 1:
     bound = p.dcn_seconds > (p.step_seconds or 0.0)
+    sent = s.dcn_bytes + s.ici_bytes
+    of_step = f", {100 * p.dcn_seconds / p.step_seconds:.1f}% of the implied step"
+    of_step = of_step if p.step_seconds else ""
     lines.append(
-      f"across {p.slices} slices: {s.dcn_bytes / 2**20:.1f} MiB per device per step over the "
-      f"data-centre network, {s.ici_bytes / 2**20:.1f} MiB over the chips' interconnect; "
+      f"across {p.slices} slices ({p.slice_axis} across them): {s.dcn_bytes / 2**20:.1f} MiB per "
+      f"device per step over the data-centre network, {s.ici_bytes / 2**20:.1f} MiB over the "
+      f"chips' interconnect (DCN {100 * s.dcn_bytes / sent if sent else 0:.2f}% of the bytes); "
       f"{p.devices_per_host} devices per host at {p.dcn_gbps:g} Gbit/s per host: "
-      f"{1e3 * p.dcn_seconds:.3f} ms per step over DCN"
+      f"{1e3 * p.dcn_seconds:.3f} ms per step over DCN{of_step}"
       + (" (longer than the implied compute time: bound by DCN)" if bound else "")
     )
   lines.append("collectives per device per step (bytes sent, ring algorithms):")
@@ -588,6 +608,7 @@ def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
     efficiency=f.efficiency.value,
     slices=f.slices.value,
     dcn_gbps=f.dcn_gbps.value,
+    slice_axis=f.slice_axis.value,
   )
   base = plan(config, topology, **kwargs)
   suggestions = suggestions_for(base, config)
