@@ -37,6 +37,32 @@ def test_a_slice_axis_other_than_data_or_fsdp_is_one_line():
     sharding.make_mesh(common.mesh_config(slice_axis="model"), jax.devices()[:8])
 
 
+@pytest.mark.parametrize(
+  "env, connects",
+  [
+    ({}, False),  # one process: nothing to connect
+    ({"TPU_WORKER_HOSTNAMES": "10.0.0.2"}, False),  # a one-host slice
+    ({"TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}, True),  # a slice of two hosts
+    ({"TPU_WORKER_HOSTNAMES": "10.0.0.2", "MEGASCALE_NUM_SLICES": "2"}, True),  # 2 one-host slices
+    ({"TPU_WORKER_HOSTNAMES": "10.0.0.2", "MEGASCALE_NUM_SLICES": "1"}, False),
+  ],
+)
+def test_distributed_auto_connects_the_workers_of_several_hosts_or_slices(
+  monkeypatch, env, connects
+):
+  from vit_jax.runtime import distributed
+
+  for name in ("TPU_WORKER_HOSTNAMES", "MEGASCALE_NUM_SLICES"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax, "process_count", lambda: 1)  # the log line after the (faked) connect
+  distributed.initialize("auto")
+  assert bool(calls) == connects
+
+
 def test_one_slice_is_the_mesh_of_before():
   devices = jax.devices()[:8]
   config = common.mesh_config(fsdp=2)

@@ -87,6 +87,7 @@ def _tails(results) -> str:
   )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
   "variant", ["supervised", pytest.param("mpp_fsdp", marks=pytest.mark.slow)]
 )
