@@ -294,6 +294,7 @@ def plan(
   import jax  # noqa: PLC0415
 
   from vit_jax import sharding, train  # noqa: PLC0415
+  from vit_jax.checkpoint import train_state  # noqa: PLC0415
   from vit_jax.cost import compiled_stats, flops  # noqa: PLC0415
   from vit_jax.cost import devices as device_table  # noqa: PLC0415
 
@@ -307,11 +308,7 @@ def plan(
   classes = num_classes_for(config, num_classes)
   mesh = sharding.make_mesh(config.mesh, devices)
   built = train.build(config, mesh, classes)
-  state = jax.tree_util.tree_map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-    built.abstract_state,
-    built.state_shardings,
-  )
+  state = train_state.abstract_tree(built.abstract_state, built.state_shardings)
   batch = abstract_batch(config, mesh, classes)
   window = train.abstract_window(mesh)
   start = time.perf_counter()
