@@ -144,8 +144,9 @@ def _check_as_accurate_as_one_process(params, layout, same_training):
   """Rounding noise is measured by the root-mean-square deviation from float64 over all
   parameters: the maximum is one parameter's, one whose gradient is near zero so that Adam
   magnifies its rounding, and varies about 2x between layouts of equal accuracy (measured,
-  supervised: max 8.0e-6 to 1.2e-5, RMS 1.5e-7 to 2.4e-7). A mistake (another example order, other random draws,
-  a wrong reduction) moves the parameters by as much as training does (its change: 6e-3)."""
+  supervised: max 8.0e-6 to 1.2e-5, RMS 1.5e-7 to 2.4e-7). A mistake (another example order,
+  other random draws, a wrong reduction) moves the parameters by as much as training does (its
+  change: 6e-3)."""
   reference = params["float64"]
   one = float64_reference.rms_deviation(params["one"], reference)
   got = float64_reference.rms_deviation(params[layout], reference)
@@ -182,8 +183,8 @@ def _check_the_float64_run_is_the_same_training(variant, params):
 
 def _train_two_processes_interrupted(variant, root, same_mesh):
   """Layout (2), 2 slices of one process each, with checkpoints every 5 steps (synchronous):
-  both processes (slices) SIGKILLed at their
-  8th batch (step 8: step 5 committed), then, resumed, at their 9th (step 14: 5 and 10); its
+  both processes (slices) SIGKILLed at their 8th batch (step 8: step 5 committed), then,
+  resumed, at their 9th (step 14: 5 and 10); its
   workdir then, copied, is layout (4)'s start (a run stopped after its step-10 checkpoint,
   resumed on another topology). Resumed again, SIGTERM reaches process 1 only, at its 3rd batch
   (step 13): both processes stop at the step they agree on (past every step either had
