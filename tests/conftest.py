@@ -54,6 +54,20 @@ def pytest_unconfigure(config):
 import pytest  # noqa: E402 - after the environment above is set
 
 
+@pytest.fixture
+def trainer_on_one_device(monkeypatch):
+  """`vit_jax.train.run` (and the stages and experiments that call it) on one device of this
+  process, for tests whose subject is not the mesh: over the eight devices above, every compile
+  and checkpoint save of a tiny model costs more. A call that passes `devices=` keeps its own."""
+  import functools
+
+  import jax
+
+  from vit_jax import train
+
+  monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))
+
+
 @pytest.fixture(scope="session")
 def local_gcs():
   """A GCS API server and its proxy on loopback (tests/gcs.py), shared by the session's gs://

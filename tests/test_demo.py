@@ -54,7 +54,7 @@ def test_quick_demo_then_predict(tmp_path):
     assert row["test_examples"] == row["finetune_test_examples"] == demo.QUICK.test_examples
   # The pretrained features carry what its 30 steps learned: on 200 labels their linear probe
   # beats chance (10%) by far, and 10 steps of fine-tuning leave it (measured on 2 cores: probe
-  # 44.0%, fine-tuned 22.0%, from scratch 18.0%; on 50 labels 28.5%, 11.5% and 11.0%).
+  # 44.0%, fine-tuned 22.0%, from scratch 18.0%).
   assert row["probe"] > 0.3 and row["finetune"] > 0.15, row
 
   # A fine-tuned workdir classifies images with the dataset's class names, and its accuracy on

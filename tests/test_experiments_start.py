@@ -22,7 +22,6 @@ test_mpp_study.py and test_folder_transfer.py.
 """
 
 import dataclasses
-import functools
 import json
 import os
 import re
@@ -41,14 +40,11 @@ TINY_MODEL = dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)
 
 
 @pytest.fixture
-def in_process(monkeypatch):
+def in_process(trainer_on_one_device):
   """The trainer on one device (see the module docstring); absl's log level restored afterwards
   (mpp_study lowers it)."""
   from absl import logging
 
-  from vit_jax import train
-
-  monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))
   verbosity = logging.get_verbosity()
   yield
   logging.set_verbosity(verbosity)

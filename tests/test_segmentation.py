@@ -1,6 +1,5 @@
 """Segmentation data, loss, evaluator and stage: each against a hand-made or numpy reference."""
 
-import functools
 import os
 import types
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import config_files, input_pipeline, predict, stages, train
+from vit_jax import config_files, input_pipeline, predict, stages
 from vit_jax.checkpoint import train_state
 from vit_jax.evaluators import segmentation as seg_eval
 from vit_jax.input_pipeline import segmentation as seg_data
@@ -261,9 +260,7 @@ def _config(tmp_path, total_steps, extra=()):
 
 
 @pytest.mark.long
-def test_segment_stage_resumes_bitwise_and_predict_scores_its_miou(tmp_path, monkeypatch):
-  # One device of this process (tests/conftest.py gives eight): cheaper compiles and saves.
-  monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))
+def test_segment_stage_resumes_bitwise_and_predict_scores_its_miou(tmp_path, trainer_on_one_device):
   straight = stages.run(_config(tmp_path, 6), str(tmp_path / "straight"))
   assert {"val/miou", "test/miou", "test/pixel_accuracy", "test/iou/background"} <= set(straight)
   # Stopped after step 3 (total_steps may change on resume), then continued to 6.

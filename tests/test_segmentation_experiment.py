@@ -5,20 +5,17 @@ every compile and checkpoint save of a tiny model costs more), as tests/test_exp
 does; everything else runs as from the command line.
 """
 
-import functools
 import json
 
-import jax
 import numpy as np
 import pytest
 
 from experiments import segmentation
-from vit_jax import input_pipeline, train
+from vit_jax import input_pipeline
 
 
 @pytest.mark.long
-def test_quick_segmentation_experiment(tmp_path, capsys, monkeypatch):
-  monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))
+def test_quick_segmentation_experiment(tmp_path, capsys, trainer_on_one_device):
   results = segmentation.main(["--quick", f"--workdir={tmp_path}"])
   printed = capsys.readouterr().out
   # Each stage's command is printed before it runs, so that a reader can rerun it.

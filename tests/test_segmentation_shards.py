@@ -198,15 +198,10 @@ def test_tfrecord_source_refuses_segmentation_shards(tmp_path):
 
 
 @pytest.mark.slow  # ~20 s on 2 cores; the fast tests hold the source to the others' arrays
-def test_segment_stage_runs_on_shards(tmp_path, monkeypatch):
-  import functools
-
-  import jax
-
-  from vit_jax import config_files, stages, train
+def test_segment_stage_runs_on_shards(tmp_path, trainer_on_one_device):
+  from vit_jax import config_files, stages
 
   _clear_caches()
-  monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))
   make_shards.shard_seg_builtin("mnist_seg", "val", str(tmp_path / "shards"), num_shards=2)
   config = config_files.from_flags(
     [

@@ -3,7 +3,7 @@ run), NaN stops cleanly, SIGKILL-and-resume is exact, Orbax keeps the last K ste
 model trains, a short run learns, and the linear probe's fits match scikit-learn's.
 
 Runs use the 'testing' model on 16px Fashion-MNIST / Animal-MNIST (the offline `builtin`
-datasets) and the 8 simulated CPU devices of conftest.py.
+datasets), on one of conftest.py's 8 simulated CPU devices unless the mesh is the subject.
 """
 
 import pathlib
@@ -51,7 +51,7 @@ def _assert_trees(a, b, exact=False, atol=1e-5):
       np.testing.assert_allclose(x, y, atol=atol, rtol=0, err_msg=jax.tree_util.keystr(path))
 
 
-def test_stages_run_a_few_steps(tmp_path):
+def test_stages_run_a_few_steps(tmp_path, trainer_on_one_device):
   """pretrain (with its evaluators) → finetune from its Orbax checkpoint at another resolution."""
   config = pretrain.get_config("dataset=fashion_mnist,runlocal")
   config.evals.fewshot_animal_mnist.every_steps = 0  # at the end only
@@ -73,7 +73,7 @@ def test_stages_run_a_few_steps(tmp_path):
   assert "pre_logits" not in params
 
 
-def test_linear_probe_stage_runs(tmp_path, monkeypatch):
+def test_linear_probe_stage_runs(tmp_path, monkeypatch, trainer_on_one_device):
   """The probe's accuracies are those of scikit-learn's fits on the same features."""
   config = small_config(total_steps=2, every_steps=2)
   train.run(config, str(tmp_path / "pretrain"))
@@ -220,7 +220,7 @@ def test_training_learns_fashion_mnist(tmp_path):
   assert metrics["loss"] < 1.2
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, trainer_on_one_device):
   config = small_config(total_steps=6, every_steps=1)
   config.log_every_steps = 100  # the check before each checkpoint must catch it on its own
   config.schedule.name = "constant"

@@ -179,6 +179,42 @@ def test_committed_steps_ignore_half_written_ones(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_small_replicated_arrays_are_saved_without_a_slice_per_replica(tmp_path, monkeypatch):
+  """Orbax spreads the saving of an array replicated over 8 devices by cutting it into one
+  slice per replica on the devices (a compiled program per shape, slice and device). Below
+  train_state.MIN_REPLICA_SLICE_BYTES per slice an array is written whole by one replica; a
+  larger one is still cut. Both restore exactly."""
+  sliced = []
+  slice_in_dim = jax.lax.slice_in_dim
+
+  def spy(operand, *args, **kwargs):
+    sliced.append(operand.shape)
+    return slice_in_dim(operand, *args, **kwargs)
+
+  monkeypatch.setattr(jax.lax, "slice_in_dim", spy)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("data",))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  # 8 rows: one per replica. Small: 4 KiB per slice; big: just over the bound per slice.
+  big_columns = train_state.MIN_REPLICA_SLICE_BYTES // 4 + 27
+  values = {
+    "small": np.arange(8 * 1013, dtype=np.float32).reshape(8, 1013),
+    "big": np.arange(8 * big_columns, dtype=np.float32).reshape(8, big_columns),
+  }
+  state = {name: jax.device_put(x, replicated) for name, x in values.items()}
+  checkpointer = train_state.Checkpointer(str(tmp_path), 1, 1, asynchronous=False)
+  checkpointer.save(1, state, {"position": 0}, force=True)
+  checkpointer.wait()
+  assert sliced and set(sliced) == {(8, big_columns)}, sliced
+  abstract = {
+    name: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated) for name, x in values.items()
+  }
+  restored, data_state = checkpointer.restore(1, abstract)
+  checkpointer.close()
+  assert data_state == {"position": 0}
+  for name, x in values.items():
+    np.testing.assert_array_equal(np.asarray(restored[name]), x, err_msg=name)
+
+
 def test_tensor_parallel_mesh_keeps_attention_in_xla():
   """cuDNN's fused attention cannot be split along heads: on a mesh with a 'model' axis the
   trainer builds the model with attention_kernel='xla'; otherwise the config's choice stands."""
