@@ -46,7 +46,9 @@ def _zero_head(shapes):
 
 def _logits(model, params, images):
   """The model's logits, compiled as one program (op by op, B/16 compiles dozens)."""
-  return np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(params, images))
+  return np.asarray(
+    jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(params, images)
+  )
 
 
 def _images(shape, seed=1):
