@@ -18,6 +18,7 @@ This file must not import TensorFlow (`.npz` paths with a scheme go through vit_
 """
 
 import errno
+import functools
 import os
 import re
 import shutil
@@ -242,9 +243,11 @@ class Checkpointer:
     self._manager.close()
 
 
+@functools.cache
 def _register_array_handler() -> None:
-  """Orbax's handler of jax.Array with MIN_REPLICA_SLICE_BYTES (its registry is per process:
-  every Orbax save of this process then uses it; the files written are the same)."""
+  """Orbax's handler of jax.Array with MIN_REPLICA_SLICE_BYTES, once per process (its registry
+  is per process: every Orbax save of this process then uses it; the files written are the
+  same)."""
   from orbax.checkpoint._src.metadata import array_metadata_store  # as Orbax's default has
 
   ocp.type_handlers.register_type_handler(
