@@ -231,3 +231,29 @@ def test_batch_size_must_split_over_hosts(tmp_path):
     input_pipeline.make_train_iterator(
       config, global_batch_size=5, process_index=0, process_count=2
     )
+
+
+def test_close_returns_before_the_iterator_is_released_and_the_exit_waits_for_it():
+  """Freeing a tf.data iterator can block for seconds (its autotuning thread); closing the
+  prefetcher hands that to a thread of its own, and `wait_for_releases` (run at exit) waits for
+  it. A generator whose cleanup blocks until told stands in for the iterator."""
+  import threading
+
+  from vit_jax.input_pipeline import pipeline
+
+  proceed, released = threading.Event(), threading.Event()
+
+  def items():
+    try:
+      yield from range(100)
+    finally:
+      proceed.wait(timeout=10)
+      released.set()
+
+  prefetcher = pipeline._Prefetcher(items(), size=2)
+  assert [prefetcher.get() for _ in range(3)] == [0, 1, 2]
+  prefetcher.close()  # would block until `proceed` if it freed the iterator itself
+  assert not released.is_set()
+  proceed.set()
+  pipeline.wait_for_releases()
+  assert released.is_set()
