@@ -113,14 +113,17 @@ def sigkill_config():
 def test_mpp_run_resumes_exactly_after_sigkill(tmp_path):
   """Masked patch prediction on data x fsdp x model, SIGKILLed while the asynchronous save of
   step 4 is written (the default run's kill during a save; tests/test_topology_invariance.py
-  kills between steps), resumes bitwise. (Fine-tuning from an MPP run, which drops its
-  parameters: tests/test_experiments_start.py's mpp_study run.)"""
+  kills between steps), then killed again at the 3rd batch of its resumed run (repeated kills:
+  the second resumes from whatever the first left committed), resumes bitwise. (Fine-tuning
+  from an MPP run, which drops its parameters: tests/test_experiments_start.py's mpp_study
+  run.)"""
   config = sigkill_config()
   metrics = train.run(config, str(tmp_path / "reference"))
   # The last log window: steps 7 and 8 (logged every 2) of 16 images each.
   assert metrics["examples"] == 2 * config.batch_size == 32 and np.isfinite(metrics["loss"])
   run_child("save", 4, tmp_path / "killed", config_fn="test_mpp:sigkill_config")
-  resumed = train.run(config, str(tmp_path / "killed"))  # resumes at step 4 and finishes
+  run_child("batch", 3, tmp_path / "killed", config_fn="test_mpp:sigkill_config")
+  resumed = train.run(config, str(tmp_path / "killed"))  # resumes and finishes
   # Same parameters and batches after the resume: the same loss and MPP accuracy, bit for bit.
   assert {k: resumed[k] for k in ("examples", "loss", "accuracy")} == {
     k: metrics[k] for k in ("examples", "loss", "accuracy")
