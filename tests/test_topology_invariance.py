@@ -103,11 +103,13 @@ def test_the_trajectory_does_not_depend_on_the_topology(variant, tmp_path):
 def _train_every_layout(variant, root):
   """Each layout's final parameters and the float64 run's, by name."""
   devices = jax.devices()[:4]
-  # On as few devices as the preset's mesh takes (MPP's fsdp=2: two): in float64 the mesh moves
-  # the result by rounding alone (measured, supervised: 5.5e-11 between 4 devices and 1, against
-  # float32's 1e-5), and fewer devices cost less.
-  devices64 = 1 if variant == "supervised" else 2
-  float64_reference.run(f"invariance_config:{variant}", root / "float64", devices=devices64)
+  # On as few devices as the config's mesh takes (its fixed axes; `data` takes the rest): in
+  # float64 the mesh moves the result by rounding alone (measured, supervised: 5.5e-11 between 4
+  # devices and 1, against float32's 1e-5), and fewer devices cost less.
+  mesh = invariance_config.get_config(variant).mesh
+  float64_reference.run(
+    f"invariance_config:{variant}", root / "float64", devices=mesh.fsdp * mesh.model
+  )
   one = invariance_config.get_config(variant)
   if variant == "supervised":
     one.mesh.update(_mesh(variant, "two"))  # layout (2)'s mesh: its uninterrupted run

@@ -229,10 +229,10 @@ _releases_lock = threading.Lock()
 def _release(items: Iterator[Any]) -> None:
   """Closes the generator `items` (freeing its tf.data iterator) on a thread of its own."""
   thread = threading.Thread(target=items.close, name="tf.data iterator release", daemon=True)
-  with _releases_lock:
+  with _releases_lock:  # started under the lock: the pruning never drops an unstarted thread
     _releases[:] = [t for t in _releases if t.is_alive()]
+    thread.start()
     _releases.append(thread)
-  thread.start()
 
 
 @atexit.register
