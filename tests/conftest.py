@@ -5,9 +5,16 @@ The device count is forced whatever XLA_FLAGS the environment already holds (a u
 are kept, a device count of theirs is replaced): the mesh tests need eight devices.
 """
 
+import gc
 import os
 
 import xla_env  # tests/
+
+# Collection imports every test module, and with them TensorFlow, JAX and the rest: without the
+# cyclic garbage collector walking the growing heap over and over (pytest_collection_finish
+# turns it back on and freezes what the imports made; vit_jax.runtime.startup does the same for
+# a command's stage). Measured on 2 cores: `pytest --collect-only` 11.6-12.5 → 5.5-6.8 CPU-s.
+gc.disable()
 
 # Must happen before jax is imported anywhere in the test process: eight devices, and the
 # suite's compiler settings (tests/xla_env.py), which child processes inherit.
@@ -42,6 +49,11 @@ os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(os.environ["VIT_JAX_TEST_RUN_DIR"], "jax_cache")
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def pytest_collection_finish(session):
+  gc.enable()
+  gc.freeze()
 
 
 def pytest_unconfigure(config):

@@ -17,18 +17,15 @@ STAGES = ("pretrain", "finetune", "segment", "linear_probe")
 
 def run(config, workdir: str) -> dict[str, Any]:
   """Runs the stage `config.stage` holding the workdir's lock; returns its final metrics."""
+  from vit_jax.runtime import startup
   from vit_jax.runtime import workdir as workdir_lib
 
   if config.stage not in STAGES:
     raise ValueError(f"config.stage={config.stage!r}; expected one of {STAGES}")
   with workdir_lib.lock(workdir):
-    if config.stage == "linear_probe":
-      from vit_jax import linear_probe
-
-      return linear_probe.run(config, workdir)
-    from vit_jax import train
-
-    return train.run(config, workdir)
+    # TensorFlow and the rest, imported without the garbage collector (vit_jax.runtime.startup).
+    module = "linear_probe" if config.stage == "linear_probe" else "train"
+    return startup.import_module(f"vit_jax.{module}").run(config, workdir)
 
 
 def run_and_record(config, workdir: str) -> dict[str, Any]:
