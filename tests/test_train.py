@@ -237,7 +237,9 @@ _CHILD = textwrap.dedent(
   """
   import importlib, os, signal, sys
   sys.path[:0] = [{repo!r}, {tests!r}]
-  from vit_jax import input_pipeline, train
+  from vit_jax.runtime import startup
+  train = startup.import_module("vit_jax.train")  # as a command imports it
+  from vit_jax import input_pipeline
   from vit_jax.checkpoint import train_state
   module, factory = {config_fn!r}.split(":")
   config = getattr(importlib.import_module(module), factory)()
