@@ -41,9 +41,9 @@ PRETRAIN = [
   f"--config.dataset.data_dir={SHARDS}",
   "--config.total_steps=2",  # one save: a save into gs:// takes seconds here
   "--config.checkpoint.every_steps=2",
-  "--config.evals.val.every_steps=0",  # evaluators at the end only
-  "--config.evals.fewshot_animal_mnist.every_steps=0",
-  "--config.evals.fewshot_mnist_5k.every_steps=0",
+  "--config.evals.val.every_steps=0",  # the classification evaluator (gs:// test split) at the end
+  "--config.evals.fewshot_animal_mnist.every_steps=-1",  # no few-shot (local data; 2 CPU-s)
+  "--config.evals.fewshot_mnist_5k.every_steps=-1",
 ]
 
 
