@@ -252,6 +252,12 @@ def _start(impl: str, args):
   print(f"  jax {jax.__version__} on {device.device_kind} ({device.platform})", flush=True)
   xla_flags = os.environ.get("XLA_FLAGS", "")
   print(f"  vit_jax {os.path.realpath(vit_jax.__file__)}; XLA_FLAGS={xla_flags!r}", flush=True)
+  try:  # a baseline's vit_jax may predate xla_cpu_memory
+    from vit_jax.kernels import xla_cpu_memory
+  except ImportError:
+    pass
+  else:
+    print(f"  malloc: {xla_cpu_memory.status}", flush=True)
   return device.platform, device
 
 
