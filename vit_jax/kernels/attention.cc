@@ -27,28 +27,49 @@ using vit_jax::ParallelFor;
 
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// Rows of C a tile keeps in registers: R x 16 accumulators, R independent FMA chains per step
+// of the K loop. AVX-512 holds 16 floats in one register and retires two FMAs a cycle with a
+// latency of four, so 4 rows of floats left half its FMA throughput unused: 8 there. With AVX2,
+// 4 rows of 16 floats are already 8 registers (16 doubles: 16 registers), so 4 elsewhere.
+template <typename T>
+constexpr int TileRows() {
+#if defined(__AVX512F__)
+  return sizeof(T) == 4 ? 8 : 4;
+#else
+  return 4;
+#endif
+}
+
+// The R x 16 tile of C at (i, j): C[i:i+R, j:j+16] = A[i:i+R, :] B[:, j:j+16].
+template <int R, bool kTransA, typename T>
+inline void GemmTile(int64_t i, int64_t j, int64_t k, const T* a, int64_t lda, const T* b,
+                     int64_t ldb, float* c, int64_t ldc) {
+  T acc[R][16] = {};
+  for (int64_t p = 0; p < k; ++p) {
+    const T* bp = b + p * ldb + j;
+    for (int ii = 0; ii < R; ++ii) {
+      const T ai = kTransA ? a[p * lda + i + ii] : a[(i + ii) * lda + p];
+#pragma omp simd
+      for (int jj = 0; jj < 16; ++jj) acc[ii][jj] += ai * bp[jj];
+    }
+  }
+  for (int ii = 0; ii < R; ++ii)
+    for (int jj = 0; jj < 16; ++jj) c[(i + ii) * ldc + j + jj] = static_cast<float>(acc[ii][jj]);
+}
+
 // C[M, N] = A[M, K] B[K, N] (kTransA: A is stored as [K, M]), row-major with leading
-// dimensions; M % 4 == 0, N % 16 == 0. A 4 x 16 tile of C stays in registers over the K loop.
-// T is float, or double for the logits q k^T: their float sums lose most of their digits to
-// cancellation when the logits are large (the softmax gradient was then 17x further from
-// float64 than a float64 sum rounded once to float).
+// dimensions; M % 4 == 0, N % 16 == 0. Each element of C is one sum over K in order, whatever
+// the tile size. T is float, or double for the logits q k^T: their float sums lose most of their
+// digits to cancellation when the logits are large (the softmax gradient was then 17x further
+// from float64 than a float64 sum rounded once to float).
 template <bool kTransA, typename T = float>
 void Gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
           float* c, int64_t ldc) {
+  constexpr int R = TileRows<T>();
   for (int64_t j = 0; j < n; j += 16) {
-    for (int64_t i = 0; i < m; i += 4) {
-      T acc[4][16] = {};
-      for (int64_t p = 0; p < k; ++p) {
-        const T* bp = b + p * ldb + j;
-        for (int ii = 0; ii < 4; ++ii) {
-          const T ai = kTransA ? a[p * lda + i + ii] : a[(i + ii) * lda + p];
-#pragma omp simd
-          for (int jj = 0; jj < 16; ++jj) acc[ii][jj] += ai * bp[jj];
-        }
-      }
-      for (int ii = 0; ii < 4; ++ii)
-        for (int jj = 0; jj < 16; ++jj) c[(i + ii) * ldc + j + jj] = static_cast<float>(acc[ii][jj]);
-    }
+    int64_t i = 0;
+    for (; i + R <= m; i += R) GemmTile<R, kTransA>(i, j, k, a, lda, b, ldb, c, ldc);
+    for (; i < m; i += 4) GemmTile<4, kTransA>(i, j, k, a, lda, b, ldb, c, ldc);
   }
 }
 
@@ -100,9 +121,26 @@ inline __m256 Exp8(__m256 x) {
 }
 #endif
 
-void SoftmaxRow(float* row, int64_t t) {
+// The row's maximum: eight lanes at a time with AVX2 (one scalar chain of maxss, four cycles an
+// element, was most of the forward pass's time outside its matmuls).
+float RowMax(const float* row, int64_t t) {
   float mx = row[0];
-  for (int64_t j = 1; j < t; ++j) mx = std::max(mx, row[j]);
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (t >= 8) {
+    __m256 m8 = _mm256_loadu_ps(row);
+    for (j = 8; j + 8 <= t; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(row + j));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m8);
+    for (float l : lanes) mx = std::max(mx, l);
+  }
+#endif
+  for (; j < t; ++j) mx = std::max(mx, row[j]);
+  return mx;
+}
+
+void SoftmaxRow(float* row, int64_t t) {
+  const float mx = RowMax(row, t);
   float sum = 0.f;
   int64_t j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -139,22 +177,27 @@ struct Shape {
   int64_t out(int64_t bi, int64_t i, int64_t hi) const { return ((bi * t + i) * h + hi) * d; }
 };
 
-// rows [t, d] with row stride `stride`, times `scale`, into dst [rows_p, cols_p] (zero padding).
+// rows [t, d] with row stride `stride`, times `scale`, into dst [rows_p, cols_p] (zero padding;
+// only the padding is zeroed, the rest is written once).
 template <typename T = float>
 void Pack(const float* src, int64_t stride, int64_t t, int64_t d, float scale, T* dst,
           int64_t rows_p, int64_t cols_p) {
-  std::fill(dst, dst + rows_p * cols_p, T(0));
-  for (int64_t i = 0; i < t; ++i)
-    for (int64_t x = 0; x < d; ++x) dst[i * cols_p + x] = src[i * stride + x] * scale;
+  for (int64_t i = 0; i < t; ++i) {
+    T* row = dst + i * cols_p;
+    for (int64_t x = 0; x < d; ++x) row[x] = src[i * stride + x] * scale;
+    std::fill(row + d, row + cols_p, T(0));
+  }
+  std::fill(dst + t * cols_p, dst + rows_p * cols_p, T(0));
 }
 
 // The transpose: dst[x, i] = src[i, x] for i < t, x < d; dst is [rows_p >= d, cols_p >= t].
 template <typename T = float>
 void PackTransposed(const float* src, int64_t stride, int64_t t, int64_t d, float scale,
                     T* dst, int64_t rows_p, int64_t cols_p) {
-  std::fill(dst, dst + rows_p * cols_p, T(0));
   for (int64_t i = 0; i < t; ++i)
     for (int64_t x = 0; x < d; ++x) dst[x * cols_p + i] = src[i * stride + x] * scale;
+  for (int64_t x = 0; x < d; ++x) std::fill(dst + x * cols_p + t, dst + (x + 1) * cols_p, T(0));
+  std::fill(dst + d * cols_p, dst + rows_p * cols_p, T(0));
 }
 
 ffi::Future Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::ResultBuffer<ffi::F32> out,
