@@ -51,7 +51,9 @@ def test_every_config_file_and_the_license_ship_in_the_wheel(wheel):
     f for f in os.listdir(os.path.join(REPO, "vit_jax", "kernels")) if f.endswith((".cc", ".h"))
   )
   assert kernels and {f"vit_jax/kernels/{f}" for f in kernels} <= names
-  (license_file,) = [n for n in names if n.endswith(".dist-info/LICENSE")]
+  # setuptools < 77 writes <dist-info>/LICENSE, later ones <dist-info>/licenses/LICENSE (the
+  # timm extra's torch brings setuptools 84).
+  (license_file,) = [n for n in names if n.endswith((".dist-info/LICENSE", "licenses/LICENSE"))]
   assert "Apache License" in zipfile.ZipFile(wheel).read(license_file).decode()
 
 
