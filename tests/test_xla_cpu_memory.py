@@ -44,7 +44,11 @@ PROGRAM = textwrap.dedent(
   }))
   """
 )
-TEMP_PAGES = 64 * 2**20 // os.sysconf("SC_PAGE_SIZE")
+# Faults of a call that maps its 64 MiB afresh: 16,384 with 4 KiB pages, 32 with 2 MiB
+# transparent huge pages (where /sys/kernel/mm/transparent_hugepage/enabled says `always`).
+FRESH = 16
+# ...and of a call that reuses the block of the call before (measured 0-2).
+REUSED = 8
 
 
 def _run(env_extra):
@@ -62,13 +66,13 @@ def test_a_freed_step_buffer_is_reused_instead_of_faulted_in_again():
   assert glibc["status"] == f"glibc's defaults ({xla_cpu_memory.OPT_OUT} is set)"
   assert glibc["temp_bytes"] >= 64 * 2**20
   # glibc's defaults: a fresh mapping every call, each page faulted in again.
-  assert min(glibc["faults"]) >= 0.9 * TEMP_PAGES, glibc["faults"]
+  assert min(glibc["faults"]) >= FRESH, glibc["faults"]
   kept = _run({})
   assert kept["status"] == "one heap, kept mapped"
   # vit_jax's: the buffer of the call before is reused. Now and then the heap still grows by a
-  # block (a small allocation took part of the freed one): measured 11 such calls in 320, at
-  # most 2 in a run of 20.
-  reused = [f for f in kept["faults"] if f < 0.1 * TEMP_PAGES]
+  # block (a small allocation took part of the freed one): measured 19 such calls in 520, at
+  # most 3 in a run of 20.
+  reused = [f for f in kept["faults"] if f <= REUSED]
   assert len(reused) >= 14, kept["faults"]
 
 
