@@ -11,7 +11,7 @@ page faults and ~0.5 CPU-s of kernel time per Ti/16 step on 2 cores, 15% of the 
 reused by the next step without a fault. The costs: the process's resident memory stays at its
 peak (memory freed is kept for reuse, not given back to the system; ViT-Ti/16's train step at
 batch 32: 2.9 instead of 1.9 GB between steps), and all threads share one arena's lock (the
-demo's trainer on 2 cores: ~15 ms a step more around the step, against ~45 ms less in it).
+demo's trainer on 2 cores: ~15 ms a step more around the step, against 37-54 ms less in it).
 Figures: docs/benchmarks.md.
 
 It only takes effect if no thread but the main one has allocated yet (glibc fixes the number of
