@@ -12,7 +12,8 @@ Each runs from the repository root as `python -m experiments.<name> [--help]`:
 
 What several of them share is in `common` (the demo's model and budgets, running
 `python -m vit_jax.main` stages, a train step; the raw-pixel baselines live in vit_jax.baselines);
-an experiment imports only `experiments.common` and vit_jax, never another experiment. Each
+an experiment imports only `experiments.common` and vit_jax, never another experiment
+(`benchmark_report`, the printed report of `benchmark_model`, is that benchmark's own part). Each
 writes its results (results.json, tables, figures) to experiments/results/<name>/ unless told
 otherwise (--out; pod_plan: --out_dir), a --quick run to <workdir>/results/ so that tiny budgets
 never replace a kept result; the workdirs of its training stages, with their checkpoints, go to

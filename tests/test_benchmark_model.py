@@ -11,7 +11,7 @@ import sys
 import jax
 import pytest
 
-from experiments import benchmark_model
+from experiments import benchmark_model, benchmark_report
 from vit_jax.cost import devices
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,11 +23,11 @@ def test_paired_ratio_follows_the_rounds_not_the_drift():
   # medians mixes rounds from different machine states.
   jax_times = [1.0, 1.0, 3.0]
   timm_times = [1.2, 3.3, 3.6]
-  assert benchmark_model.ratio(timm_times, jax_times, paired=True) == pytest.approx(1.2)
-  assert benchmark_model.ratio(timm_times, jax_times, paired=False) == pytest.approx(3.3)
-  q1, q3 = benchmark_model.ratio_quartiles(timm_times, jax_times)
+  assert benchmark_report.ratio(timm_times, jax_times, paired=True) == pytest.approx(1.2)
+  assert benchmark_report.ratio(timm_times, jax_times, paired=False) == pytest.approx(3.3)
+  q1, q3 = benchmark_report.ratio_quartiles(timm_times, jax_times)
   assert q1 == pytest.approx(1.2) and q3 == pytest.approx(3.3)
-  assert benchmark_model.ratio_quartiles([1.0], [1.0]) is None
+  assert benchmark_report.ratio_quartiles([1.0], [1.0]) is None
 
 
 # Two logical CPUs of an AVX-512 server as Linux lists them (flags shortened).
