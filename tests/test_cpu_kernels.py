@@ -2,7 +2,8 @@
 
 Correctness is measured against float64 computations of the same functions, never against
 another float32 implementation at a tolerance tighter than float32's own error: a kernel must be
-within `_SLACK` times the error of the XLA path (plus `_FLOOR`, a few float32 roundings). The
+within `_SLACK` times the error of the XLA path, or of float64 attention from float32-rounded
+logits where XLA does better than that (plus `_FLOOR`, a few float32 roundings). The
 kernels are checked as built for this machine (`-march=native`) and, on x86-64, for two baseline
 targets, so that an AVX-512 machine also tests the AVX2 code that an AVX2 machine runs, and the
 scalar code of a machine without AVX2. What XLA computes depends on the CPU as well (it picks
@@ -58,11 +59,16 @@ def _error(x, reference):
   return np.abs(x - reference).max() / np.abs(reference).max()
 
 
-def _assert_as_accurate(name, got, xla, reference):
+def _assert_as_accurate(name, got, xla, reference, floor=None):
+  """`got` within _SLACK of the XLA path's error against float64, or, where `floor` (float64
+  computed from float32-rounded logits) is given and XLA does better than float32 logits allow
+  (its fusions keep more precision on some CPUs, not on others), within _SLACK of that floor."""
   got_error, xla_error = _error(got, reference), _error(xla, reference)
+  floor_error = 0.0 if floor is None else _error(floor, reference)
   assert np.isfinite(np.asarray(got)).all(), name
-  assert got_error <= _SLACK * xla_error + _FLOOR, (
-    f"{name}: error vs float64 {got_error:.3g}, the XLA path's {xla_error:.3g}"
+  assert got_error <= _SLACK * max(xla_error, floor_error) + _FLOOR, (
+    f"{name}: error vs float64 {got_error:.3g}, the XLA path's {xla_error:.3g}, float32 "
+    f"logits' floor {floor_error:.3g}"
   )
 
 
@@ -114,12 +120,13 @@ def test_attention_is_as_accurate_as_xla(kernels, batch, tokens, heads, head_dim
   xla_out, xla_vjp = jax.jit(lambda x: jax.vjp(_xla_attention, x))(qkv)
   want_out, want_grad = _attention64(qkv, d_out)
   assert out.shape == want_out.shape and out.dtype == jnp.float32
-  _assert_as_accurate("forward", out, xla_out, want_out)
-  _assert_as_accurate("gradient", vjp(d_out)[0], xla_vjp(d_out)[0], want_grad)
   # XLA's own error depends on the CPU (on AVX2 hardware its gradient was 17x closer to float64
-  # than on AVX-512 in the last case), so the kernel is also held to a bound that does not:
-  # within _LOGITS_SLACK of the float32-logits floor.
+  # than on AVX-512 in the last case, and 5x closer than float32 logits allow on an AVX2 EPYC),
+  # so the kernel is held to XLA's error or the float32-logits floor, whichever is larger, and
+  # to a bound that does not depend on the CPU: within _LOGITS_SLACK of that floor.
   floor_out, floor_grad = _attention64(qkv, d_out, round_logits=True)
+  _assert_as_accurate("forward", out, xla_out, want_out, floor_out)
+  _assert_as_accurate("gradient", vjp(d_out)[0], xla_vjp(d_out)[0], want_grad, floor_grad)
   for name, got, floor, want in (
     ("forward", out, floor_out, want_out),
     ("gradient", vjp(d_out)[0], floor_grad, want_grad),
