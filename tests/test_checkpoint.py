@@ -399,9 +399,10 @@ def test_l16_file_into_b16_names_the_first_mismatch(tmp_path):
   with pytest.raises(ValueError) as e:
     checkpoint.load_pretrained(tmp_path / "l16.npz", b16, models.get_model_config("B/16"))
   message = str(e.value)
-  assert (
-    "first shape mismatch at 'embedding/kernel': checkpoint (16, 16, 3, 1024) vs model "
-    "(16, 16, 3, 768)" in message
+  # The first line (the one a command prints) carries the reason.
+  assert message.splitlines()[0].endswith(
+    "does not fit the model: first shape mismatch at 'embedding/kernel': checkpoint "
+    "(16, 16, 3, 1024) vs model (16, 16, 3, 768)"
   )
   assert "missing from the checkpoint: Transformer/encoderblock_1/" in message
 

@@ -71,3 +71,16 @@ def test_nothing_reaches_the_terminal_after_the_last_line(tmp_path, how):
   log = next((tmp_path / "logs").glob("*.log")).read_text()
   assert "exception was never retrieved" in log and "RESOURCE_EXHAUSTED" in log, log
   assert "an error after the end" in log, log
+
+
+def test_an_errors_line_carries_its_reason():
+  """A message whose first line only introduces the next (it ends in a colon) is printed with
+  the next line, never as a line ending in a colon."""
+  from vit_jax.runtime import console
+
+  error = ValueError("checkpoint x does not fit the model:\n\n  first shape mismatch at 'a'\n  b")
+  assert console.error_line(error, "vit_jax") == (
+    "vit_jax: error: ValueError: checkpoint x does not fit the model: first shape mismatch at 'a'"
+  )
+  assert console.error_line(ValueError("one line\nmore"), "t") == "t: error: ValueError: one line"
+  assert console.error_line(ValueError(""), "t") == "t: error: ValueError: "

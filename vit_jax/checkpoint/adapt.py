@@ -277,10 +277,16 @@ def _check_fit(restored, expected, path) -> None:
   ]
   if not (missing or unexpected or mismatched):
     return
-  lines = [f"checkpoint {os.fspath(path)} does not fit the model:"]
+  # The first line carries the reason: it is the one a command prints.
   if mismatched:
     key, got, want = mismatched[0]
-    lines.append(f"  first shape mismatch at {key!r}: checkpoint {got} vs model {want}")
+    reason = f"first shape mismatch at {key!r}: checkpoint {got} vs model {want}"
+  elif missing:
+    reason = f"{missing[0]!r} is missing from the checkpoint"
+  else:
+    reason = f"{unexpected[0]!r} is in the checkpoint but not in the model"
+  lines = [f"checkpoint {os.fspath(path)} does not fit the model: {reason}"]
+  if mismatched:
     if len(mismatched) > 1:
       lines.append(
         f"  {len(mismatched) - 1} more shape mismatches: {_listing(k for k, *_ in mismatched[1:])}"

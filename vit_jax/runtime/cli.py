@@ -88,7 +88,9 @@ def _flag_error(error: BaseException) -> tuple[BaseException, str]:
   # one line, the config file's own exception where absl wraps a traceback around it.
   clean = [e for e in chain if "Traceback" not in str(e) and str(e).strip()]
   named = clean[0] if clean else chain[0]
-  return named, str(named).strip().splitlines()[0]
+  from vit_jax.runtime import console
+
+  return named, console.first_line(named)
 
 
 def _setup_console(workdir: str | None, process: int, name: str) -> str:

@@ -138,11 +138,22 @@ def fail(
   end(error_line(error, name, message, kind) + where)
 
 
+def first_line(error: BaseException) -> str:
+  """The first line of `error`'s message; where that line only introduces the next ones (it ends
+  in a colon), joined with the next non-empty line, so that the line printed carries the reason."""
+  lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+  if not lines:
+    return ""
+  if lines[0].endswith(":") and len(lines) > 1:
+    return f"{lines[0]} {lines[1]}"
+  return lines[0]
+
+
 def error_line(
   error: BaseException, name: str, message: str | None = None, kind: str | None = None
 ) -> str:
   """`<name>: error: <kind>: <message>`: `kind` by default the error's type, `message` its
   first line."""
   if message is None:
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    message = first_line(error)
   return f"{name}: error: {kind or type(error).__name__}: {message}"
