@@ -12,7 +12,8 @@ field is overridden on the command line with `--config.<field>=<value>`; the con
 (config_flags does it), so a misspelt field is an error too.
 
 `runlocal` shrinks any config (model 'testing', 16px images, batch 16, 6 steps, tiny evals) so
-2 CPU cores run it in seconds, without changing what code it exercises.
+2 CPU cores run it in seconds, without changing what code it exercises; a run given a
+`model_init` keeps that checkpoint's architecture instead of 'testing'.
 
 Used by configs/pretrain.py, configs/finetune.py and configs/linear_probe.py; the functions and
 their signatures are a stable interface between them.
@@ -178,6 +179,9 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
     stage: 'pretrain' | 'finetune' (vit_jax.main dispatches on it).
     seed: initialisation, data order and dropout; a rerun with the same seed is identical.
     model_init: '' or a checkpoint to start from (`.npz`, or an Orbax workdir / step dir).
+    model_from_init: take the architecture from `model_init` (its saved config, else its
+      parameter shapes) instead of `model`, keeping `model`'s dropout, dtype and whether it has a
+      representation layer; `runlocal` sets it, so that a shrunk run still loads a real checkpoint.
     total_steps, batch_size (global), accum_steps (micro-batches per step).
     loss: 'softmax_xent' | 'sigmoid_xent' | 'mpp' (masked patch prediction, with `config.mpp`).
     optimizer, schedule, grad_clip_norm: see vit_jax.optim.
@@ -191,6 +195,7 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
   config.stage = stage
   config.seed = 0
   config.model_init = ""
+  config.model_from_init = False
   config.total_steps = 10_000
   config.batch_size = 512
   config.accum_steps = 1
@@ -223,6 +228,9 @@ def runlocal(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if old.get("representation_size") is not None:
       new.representation_size = new.hidden_size
     config.model = new
+    if "model_from_init" in config:
+      # Given a model_init, the run keeps the checkpoint's architecture (vit_jax.train).
+      config.model_from_init = True
   if "dataset" in config:
     for key, value in _RUNLOCAL_DATASET.items():
       if key in config.dataset:

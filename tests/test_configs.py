@@ -252,3 +252,28 @@ def test_pretrain_mpp_is_the_papers_recipe():
     _get("pretrain_mpp", "dataset=jft,model=R50+B/16")
   with pytest.raises(ValueError, match="target='rgb'"):
     _get("pretrain_mpp", "target=rgb")
+
+
+def test_runlocal_keeps_the_architecture_of_model_init(tmp_path):
+  """A runlocal fine-tune from a real checkpoint runs on that checkpoint's architecture (the
+  'testing' ViT would not fit it), with the stage's own dropout and head."""
+  import jax
+  import jax.numpy as jnp
+
+  from vit_jax import checkpoint, train
+
+  demo = models.get_model_config("demo")
+  model = models.get_model(demo, num_classes=10)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)["params"]
+  checkpoint.save(params, tmp_path / "demo.npz")
+  config = _get("finetune", "dataset=animal_mnist,runlocal")
+  assert config.model.name == "ViT-testing" and config.model_from_init
+  config.model_init = str(tmp_path / "demo.npz")
+  config.model.dropout_rate = 0.25
+  got = train._with_init_architecture(config)
+  for key in ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers", "classifier"):
+    assert got.model[key] == demo[key], key
+  assert got.model.dropout_rate == 0.25
+  assert got.model.representation_size is None  # fine-tuning drops the representation layer
+  assert config.model.name == "ViT-testing"  # the caller's config is left as it was
+  assert not _get("finetune", "dataset=animal_mnist").model_from_init

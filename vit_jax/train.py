@@ -41,6 +41,7 @@ A run restarted after its last step runs its evaluators on the final state and r
 metrics (what vit_jax.main records).
 """
 
+import copy
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -229,6 +230,28 @@ def _load_init_params(config, abstract_params, head, param_shardings) -> Any:
   return _to_global(params, param_shardings)
 
 
+# What `model_from_init` keeps of the stage's own model config (the rest is the checkpoint's).
+_STAGE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "head_bias_init")
+
+
+def _with_init_architecture(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `config` whose model is the architecture of `config.model_init` (its saved
+  config, else its parameter shapes), with the stage's dropout, dtype, head initialisation and
+  choice of a representation layer."""
+  stage_model = config.model
+  model_config, _, _ = checkpoint.load_backbone(str(config.model_init))
+  for key in _STAGE_MODEL_FIELDS:
+    if key in stage_model:
+      model_config[key] = stage_model[key]
+  if stage_model.get("representation_size") is None:
+    model_config.representation_size = None
+  new = copy.deepcopy(config)
+  with new.unlocked():
+    new.model = model_config
+  logging.info("model_from_init: the architecture of %s: %s", config.model_init, model_config)
+  return new
+
+
 class TrainStep(NamedTuple):
   """The train step of a config on a mesh, before any data or state value exists (see `build`)."""
 
@@ -356,6 +379,8 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       "random initialisation; set --config.model_init=<workdir or .npz>, or "
       "--config.init_from_scratch=true to do that on purpose"
     )
+  if config.get("model_from_init") and config.model_init:
+    config = _with_init_architecture(config)
   if train_state.committed_steps(workdir):
     workdir_lib.check_config(workdir, config)
   mesh = sharding.make_mesh(config.mesh, devices)
