@@ -28,12 +28,14 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import time
 
 import numpy as np
 
 from experiments import common
 from vit_jax import baselines
+from vit_jax.tools import make_folder
 
 NO_FLIP = "decode|resize|value_range(-1, 1)"
 
@@ -51,19 +53,12 @@ FULL = Budget(steps=1000, batch_size=128)
 QUICK = Budget(steps=20, batch_size=32)
 
 
-def write_builtin_folder(name: str, root: str) -> str:
-  """Writes builtin dataset `name`'s train and test splits as `root/<split>/<class>/<i>.png`."""
-  from PIL import Image
-
-  from vit_jax.input_pipeline import builtin
-
-  classes = builtin.load(name).class_names
-  for split in ("train", "test"):
-    images, labels = builtin.get_split(name, split)
-    for i, (image, label) in enumerate(zip(images, labels, strict=True)):
-      class_dir = os.path.join(root, split, classes[label])
-      os.makedirs(class_dir, exist_ok=True)
-      Image.fromarray(image[..., 0]).save(os.path.join(class_dir, f"{i:05d}.png"))
+def _bundled_folder(name: str, root: str) -> str:
+  """`root` holding builtin dataset `name` as a folder (vit_jax.tools.make_folder), written
+  unless an earlier run wrote both splits."""
+  if not all(os.path.isdir(os.path.join(root, split)) for split in ("train", "test")):
+    shutil.rmtree(root, ignore_errors=True)  # a run stopped while writing it
+    make_folder.write_classification(name, root)
   return root
 
 
@@ -129,9 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
   ]
   budget = QUICK if args.quick else FULL
   os.makedirs(args.workdir, exist_ok=True)
-  folder = args.folder or write_builtin_folder(
-    args.builtin, os.path.join(args.workdir, args.builtin)
-  )
+  folder = args.folder or _bundled_folder(args.builtin, os.path.join(args.workdir, args.builtin))
   total_start = time.perf_counter()
 
   # The demo's fine-tuning stage (experiments/demo.py), on the folder.

@@ -12,12 +12,13 @@ import xla_env  # tests/
 
 from experiments import folder_transfer
 from vit_jax.input_pipeline import builtin, sources
+from vit_jax.tools import make_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_digits_folder_reads_back_as_the_builtin_split(tmp_path):
-  root = folder_transfer.write_builtin_folder("digits", str(tmp_path / "digits"))
+  root = make_folder.write_classification("digits", str(tmp_path / "digits"))
   assert sources.folder_class_names(root) == list(builtin.DIGIT_CLASSES)
   for split in ("train", "test"):
     images, labels = folder_transfer.read_folder(root, split, image_size=32)

@@ -147,7 +147,7 @@ def make_synthetic(
 
 
 @functools.cache
-def _synthetic_split(name: str, split: str) -> SegmentationData:
+def synthetic_split(name: str, split: str) -> SegmentationData:
   if name not in SYNTHETIC:
     raise ValueError(f"seg_builtin dataset {name!r}; expected one of {sorted(SYNTHETIC)}")
   if split not in SPLIT_SIZES:
@@ -410,7 +410,7 @@ def load_split(config, split: str) -> SegmentationData:
   """The examples of `split` (a slice of one allowed) of a segmentation dataset config."""
   base = splits.base_split(split)
   if config.source == "seg_builtin":
-    data = _synthetic_split(config.name, base)
+    data = synthetic_split(config.name, base)
   elif config.source == "seg_folder":
     num_classes = config.num_classes or len(folder_class_names(_data_dir(config)) or []) or 256
     data = _folder_data(config.data_dir, base, int(num_classes))

@@ -1,0 +1,124 @@
+r"""Writes a bundled offline dataset as an image folder: PNG files that any command reads.
+
+  python -m vit_jax.tools.make_folder --dataset=animal_mnist --out=/tmp/animal_mnist
+  python -m vit_jax.tools.make_folder --dataset=animal_mnist_seg --split=test --max_examples=4 \
+      --out=/tmp/canvases
+
+A classification dataset (one of vit_jax.input_pipeline.builtin's) becomes
+`<out>/<split>/<class>/<index>.png`, the layout of the `folder` source and of
+`make_shards --folder`; a synthetic segmentation task (`*_seg`) becomes
+`<out>/<split>/images/<index>.png` with its class-index mask in `<out>/<split>/masks/<index>.png`
+and `<out>/classes.txt`, the layout of the `seg_folder` source. So the bundled data can stand in
+for your own folder in every command that reads one (predict, the folder source, make_shards).
+
+Nothing is overwritten: an existing `<out>/<split>` is an error.
+"""
+
+import os
+import types
+from collections.abc import Sequence
+
+import numpy as np
+from absl import flags
+
+from vit_jax.input_pipeline import builtin, segmentation
+from vit_jax.runtime import cli
+
+
+def define_flags() -> types.SimpleNamespace:
+  """The command's flags (see vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    dataset=flags.DEFINE_string(
+      "dataset",
+      None,
+      f"Bundled dataset: one of {sorted(builtin.LOADERS)}, or a synthetic segmentation task: "
+      f"{sorted(segmentation.SYNTHETIC)}.",
+      required=True,
+    ),
+    out=flags.DEFINE_string("out", None, "Folder to write.", required=True),
+    split=flags.DEFINE_list(
+      "split", None, "Splits to write (default: train and test; the segmentation tasks' val too)."
+    ),
+    max_examples=flags.DEFINE_integer(
+      "max_examples", 0, "Write this many images per split, spread evenly over it (0: all)."
+    ),
+  )
+
+
+def write_classification(
+  name: str, root: str, splits: Sequence[str] = ("train", "test"), max_examples: int = 0
+) -> str:
+  """Writes builtin dataset `name`'s `splits` as `root/<split>/<class>/<index>.png`."""
+  from PIL import Image
+
+  classes = builtin.load(name).class_names
+  for split in splits:
+    _refuse_existing(root, split)
+  for split in splits:
+    images, labels = builtin.get_split(name, split)
+    for i in _indices(len(labels), max_examples):
+      class_dir = os.path.join(root, split, classes[labels[i]])
+      os.makedirs(class_dir, exist_ok=True)
+      Image.fromarray(_grey_or_rgb(images[i])).save(os.path.join(class_dir, f"{i:05d}.png"))
+  return root
+
+
+def write_segmentation(
+  name: str, root: str, splits: Sequence[str] = ("train", "val", "test"), max_examples: int = 0
+) -> str:
+  """Writes synthetic task `name`'s `splits` as `root/<split>/{images,masks}/<index>.png` and
+  `root/classes.txt` (background first)."""
+  from PIL import Image
+
+  for split in splits:
+    _refuse_existing(root, split)
+  os.makedirs(root, exist_ok=True)
+  with open(os.path.join(root, "classes.txt"), "w") as f:
+    f.write("\n".join(segmentation.synthetic_class_names(name)) + "\n")
+  for split in splits:
+    data = segmentation.synthetic_split(name, split)
+    for kind in ("images", "masks"):
+      os.makedirs(os.path.join(root, split, kind), exist_ok=True)
+    for i in _indices(len(data.masks), max_examples):
+      file = f"{i:05d}.png"
+      Image.fromarray(_grey_or_rgb(data.images[i])).save(os.path.join(root, split, "images", file))
+      Image.fromarray(data.masks[i]).save(os.path.join(root, split, "masks", file))
+  return root
+
+
+def _indices(count: int, max_examples: int) -> np.ndarray:
+  """Every index, or `max_examples` of them spread evenly over the split (bundled splits are
+  often sorted by class)."""
+  if max_examples <= 0 or max_examples >= count:
+    return np.arange(count)
+  return np.unique(np.linspace(0, count - 1, max_examples).round().astype(int))
+
+
+def _grey_or_rgb(image: np.ndarray) -> np.ndarray:
+  """uint8 [h, w, 1] → [h, w] (PIL writes a grey PNG); [h, w, 3] as it is."""
+  return image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
+
+
+def _refuse_existing(root: str, split: str) -> None:
+  if os.path.exists(os.path.join(root, split)):
+    raise FileExistsError(f"{os.path.join(root, split)} exists; nothing was written")
+
+
+def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  name = f.dataset.value
+  if name in segmentation.SYNTHETIC:
+    splits = f.split.value or list(segmentation.SPLIT_SIZES)
+    write_segmentation(name, f.out.value, splits, f.max_examples.value)
+  elif name in builtin.LOADERS:
+    splits = f.split.value or ["train", "test"]
+    write_classification(name, f.out.value, splits, f.max_examples.value)
+  else:
+    known = sorted([*builtin.LOADERS, *segmentation.SYNTHETIC])
+    raise ValueError(f"--dataset={name}: expected one of {known}")
+  print(f"wrote {name} ({', '.join(splits)}) to {f.out.value}")
+
+
+if __name__ == "__main__":
+  cli.run(main, "make_folder", define_flags, errors=(ValueError, FileExistsError))
