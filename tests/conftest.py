@@ -97,3 +97,12 @@ def pytest_collection_modifyitems(config, items):
   idles at the end while the other finishes a test of two or three minutes."""
   long_modules = {item.module for item in items if item.get_closest_marker("long")}
   items.sort(key=lambda item: item.module not in long_modules)
+
+
+def pytest_terminal_summary(terminalreporter):
+  """The docs test's count of the commands it ran and left out (tests/test_docs.py), also when
+  a pytest -n worker ran it."""
+  for report in terminalreporter.stats.get("passed", []):
+    for name, value in getattr(report, "user_properties", ()):
+      if name == "docs_summary":
+        terminalreporter.write_line(value)
