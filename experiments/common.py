@@ -4,6 +4,7 @@
   run_stage, fmt_seconds            `python -m vit_jax.main` stages, run in this process
   train_step_fn                     a softmax cross-entropy step with one optax update
   results_dir, out_dir, write_json  where an experiment's outputs go: experiments/results/<name>/
+  write_results, provenance         results.json stamped with the commit, date and machine
   finish_report                     the --quick caveat, total wall time and table.md
 
 The demo's ViT is the model preset 'demo' (vit_jax.models), the bundled datasets' default.
@@ -70,6 +71,46 @@ def write_json(path: str, value: Any, **kwargs) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:
     json.dump(value, f, indent=2, **kwargs)
+
+
+def write_results(path: str, results: dict, **kwargs) -> None:
+  """An experiment's results.json: `results` with its `provenance` (what produced them)."""
+  write_json(path, {**results, "provenance": provenance()}, **kwargs)
+
+
+def provenance() -> dict[str, Any]:
+  """The commit (with '+dirty' for uncommitted changes), the UTC date and the machine (CPU model
+  and matmul features, cores, accelerator) of this run: what a docs figure is checked against."""
+  import datetime
+  import subprocess
+  import sys
+
+  from vit_jax.cost import devices
+
+  def git(*args):
+    try:
+      done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True)
+      return done.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+      return None
+
+  commit = git("rev-parse", "HEAD")
+  status = git("status", "--porcelain", "--untracked-files=no")
+  if commit and status:
+    commit += "+dirty"
+  accelerator = "none"
+  jax = sys.modules.get("jax")  # only where the experiment already started JAX
+  if jax is not None and jax.default_backend() != "cpu":
+    accelerator = f"{jax.device_count()} x {jax.devices()[0].device_kind}"
+  return dict(
+    commit=commit or "unknown (not a git checkout)",
+    date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    machine=dict(
+      cpu=devices.cpu_description(devices.read_cpuinfo()),
+      cores=len(os.sched_getaffinity(0)),
+      accelerator=accelerator,
+    ),
+  )
 
 
 # ---------------------------------------------------------------------------------------------

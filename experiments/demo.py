@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
   )
   out = common.out_dir(args.out, "demo", args.workdir, args.quick)
   _report(results, out)
-  common.write_json(os.path.join(out, "results.json"), results)
+  common.write_results(os.path.join(out, "results.json"), results)
   print(f"results.json, table.md and label_efficiency.png in {out}")
   return results
 

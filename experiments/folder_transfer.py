@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
     seconds=time.perf_counter() - total_start,
   )
   out = common.out_dir(args.out, "folder_transfer", args.workdir, args.quick)
-  common.write_json(os.path.join(out, "results.json"), results)
+  common.write_results(os.path.join(out, "results.json"), results)
   print(f"results.json in {out}")
   return results
 

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
   result["figures"] = {name: f"{name}.png" for name in FIGURES}
   result["checkpoint"] = args.workdir
   result["command"] = "python -m experiments.inside_vit " + " ".join(argv or sys.argv[1:])
-  common.write_json(os.path.join(args.out, "analysis.json"), result)
+  common.write_results(os.path.join(args.out, "analysis.json"), result)
 
   distance = np.asarray(result["mean_attention_distance"])
   print(f"\n{result['model']} from {args.workdir}: {result['images']['count']} images")

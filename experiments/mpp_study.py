@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
       dataset, f"train[:{n}]" if n else "train", test_split=scored_split(profile)
     )
 
-  common.write_json(os.path.join(out, "results.json"), results)
+  common.write_results(os.path.join(out, "results.json"), results)
   table = _table(results)
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(table)

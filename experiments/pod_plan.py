@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
   rows = []
   for model, topology in RUNS:
     rows.append(run_one(model, topology, args.efficiency, args.max_trials))
-    common.write_json(os.path.join(args.out_dir, "results.json"), rows, default=str)
+    common.write_results(os.path.join(args.out_dir, "results.json"), {"rows": rows}, default=str)
     with open(os.path.join(args.out_dir, "table.md"), "w") as f:
       f.write(table(rows))
   print(table(rows))

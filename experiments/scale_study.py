@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   out = common.out_dir(args.out, "scale_study", args.workdir, args.quick)
   start = time.perf_counter()
   results = run_study(args.workdir, profile)
-  common.write_json(os.path.join(out, "results.json"), results, sort_keys=True)
+  common.write_results(os.path.join(out, "results.json"), results, sort_keys=True)
   table = markdown_table(results)
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write(table)
