@@ -63,7 +63,7 @@ whole protocol (docs/transfer.md).
 CPU demo (Animal-MNIST at 32px, from the demo's pretrain run; minival 10%):
 
   python -m vit_jax.main --config=configs/finetune.py:dataset=animal_mnist \
-      --config.model_init=/tmp/vit_demo_pretrain --workdir=/tmp/vit_demo_finetune
+      --config.model_init=/tmp/vit_pt --workdir=/tmp/vit_ft
 
 (holdout=false: the demo's run on all of Animal-MNIST's labels; experiments/demo.py runs it on
 fewer labels too, from scratch as well, beside raw-pixel baselines on the same examples).

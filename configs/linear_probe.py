@@ -23,7 +23,7 @@ Commands:
   python -m vit_jax.main --config=configs/linear_probe.py:dataset=cifar10 \
       --config.model_init=gs://vit_models/imagenet21k/ViT-B_16.npz --workdir=/tmp/lp_c10
   python -m vit_jax.main --config=configs/linear_probe.py:dataset=mnist_5k \
-      --config.model_init=/tmp/vit_demo_pretrain --workdir=/tmp/vit_demo_probe
+      --config.model_init=/tmp/vit_pt --workdir=/tmp/vit_probe
 
 Expected: ImageNet-21k ViT-B/16 pre-logits at 224px reach about 95% on CIFAR-10 with the
 logistic probe. The CPU demo (the Fashion-MNIST-pretrained 'demo' model) reaches the

@@ -68,7 +68,7 @@ CPU demo on the offline Fashion-MNIST (the `builtin` source reads the Debian pac
 not a paper recipe: the 'demo' ViT, softmax, 32px, batch 128, 1,000 steps of its own schedule):
 
   python -m vit_jax.main --config=configs/pretrain.py:dataset=fashion_mnist \
-      --workdir=/tmp/vit_demo_pretrain
+      --workdir=/tmp/vit_pt
 
 is the pretraining stage of experiments/demo.py, which prints what it reaches beside raw-pixel
 baselines on the same splits.

@@ -1,6 +1,6 @@
 r"""Classifies image files with a trained checkpoint and prints the top-5 classes.
 
-  python -m vit_jax.predict --checkpoint=/tmp/vit_demo_finetune cat.png dog.jpg
+  python -m vit_jax.predict --checkpoint=/tmp/vit_ft cat.png dog.jpg
   python -m vit_jax.predict --checkpoint=ViT-B_16_imagenet2012.npz --class_names=names.txt x.jpg
 
 The checkpoint is a workdir (its latest step), a step directory or an `.npz`. What travels with

@@ -1,7 +1,7 @@
 r"""Converts ViT weights between vit_jax `.npz`, Orbax workdirs, timm and Hugging Face.
 
   python -m vit_jax.tools.convert --in=ViT-B_16.npz --out=/tmp/vit_b16_timm --to=timm
-  python -m vit_jax.tools.convert --in=/tmp/vit_demo_finetune --out=/tmp/demo_hf --to=hf
+  python -m vit_jax.tools.convert --in=/tmp/vit_ft --out=/tmp/demo_hf --to=hf
   python -m vit_jax.tools.convert --in=/tmp/hf_vit --out=/tmp/hf_vit_npz   # --to=npz by default
 
 `--in` is a vit_jax or big_vision `.npz`, a timm or Hugging Face `.safetensors` (or a directory
