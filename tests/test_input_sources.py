@@ -293,6 +293,52 @@ def test_make_shards_cli_folder(tmp_path):
   assert sorted(labels) == [0] * 4 + [1] * 4
 
 
+def test_make_shards_never_leaves_two_sets_and_the_reader_checks_its_listing(tmp_path):
+  """A rerun with another --num_shards into the same directory is refused (nothing written) or,
+  with --overwrite, replaces the split; a split whose files disagree with dataset_info.json
+  stops the reader with one line."""
+  out = str(tmp_path)
+  make_shards.shard_builtin("digits", "test", out, num_shards=4)
+  before = sorted(p.name for p in tmp_path.glob("digits-test.tfrecord-*"))
+  assert len(before) == 4
+  with pytest.raises(FileExistsError, match="already holds 4 shard files of split 'test'"):
+    make_shards.shard_builtin("digits", "test", out, num_shards=2)
+  assert sorted(p.name for p in tmp_path.glob("digits-test.tfrecord-*")) == before
+
+  def run(*flags):
+    argv = [sys.executable, "-m", "vit_jax.tools.make_shards", "--dataset=digits", "--split=test"]
+    return subprocess.run(
+      [*argv, f"--out_dir={out}", *flags], capture_output=True, text=True, cwd=REPO
+    )
+
+  refused = run("--num_shards=2")
+  assert refused.returncode == 1
+  assert (
+    refused.stderr.strip()
+    .splitlines()[-1]
+    .startswith(
+      f"make_shards: error: FileExistsError: {out} already holds 4 shard files of split 'test'"
+    )
+  )
+  assert run("--num_shards=2", "--overwrite").returncode == 0
+  assert sorted(p.name for p in tmp_path.glob("digits-test.tfrecord-*")) == [
+    "digits-test.tfrecord-00000-of-00002",
+    "digits-test.tfrecord-00001-of-00002",
+  ]
+  config = input_pipeline.dataset_config(
+    source="tfrecord", name="digits", data_dir=out, train_split="test", eval_split="test",
+    image_size=8, pp_eval="decode|value_range(-1, 1)",
+  )  # fmt: skip
+  labels, _ = _eval_examples(config, batch=32)
+  assert len(labels) == 179  # one set, read once
+  # A stale shard beside the listed ones (a copy from elsewhere, a crashed rewrite).
+  (tmp_path / "digits-test.tfrecord-00003-of-00004").write_bytes(b"")
+  from vit_jax.input_pipeline import sources
+
+  with pytest.raises(sources.DataMismatchError, match="1 not listed .digits-test.tfrecord-00003"):
+    _eval_examples(config, batch=32)
+
+
 def test_builtin_slices_are_shuffled_nested_and_disjoint():
   images, labels = builtin.get_split("animal_mnist", "train")  # sorted by class in the files
   head = builtin.get_split("animal_mnist", "train[:98%]")

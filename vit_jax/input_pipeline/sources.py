@@ -36,6 +36,10 @@ _TFRECORD_FRAMING_BYTES = 16  # uint64 length, uint32 length CRC, data, uint32 d
 _CHUNK = 64  # records handed from Python to tf.data per call.
 
 
+class DataMismatchError(ValueError):
+  """A split's files disagree with the dataset_info.json that describes them."""
+
+
 class MissingDataError(ValueError):
   """A split is not where the dataset config points (no files, an unprepared tfds dataset)."""
 
@@ -338,6 +342,23 @@ def tfrecord_pattern(config, split: str) -> str:
   return os.path.join(config.data_dir, config.file_pattern.format(name=config.name, split=split))
 
 
+def _check_listed(files: list[str], listed: dict[str, int], pattern: str, split: str) -> None:
+  """Stops when the files a split's pattern finds are not the shards dataset_info.json lists
+  (shards of an earlier make_shards run beside the new ones, a shard missing)."""
+  found = {os.path.basename(f) for f in files}
+  extra, missing = sorted(found - set(listed)), sorted(set(listed) - found)
+  if extra or missing:
+    parts = []
+    if extra:
+      parts.append(f"{len(extra)} not listed ({extra[0]}, ...)")
+    if missing:
+      parts.append(f"{len(missing)} listed but missing ({missing[0]}, ...)")
+    raise DataMismatchError(
+      f"split {split!r}: the files matching {pattern!r} are not the {len(listed)} shards its "
+      f"{INFO_FILENAME} lists: {'; '.join(parts)}; rewrite the split (make_shards --overwrite)"
+    )
+
+
 class TFRecordSource(Source):
   """TFRecord shards of tf.train.Example: encoded image bytes and one or more int64 labels."""
 
@@ -352,6 +373,8 @@ class TFRecordSource(Source):
     self.label_key = config.label_key or LABEL_KEY
     info = read_info_json(config.data_dir) or read_info_json(os.path.dirname(self.pattern))
     self._known_lengths = (info or {}).get("splits", {}).get(split, {}).get("shards", {})
+    if self._known_lengths:
+      _check_listed(self.files, self._known_lengths, self.pattern, split)
 
   def _host_files(self, host: int) -> list[str]:
     return self.files[host :: self.process_count] if self.by_file else self.files

@@ -76,6 +76,12 @@ def define_flags() -> types.SimpleNamespace:
     shuffle_seed=flags.DEFINE_integer(
       "shuffle_seed", 0, "Seed of the example order written to the shards."
     ),
+    overwrite=flags.DEFINE_bool(
+      "overwrite",
+      False,
+      "Replace a split's existing shards in --out_dir (without it, existing shards of a split "
+      "stop the command before anything is written).",
+    ),
   )
 
 
@@ -113,6 +119,14 @@ def write_shards(
   """
   num_shards = max(1, min(num_shards, num_examples))
   tf.io.gfile.makedirs(out_dir)
+  existing = split_files(out_dir, name, split)
+  if existing:
+    # A second set beside the first would be read with it (the split's pattern matches both).
+    raise FileExistsError(
+      f"{out_dir} already holds {len(existing)} shard files of split {split!r} "
+      f"({os.path.basename(existing[0])}, ...); pass --overwrite to replace them, or choose "
+      "another --out_dir; nothing was written"
+    )
   bounds = np.linspace(0, num_examples, num_shards + 1).astype(int)
   paths, lengths = [], {}
   examples = iter(examples)
@@ -125,6 +139,26 @@ def write_shards(
     lengths[os.path.basename(path)] = int(bounds[i + 1] - bounds[i])
   _update_info(out_dir, name, split, class_names, lengths, info or {})
   return paths
+
+
+def split_files(out_dir: str, name: str, split: str) -> list[str]:
+  """The shard files of `split` in `out_dir` (what the split's file pattern reads)."""
+  return sorted(tf.io.gfile.glob(os.path.join(out_dir, f"{name}-{split}.tfrecord-*")))
+
+
+def remove_split(out_dir: str, name: str, split: str) -> int:
+  """Deletes `split`'s shard files and its entry in dataset_info.json; returns the files removed.
+
+  The entry goes first: a reader meanwhile finds files that dataset_info.json does not list and
+  stops, rather than reading half a set."""
+  info = sources.read_info_json(out_dir)
+  if info and split in info.get("splits", {}):
+    del info["splits"][split]
+    _write_info(out_dir, info)
+  files = split_files(out_dir, name, split)
+  for path in files:
+    tf.io.gfile.remove(path)
+  return len(files)
 
 
 def _update_info(out_dir, name, split, class_names, lengths, extra):
@@ -145,6 +179,10 @@ def _update_info(out_dir, name, split, class_names, lengths, extra):
     "file_pattern": f"{name}-{split}.tfrecord-*",
     "shards": lengths,
   }
+  _write_info(out_dir, info)
+
+
+def _write_info(out_dir: str, info: dict[str, Any]) -> None:
   # Atomically: a reader (or a second writer of another split) never sees half a file.
   path = os.path.join(out_dir, sources.INFO_FILENAME)
   tmp = f"{path}.tmp-{os.getpid()}"
@@ -252,6 +290,11 @@ def main(argv, f: types.SimpleNamespace):
     raise app.UsageError(f"--dataset={f.dataset.value} is a segmentation task.")
   gcs.check_bucket(f.out_dir.value)  # before TensorFlow's makedirs: a missing bucket hangs it
   for split in f.split.value:
+    name = f.name.value or f.dataset.value or os.path.basename(os.path.normpath(f.folder.value))
+    if f.overwrite.value:
+      removed = remove_split(f.out_dir.value, name, split)
+      if removed:
+        print(f"{split}: removed its {removed} earlier shard files")
     args = (split, f.out_dir.value, f.num_shards.value, f.name.value, f.shuffle_seed.value)
     if f.dataset.value:
       write = shard_seg_builtin if task == "segmentation" else shard_builtin
