@@ -118,8 +118,18 @@ def test_synthetic_shards_and_their_train_batches_are_the_tasks(tmp_path):
 
 
 def _flags(**values):
-  names = ("dataset", "folder", "task", "split", "out_dir", "name", "num_shards", "shuffle_seed")
-  defaults = dict.fromkeys(names) | dict(num_shards=2, shuffle_seed=0)
+  names = (
+    "dataset",
+    "folder",
+    "task",
+    "split",
+    "out_dir",
+    "name",
+    "num_shards",
+    "shuffle_seed",
+    "overwrite",
+  )
+  defaults = dict.fromkeys(names) | dict(num_shards=2, shuffle_seed=0, overwrite=False)
   return types.SimpleNamespace(
     **{k: types.SimpleNamespace(value=v) for k, v in (defaults | values).items()}
   )

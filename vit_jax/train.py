@@ -379,7 +379,7 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       "random initialisation; set --config.model_init=<workdir or .npz>, or "
       "--config.init_from_scratch=true to do that on purpose"
     )
-  if config.get("model_from_init") and config.model_init:
+  if config.model_from_init and config.model_init:
     config = _with_init_architecture(config)
   if train_state.committed_steps(workdir):
     workdir_lib.check_config(workdir, config)
