@@ -241,9 +241,9 @@ def _with_init_architecture(config: ml_collections.ConfigDict) -> ml_collections
   stage_model = config.model
   model_config, _, _ = checkpoint.load_backbone(str(config.model_init))
   for key in _STAGE_MODEL_FIELDS:
-    if key in stage_model:
+    if key in stage_model and key in model_config:
       model_config[key] = stage_model[key]
-  if stage_model.get("representation_size") is None:
+  if "representation_size" in model_config and stage_model.get("representation_size") is None:
     model_config.representation_size = None
   new = copy.deepcopy(config)
   with new.unlocked():
