@@ -25,7 +25,7 @@ other page's, in its order, in a sandbox of its own that starts as a copy of the
 pages build on the README's flow: its pretraining workdir, its images). So a path a command
 reads was written by an earlier command of its page or of the README. `/tmp/` in a command is
 its sandbox's own `tmp/`, and `python` and `.venv/bin/python` are the test's
-interpreter (the package is installed in it; `configs/` resolves from any folder, and the
+interpreter (the package is installed in it; one CPU device, the suite's compiler flags; `configs/` resolves from any folder, and the
 repository is on PYTHONPATH for `-m experiments.*` and `-m tests.*`). Nothing else is rewritten.
 """
 
@@ -36,6 +36,8 @@ import re
 import subprocess
 import sys
 import time
+
+import xla_env  # tests/
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The README first: the other pages read what its flow writes.
@@ -171,7 +173,9 @@ def run(command: Command, sandbox: pathlib.Path, timeout_s: float) -> Outcome:
   """Runs `command` in `sandbox` (see the module docstring); CommandFailed with its output's
   tail when it exits non-zero or outlives `timeout_s`."""
   (sandbox / "tmp").mkdir(parents=True, exist_ok=True)
-  env = dict(os.environ)
+  # One device, as a reader's CPU has (the suite's processes simulate eight), compiled as the
+  # suite compiles (tests/xla_env.py).
+  env = xla_env.child_env(1)
   env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}"
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
   script = command.script(sandbox)

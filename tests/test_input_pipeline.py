@@ -90,6 +90,19 @@ def test_eval_batch_not_dividing_split(tmp_path):
   assert len(list(ev)) == 5  # Re-iterable.
 
 
+def test_an_eval_batch_not_dividing_the_devices_is_rounded_up(tmp_path):
+  """eval_batch_size 5 on 8 devices (a segment config's 100 on a pod host): batches of 8, the
+  padding masked, every example once."""
+  config = _id_shards(tmp_path, 23, 2)
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  ev = input_pipeline.make_eval_iterator(config, global_batch_size=5, mesh=mesh)
+  batches = list(ev)
+  assert len(batches) == 3 and {b["image"].shape[0] for b in batches} == {8}
+  masks = np.concatenate([np.asarray(b["mask"]) for b in batches])
+  labels = np.concatenate([np.asarray(b["label"]) for b in batches])
+  assert masks.sum() == 23 and sorted(labels[masks > 0].tolist()) == list(range(23))
+
+
 def test_resume_continues_exact_order(tmp_path):
   config = _id_shards(tmp_path, 20, 3)
   kw = dict(global_batch_size=6, seed=7)

@@ -53,6 +53,7 @@ the pattern or the data_dir; `check_readable` asks that of a split without readi
 """
 
 import importlib
+import math
 from typing import TYPE_CHECKING
 
 from vit_jax.input_pipeline.config import dataset_config
@@ -158,4 +159,11 @@ def make_eval_iterator(dataset_config, split: str | None = None, **kwargs) -> "E
   else:
     from vit_jax.input_pipeline.pipeline import EvalIterable
 
+  mesh = kwargs.get("mesh")
+  if mesh is not None:
+    # An evaluation batch is padded (mask 0) anyway: rounded up to a multiple of the devices it
+    # is split over, any eval_batch_size runs on any mesh (100 on 8 devices: 104).
+    axes = kwargs.get("data_axes", ("data",))
+    shards = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+    kwargs["global_batch_size"] = -(-int(kwargs["global_batch_size"]) // shards) * shards
   return EvalIterable(dataset_config, split, **kwargs)
