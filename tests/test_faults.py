@@ -7,11 +7,14 @@ and resumed runs are compared bitwise with an uninterrupted run of the same comm
 """
 
 import contextlib
+import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
+import time
 
 import fault_injection  # tests/
 import jax
@@ -229,6 +232,38 @@ def test_a_second_launch_on_a_held_workdir_refuses(env, tmp_path):
   assert code == 1, last
   assert f"WorkdirLocked: {workdir} is in use by another run: pid {os.getpid()} on " in last
   assert not (workdir / "checkpoints").exists()
+
+
+def test_a_dead_runs_lock_from_a_replaced_vm(env, tmp_path, reference):
+  """The lock left by a run that died on another machine (a preempted, replaced TPU VM): a
+  restart stops with one line while its lease runs, takes it over once the lease has expired
+  (one line naming whose and why) and continues as the uninterrupted run; --break_lock takes
+  a fresh one at once."""
+  workdir = tmp_path / "replaced"
+  workdir.mkdir()
+  lock = workdir / workdir_lib.LOCK_FILE
+  holder = {"host": "t1v-n-old-w-0", "pid": 4242, "started": "2026-12-03 09:00:00 UTC"}
+  lock.write_text(json.dumps(holder))
+  code, last = _main(env, workdir)
+  assert code == 1
+  assert f"WorkdirLocked: {workdir} is in use by another run: pid 4242 on t1v-n-old-w-0" in last
+  assert "--break_lock" in last and not (workdir / "checkpoints").exists()
+  hour_ago = time.time() - 3600
+  os.utime(lock, (hour_ago, hour_ago))
+  code, lines = _run(env, workdir)
+  assert code == 0, lines[-5:]
+  took = [line for line in lines if "took over the lock of" in line]
+  assert len(took) == 1 and "pid 4242 on t1v-n-old-w-0" in took[0], lines
+  assert re.search(r"its lease expired: not renewed for 36\d\d s \(lease 300 s\)", took[0])
+  _assert_same_params(workdir, reference)
+  assert not lock.exists()
+
+  fresh = tmp_path / "broken"
+  fresh.mkdir()
+  (fresh / workdir_lib.LOCK_FILE).write_text(json.dumps(holder))
+  code, lines = _run(env, fresh, ["--break_lock", f"--config.total_steps={TOTAL // 4}"])
+  assert code == 0, lines[-5:]
+  assert [line for line in lines if "--break_lock: removed the lock of" in line], lines
 
 
 def test_a_stale_lock_is_taken_over(tmp_path, caplog):

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import fault_injection  # tests/
 import gcs as harness  # tests/
@@ -160,6 +161,50 @@ def test_lock_create_is_atomic_on_gcs(local_gcs, monkeypatch):
       t.join()
     assert len(won) == 1, won
     assert local_gcs.download(BUCKET, f"race-{round_}/lock.json") == f'{{"pid": {won[0]}}}'.encode()
+
+
+def test_an_expired_lease_is_taken_over_once_on_gcs(local_gcs, monkeypatch):
+  """A foreign lock object whose lease (3 s) has run out: of threads taking it over at once,
+  exactly one wins (a write conditional on the generation it read), each round; a live lease
+  is refused, and renewed."""
+  from vit_jax.runtime import workdir_lock
+
+  for key, value in local_gcs.env().items():
+    monkeypatch.setenv(key, value)
+  foreign = json.dumps({"host": "t1v-n-old-w-0", "pid": 4242, "lease_s": 3})
+  for round_ in range(2):
+    workdir = f"{ROOT}/lease-{round_}"
+    local_gcs.upload(BUCKET, f"lease-{round_}/{workdir_lib.LOCK_FILE}", foreign.encode())
+    with pytest.raises(workdir_lib.WorkdirLocked, match="pid 4242 on t1v-n-old-w-0"):
+      with workdir_lib.lock(workdir):
+        pass
+    time.sleep(3.5)
+    barrier, outcomes = threading.Barrier(4), []
+
+    def take(i, workdir=workdir, barrier=barrier, outcomes=outcomes):
+      store = workdir_lock._store(workdir_lock.epath.Path(workdir) / workdir_lib.LOCK_FILE)
+      barrier.wait()
+      outcomes.append(workdir_lock._acquire(store, dict(pid=i, token=f"t{i}"), workdir, 60))
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(4)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    assert sum(o is None for o in outcomes) == 1, outcomes
+    held = json.loads(local_gcs.download(BUCKET, f"lease-{round_}/{workdir_lib.LOCK_FILE}"))
+    assert held["token"] in {f"t{i}" for i in range(4)}
+  # A live holder renews (a write conditional on its own generation): never older than its lease.
+  live = f"{ROOT}/lease-live"
+  with workdir_lib.lock(live, lease_s=4):
+    time.sleep(3.0)  # renewed every second: the object is younger than the lock
+    _, _, age = gcs.read_versioned(f"{live}/{workdir_lib.LOCK_FILE}")
+    assert age < 2.5, age
+    monkeypatch.setattr(workdir_lock.socket, "gethostname", lambda: "another-vm")
+    with pytest.raises(workdir_lib.WorkdirLocked, match="lease renewed"):
+      with workdir_lib.lock(live, lease_s=4):
+        pass
+  assert f"lease-live/{workdir_lib.LOCK_FILE}" not in local_gcs.objects(BUCKET, "lease-live")
 
 
 def test_missing_client_library_is_one_line(monkeypatch):

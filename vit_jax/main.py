@@ -15,6 +15,9 @@ Multi-host: on a multi-host TPU VM slice `jax.distributed.initialize()` runs aut
 (`--distributed=auto`); elsewhere (CPU or GPU clusters) pass `--coordinator_address=host:port
 --num_processes=N --process_id=i` on every process. Every process runs the same command.
 
+A workdir has one writer: its lock is a lease (vit_jax.runtime.workdir_lock), taken over by a
+restart once its holder has stopped renewing it; `--break_lock` removes it at once.
+
 Examples:
   python -m vit_jax.main --config=configs/pretrain.py:dataset=fashion_mnist --workdir=/tmp/pt
   python -m vit_jax.main --config=configs/finetune.py:dataset=cifar10,model=B/16 \
@@ -38,6 +41,12 @@ def define_flags() -> types.SimpleNamespace:
     verbose=flags.DEFINE_bool(
       "verbose", False, "Every log line on the terminal (default: to the log file in the workdir)."
     ),
+    break_lock=flags.DEFINE_bool(
+      "break_lock",
+      False,
+      "Remove the workdir's lock whoever holds it, then run (for a run known to be gone whose "
+      "lease has not expired yet; a live run's lock is never taken over without it).",
+    ),
   )
   flags.mark_flags_as_required(["config", "workdir"])
   return f
@@ -51,6 +60,12 @@ def main(argv, f: types.SimpleNamespace):
     from vit_jax import stages
 
     config = f.config.value
+    import jax
+
+    if f.break_lock.value and jax.process_index() == 0:
+      from vit_jax.runtime import workdir_lock
+
+      logging.warning("%s", workdir_lock.break_lock(f.workdir.value))
     logging.info("config:\n%s", config, extra={"terminal": False})
     logging.info(
       "%s: model %s on %s, %s steps, workdir %s",

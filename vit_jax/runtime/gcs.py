@@ -1,11 +1,11 @@
 """Google Cloud Storage (gs://) specifics: the client library, bucket and credentials checks
-that end a run with one line, and an object created only if it does not exist yet (the workdir
-lock's atomic step on an object store).
+that end a run with one line, and the workdir lock's atomic steps on an object store: an object
+created only if it does not exist yet, replaced only if it is still the version read.
 
 Every other gs:// read and write goes through the libraries' own GCS clients: tf.io.gfile and
 etils.epath (TensorFlow's GCS filesystem), TensorStore (Orbax's arrays). Orbax also asks
 google-cloud-storage for the bucket's layout when it opens a gs:// checkpoint directory, and the
-lock uses it here for a create with a generation precondition, which gfile cannot express.
+lock uses it here for writes with a generation precondition, which gfile cannot express.
 
 This file must not import TensorFlow.
 """
@@ -104,3 +104,39 @@ def create_exclusive(path: str | os.PathLike, text: str) -> bool:
   except exceptions.PreconditionFailed:
     return False
   return True
+
+
+def read_versioned(path: str | os.PathLike) -> tuple[str, int, float] | None:
+  """(text, generation, seconds since the object was last written, by the server's clock as
+  far as the local clock agrees with it) of the object `path`, or None if it does not exist."""
+  import datetime
+
+  from google.api_core import exceptions
+  from google.cloud import storage
+
+  require_client(path)
+  bucket, name = split(path)
+  for _ in range(3):  # a write between the two requests: read again
+    blob = storage.Client().bucket(bucket).get_blob(name)
+    if blob is None:
+      return None
+    try:
+      text = blob.download_as_text(if_generation_match=blob.generation)
+    except (exceptions.PreconditionFailed, exceptions.NotFound):
+      continue
+    age = (datetime.datetime.now(datetime.UTC) - blob.updated).total_seconds()
+    return text, int(blob.generation), max(0.0, age)
+  return None
+
+
+def replace_if(path: str | os.PathLike, text: str, generation: int) -> int | None:
+  """Writes `text` to `path` only if the object is still at `generation` (one request); the new
+  generation, or None when another writer (or a delete) came first."""
+  from google.api_core import exceptions
+
+  blob = _blob(path)
+  try:
+    blob.upload_from_string(text, content_type="application/json", if_generation_match=generation)
+  except (exceptions.PreconditionFailed, exceptions.NotFound):
+    return None
+  return int(blob.generation)

@@ -1,0 +1,389 @@
+"""The workdir lock: one writer per workdir, held as a lease that its holder renews.
+
+While a stage runs, process 0 holds `<workdir>/lock.json` (host, pid, start time, PID namespace,
+a token) and renews it every quarter of its lease (`LEASE_S`). The lock's age (on a local disk
+the file's modification time, on gs:// the object's last write) says how long ago its holder
+last showed it was alive. A second launch stops with one line naming the holder while the lease
+runs. Once the lease has expired (the holder was killed, its VM preempted and replaced, its
+machine lost without a signal) a launch anywhere takes the lock over and says whose lock it took
+and why; a holder on this host whose process is gone (same host, same PID namespace) is taken
+over at once. An empty or unreadable lock file (a kill between its create and its write) is no
+live holder once it is older than the lease. `break_lock` removes a lock by hand
+(`vit_jax.main --break_lock`).
+
+Each step is atomic where the storage allows it: the create is O_EXCL on a local disk and a
+generation precondition on gs://; a take-over replaces exactly the version it judged expired with its
+own record (on a local disk under a marker file created exclusively, on gs:// a write
+conditional on that version's generation), so of launches taking over at once one wins, and a
+holder that renewed meanwhile keeps its lock.
+On other object stores the check and the write are two requests.
+
+This file must not import TensorFlow.
+"""
+
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+from etils import epath
+
+from vit_jax.runtime import gcs
+
+LOCK_FILE = "lock.json"
+LEASE_S = 300.0  # a holder not heard of for this long is gone
+_TAKE_ATTEMPTS = 3  # creates tried before giving up to launches taking over at the same time
+_TAKEOVER_STALE_S = 30.0  # a take-over takes milliseconds: its marker older than this is left over
+
+
+class WorkdirLocked(RuntimeError):
+  """Another run holds the workdir."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Who holds it.
+
+
+def _start_time(pid: int) -> str | None:
+  """The start time of process `pid` (clock ticks since boot), or None if it does not exist.
+
+  With the pid it identifies a process even where pids are reused (a restarted container runs
+  its command under the same pid)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[19]
+  except (OSError, IndexError):
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return None
+    except PermissionError:
+      pass
+    return "unknown"  # alive, start time not readable here (not Linux)
+
+
+def _pid_namespace() -> int | None:
+  """This process's PID namespace (its inode), or None where there is none to read."""
+  try:
+    return os.stat("/proc/self/ns/pid").st_ino
+  except OSError:
+    return None
+
+
+def _parse(text: str | None) -> dict[str, Any] | None:
+  try:
+    holder = json.loads(text or "")
+  except ValueError:
+    return None
+  return holder if isinstance(holder, dict) else None
+
+
+def _why_expired(holder: Mapping[str, Any] | None, age: float, lease: float) -> str | None:
+  """Why the lock may be taken over, or None while its holder counts as alive."""
+  if holder is None:
+    if age > lease:
+      return f"its lock file is empty or unreadable and {age:.0f} s old (lease {lease:.0f} s)"
+    return None
+  same_pids = holder.get("pid_ns", _pid_namespace()) == _pid_namespace()
+  if holder.get("host") == socket.gethostname() and same_pids:
+    started = _start_time(int(holder.get("pid", -1)))
+    if started is None or started not in (holder.get("process_start"), "unknown"):
+      return "that process is no longer running"
+    return None  # alive on this host, whatever its renewals say
+  lease = float(holder.get("lease_s") or lease)
+  if age > lease:
+    return f"its lease expired: not renewed for {age:.0f} s (lease {lease:.0f} s)"
+  return None
+
+
+def _describe(holder: Mapping[str, Any] | None) -> str:
+  if holder is None:
+    return "an empty or unreadable lock file"
+  return (
+    f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+    f"started {holder.get('started', '?')}"
+  )
+
+
+# ---------------------------------------------------------------------------------------------
+# Where it is kept: a local disk, gs://, another object store.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Seen:
+  text: str
+  age: float  # seconds since its holder last renewed it
+  version: Any  # what `remove_if` compares
+
+
+class _LocalStore:
+  """O_EXCL create, renewal by the modification time, take-over under an exclusive marker."""
+
+  def __init__(self, path: epath.Path):
+    self.path = os.fspath(path)
+
+  def create(self, text: str) -> bool:
+    try:
+      fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    return True
+
+  def read(self) -> _Seen | None:
+    try:
+      with open(self.path) as f:
+        stat = os.fstat(f.fileno())
+        text = f.read()
+    except FileNotFoundError:
+      return None
+    return _Seen(text, max(0.0, time.time() - stat.st_mtime), (stat.st_ino, stat.st_mtime_ns))
+
+  def renew(self, token: str) -> bool:
+    seen = self.read()
+    if seen is None or (_parse(seen.text) or {}).get("token") != token:
+      return False
+    os.utime(self.path)
+    return True
+
+  def take_over(self, seen: _Seen, text: str) -> bool:
+    # One taker at a time (a file created exclusively beside the lock): between its check of
+    # the version and its write no other taker can replace the lock.
+    mutex = f"{self.path}.takeover"
+    try:
+      os.close(os.open(mutex, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+      with contextlib.suppress(FileNotFoundError):
+        if time.time() - os.stat(mutex).st_mtime > _TAKEOVER_STALE_S:  # its taker died
+          os.unlink(mutex)
+      return False
+    try:
+      current = self.read()
+      if current is None or current.version != seen.version:  # renewed or replaced since
+        return False
+      tmp = f"{self.path}.{uuid.uuid4().hex[:8]}"
+      with open(tmp, "w") as f:
+        f.write(text)
+      os.replace(tmp, self.path)
+      return True
+    finally:
+      os.unlink(mutex)
+
+  def adopt(self, seen: _Seen) -> None:
+    pass
+
+  def remove(self) -> None:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(self.path)
+
+
+class _GcsStore:
+  """Every write conditional on the object's generation: create, renew, take-over."""
+
+  def __init__(self, path: epath.Path):
+    self.path = path
+    self.generation = None  # of this process's own lock, once taken
+
+  def create(self, text: str) -> bool:
+    if not gcs.create_exclusive(self.path, text):
+      return False
+    seen = gcs.read_versioned(self.path)
+    self.generation = seen[1] if seen else None
+    return True
+
+  def read(self) -> _Seen | None:
+    seen = gcs.read_versioned(self.path)
+    return None if seen is None else _Seen(seen[0], seen[2], seen[1])
+
+  def adopt(self, seen: _Seen) -> None:
+    self.generation = seen.version  # a create retried after a lost answer: ours after all
+
+  def renew(self, token: str) -> bool:
+    seen = gcs.read_versioned(self.path)
+    if seen is None or seen[1] != self.generation or (_parse(seen[0]) or {}).get("token") != token:
+      return False
+    self.generation = gcs.replace_if(self.path, seen[0], seen[1])
+    return self.generation is not None
+
+  def take_over(self, seen: _Seen, text: str) -> bool:
+    # One request: this run's record replaces exactly the version judged expired.
+    self.generation = gcs.replace_if(self.path, text, seen.version)
+    return self.generation is not None
+
+  def remove(self) -> None:
+    self.path.unlink(missing_ok=True)
+
+
+class _ObjectStore:
+  """Another object store: a check, then a write (not atomic); the age is the record's own."""
+
+  def __init__(self, path: epath.Path):
+    self.path = path
+
+  def create(self, text: str) -> bool:
+    if self.path.exists():
+      return False
+    self.path.write_text(text)
+    return True
+
+  def read(self) -> _Seen | None:
+    if not self.path.exists():
+      return None
+    text = self.path.read_text()
+    renewed = (_parse(text) or {}).get("renewed", 0.0)
+    return _Seen(text, max(0.0, time.time() - float(renewed)), text)
+
+  def renew(self, token: str) -> bool:
+    seen = self.read()
+    record = _parse(seen.text) if seen else None
+    if not record or record.get("token") != token:
+      return False
+    self.path.write_text(json.dumps(dict(record, renewed=time.time()), indent=2))
+    return True
+
+  def adopt(self, seen: _Seen) -> None:
+    pass
+
+  def take_over(self, seen: _Seen, text: str) -> bool:
+    current = self.read()
+    if current is None or current.text != seen.text:
+      return False
+    self.path.write_text(text)
+    return True
+
+  def remove(self) -> None:
+    self.path.unlink(missing_ok=True)
+
+
+def _store(path: epath.Path):
+  if "://" not in os.fspath(path):
+    return _LocalStore(path)
+  return _GcsStore(path) if gcs.is_gcs(path) else _ObjectStore(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Taking, renewing, releasing.
+
+
+def _acquire(store, record: dict[str, Any], workdir: str, lease: float) -> str | None:
+  """Takes the lock (None) or returns the line saying who holds it."""
+  text = json.dumps(record, indent=2)
+  path = epath.Path(workdir) / LOCK_FILE
+  for _ in range(_TAKE_ATTEMPTS):
+    if store.create(text):
+      return None
+    seen = store.read()
+    if seen is None:
+      continue  # released meanwhile
+    holder = _parse(seen.text)
+    if holder is not None and holder.get("token") == record["token"]:
+      store.adopt(seen)
+      return None
+    why = _why_expired(holder, seen.age, lease)
+    if why is None:
+      held_for = float((holder or {}).get("lease_s") or lease)
+      if holder is None:
+        return (
+          f"{workdir} is locked by an empty or unreadable lock file, {seen.age:.0f} s old "
+          f"({path}): a launch killed while taking it, or one taking it now. It is taken over "
+          f"once older than the lease ({held_for:.0f} s), or now with --break_lock"
+        )
+      return (
+        f"{workdir} is in use by another run: {_describe(holder)}, lease renewed "
+        f"{seen.age:.0f} s ago ({path}). Wait for it or use another --workdir; if that run is "
+        f"gone, a launch takes its lock over once the lease ({held_for:.0f} s) has expired, "
+        "or now with --break_lock"
+      )
+    if store.take_over(seen, text):
+      logging.warning("took over the lock of %s from %s: %s", workdir, _describe(holder), why)
+      return None
+  return f"{workdir}: could not take its lock ({path}): other launches are taking it at once"
+
+
+class _Renewal:
+  """A daemon thread renewing the lock every quarter of the lease until `stop`."""
+
+  def __init__(self, store, token: str, workdir: str, lease: float):
+    self._stop = threading.Event()
+    self._thread = threading.Thread(
+      target=self._run, args=(store, token, workdir, lease / 4), name="workdir_lock", daemon=True
+    )
+    self._thread.start()
+
+  def _run(self, store, token, workdir, every):
+    while not self._stop.wait(every):
+      try:
+        if not store.renew(token):
+          logging.error("the lock of %s is no longer this run's (taken over or removed)", workdir)
+          return
+      except Exception as e:  # noqa: BLE001 - a transient storage error: the next renewal retries
+        logging.warning("could not renew the lock of %s: %s", workdir, e)
+
+  def stop(self) -> None:
+    self._stop.set()
+    self._thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def lock(workdir: str, lease_s: float | None = None) -> Iterator[None]:
+  """Holds the workdir's lock for the block (process 0 takes and renews it; every process must
+  enter).
+
+  Raises:
+    WorkdirLocked: a live run holds it (one line naming its host, pid, start time and lease).
+  """
+  lease = LEASE_S if lease_s is None else float(lease_s)
+  record = dict(
+    host=socket.gethostname(),
+    pid=os.getpid(),
+    process_start=_start_time(os.getpid()),
+    pid_ns=_pid_namespace(),
+    started=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    lease_s=lease,
+    renewed=time.time(),
+    token=uuid.uuid4().hex,
+  )
+  refusal, store = None, None
+  if jax.process_index() == 0:
+    gcs.check_bucket(workdir)
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    store = _store(epath.Path(workdir) / LOCK_FILE)
+    refusal = _acquire(store, record, workdir, lease)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    held = bool(multihost_utils.broadcast_one_to_all(np.int32(refusal is not None)))
+    if held and refusal is None:
+      refusal = f"{workdir} is in use by another run (process 0 names it)"
+  if refusal is not None:
+    raise WorkdirLocked(refusal)
+  renewal = _Renewal(store, record["token"], workdir, lease) if store is not None else None
+  try:
+    yield
+  finally:
+    if renewal is not None:
+      renewal.stop()
+      seen = store.read()
+      if seen is not None and (_parse(seen.text) or {}).get("token") == record["token"]:
+        store.remove()
+
+
+def break_lock(workdir: str) -> str:
+  """Removes the workdir's lock whoever holds it; the line saying whose it was."""
+  path = epath.Path(workdir) / LOCK_FILE
+  store = _store(path)
+  seen = store.read()
+  if seen is None:
+    return f"--break_lock: {workdir} had no lock"
+  store.remove()
+  return f"--break_lock: removed the lock of {workdir} held by {_describe(_parse(seen.text))}"
