@@ -286,7 +286,8 @@ def test_a_failed_build_names_the_compiler_error(monkeypatch, tmp_path):
   try:
     reason = cpu_kernels.unavailable_reason()
     assert "failing-cxx failed to build the kernels" in reason and "error: simulated" in reason
-    assert not any((tmp_path / "cache").iterdir())  # the temporary output was removed
+    # The temporary output was removed (the build lock's file stays).
+    assert not list((tmp_path / "cache").glob("*.so"))
   finally:
     cpu_kernels.unavailable_reason.cache_clear()
 
@@ -335,3 +336,37 @@ def test_attention_on_an_emulated_avx2_cpu(tmp_path):
   (kernel_out, kernel_grad), (xla_out, xla_grad) = got["kernel"], got["xla"]
   assert kernel_out <= _SLACK * xla_out + _FLOOR and kernel_grad <= _SLACK * xla_grad + _FLOOR
   assert kernel_grad <= _LOGITS_SLACK * got["floor"][1] + _FLOOR
+
+
+_FAKE_CXX = """#!/bin/sh
+case "$*" in
+  *--version*) echo "fakecc {version}" ;;
+  *--help=target*) echo "  -mfake [enabled]" ;;
+  *) prev=""; for a in "$@"; do [ "$prev" = "-o" ] && echo garbage > "$a"; prev="$a"; done ;;
+esac
+"""
+
+
+def _fake_cxx(tmp_path, version):
+  path = tmp_path / f"fakecc-{version}"
+  path.write_text(_FAKE_CXX.format(version=version))
+  path.chmod(0o755)
+  return str(path)
+
+
+def test_the_cache_key_follows_the_compiler_and_the_cpu(tmp_path, monkeypatch):
+  monkeypatch.setenv("VIT_JAX_KERNEL_CACHE", str(tmp_path / "cache"))
+  one, two = _fake_cxx(tmp_path, "1.0"), _fake_cxx(tmp_path, "2.0")
+  path = cpu_kernels.library_path(one, "native")
+  assert path == cpu_kernels.library_path(one, "native")  # the same inputs, the same library
+  assert cpu_kernels.library_path(two, "native") != path  # another compiler version
+  assert cpu_kernels.library_path(one, "x86-64-v2") != path  # another -march
+  monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: "Features\t: fp asimd sve")
+  assert cpu_kernels.library_path(one, "native") != path  # another CPU (an ARM one)
+
+
+def test_a_library_that_fails_to_load_is_never_cached(tmp_path, monkeypatch):
+  monkeypatch.setenv("VIT_JAX_KERNEL_CACHE", str(tmp_path / "cache"))
+  with pytest.raises(OSError, match="the built library fails its load test"):
+    cpu_kernels._build(_fake_cxx(tmp_path, "1.0"), "native")
+  assert [p.name for p in (tmp_path / "cache").iterdir()] == [".build.lock"]

@@ -12,9 +12,11 @@ single-device CPU backend in float32, and for 'cpu'.
 The library is built with the system's C++ compiler (`$CXX`, default `g++`, with `_CXXFLAGS`
 and `-march=native`) against the XLA FFI headers that jaxlib ships, into
 `$VIT_JAX_KERNEL_CACHE` (default `~/.cache/vit_jax/kernels`) under a name that hashes the sources,
-jaxlib's version, the compiler, its flags and the CPU's feature flags, so a change of any of
-them builds anew. Concurrent first uses (pytest workers, hosts sharing a home directory) each
-build to a temporary file and rename it into place. Without a compiler, or when the build fails,
+jaxlib's version, the compiler (its resolved path and version), its flags, what `-march` means
+to it here and the CPU's feature flags (x86 and ARM), so a change of any of them builds anew.
+Concurrent first uses (pytest workers, hosts sharing a home directory) build one at a time
+under a lock in the cache, each to a temporary file that is loaded in a child process before it
+is renamed into place. Without a compiler, or when the build fails,
 `unavailable_reason()` says why and 'auto' keeps XLA.
 
 `for_target(march)` builds the same sources for another `-march` (e.g. 'x86-64-v2', which takes
@@ -23,12 +25,15 @@ their own, so one process can check the code paths that machines of other CPU cl
 """
 
 import ctypes
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import platform
+import shutil
 import subprocess
+import sys
 import tempfile
 import types
 
@@ -54,9 +59,10 @@ _libraries: dict[str, ctypes.CDLL] = {}  # march -> the library whose handlers X
 
 
 def _cpu_flags() -> str:
+  """The CPU's feature flags as /proc/cpuinfo lists them: x86's `flags`, ARM's `Features`."""
   try:
     with open("/proc/cpuinfo") as f:
-      return next((line for line in f if line.startswith("flags")), "")
+      return next((line for line in f if line.split(":")[0].strip() in ("flags", "Features")), "")
   except OSError:
     return ""
 
@@ -66,31 +72,80 @@ def _cache_dir() -> str:
   return os.environ.get("VIT_JAX_KERNEL_CACHE", default)
 
 
-def _build(cxx: str, march: str) -> str:
-  """Path of the library compiled with `-march={march}`, building it if the cache has none."""
+def _compiler_identity(cxx: str, march: str) -> list[str]:
+  """What decides the binary besides the sources: the compiler (its resolved path and version)
+  and what `-march` means to it on this CPU (gcc's enabled target options; the CPU's feature
+  flags for every compiler). FileNotFoundError without the compiler; a compiler that cannot
+  say its version fails when it builds, with its own error."""
+  path = os.path.realpath(shutil.which(cxx) or cxx)
+  version = subprocess.run([cxx, "--version"], capture_output=True, text=True)
+  target = subprocess.run(
+    [cxx, f"-march={march}", "-Q", "--help=target"], capture_output=True, text=True
+  )  # clang has no -Q --help=target: its version and the CPU's flags stand in
+  options = target.stdout if target.returncode == 0 else ""
+  return [path, version.stdout.splitlines()[0] if version.stdout else "", options]
+
+
+def library_path(cxx: str, march: str) -> str:
+  """Where the cache keeps the library that `cxx -march={march}` builds from these sources for
+  this CPU: a name hashing everything the binary depends on, so a change of any builds anew."""
   import jaxlib
 
-  flags = (*_CXXFLAGS, f"-march={march}")
   sources = []
   for name in _SOURCES + _HEADERS:
     with open(name, "rb") as f:
       sources.append(f.read())
-  identity = [jaxlib.__version__, cxx, *flags, platform.machine(), _cpu_flags()]
+  identity = [jaxlib.__version__, *_compiler_identity(cxx, march), *_CXXFLAGS, f"-march={march}"]
+  identity += [platform.machine(), _cpu_flags()]
   key = hashlib.sha256(b"\0".join([*sources, *(x.encode() for x in identity)])).hexdigest()[:16]
-  path = os.path.join(_cache_dir(), f"vit_jax_cpu_kernels-{key}.so")
+  return os.path.join(_cache_dir(), f"vit_jax_cpu_kernels-{key}.so")
+
+
+def _build(cxx: str, march: str) -> str:
+  """Path of the library compiled with `-march={march}`, building it if the cache has none.
+
+  One build at a time per cache (an exclusive lock on a file there: pytest workers, hosts that
+  share a home directory); a library is put in place only after a child process has loaded it
+  and found its handlers."""
+  path = library_path(cxx, march)
   if os.path.exists(path):
     return path
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
-  os.close(fd)
-  try:
-    command = [cxx, *flags, "-I", jax.ffi.include_dir(), *_SOURCES, "-o", tmp]
-    subprocess.run(command, check=True, capture_output=True, text=True)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  with open(os.path.join(os.path.dirname(path), ".build.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if os.path.exists(path):  # built by another process while this one waited
+      return path
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+      flags = (*_CXXFLAGS, f"-march={march}")
+      command = [cxx, *flags, "-I", jax.ffi.include_dir(), *_SOURCES, "-o", tmp]
+      subprocess.run(command, check=True, capture_output=True, text=True)
+      _load_test(tmp)
+      os.replace(tmp, path)
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
   return path
+
+
+_LOAD_TEST = (
+  "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); [getattr(lib, s) for s in sys.argv[2:]]"
+)
+
+
+def _load_test(path: str) -> None:
+  """Loads the library in a child process (a broken one cannot take this process down) and
+  looks up its handlers; OSError naming the failure."""
+  child = subprocess.run(
+    [sys.executable, "-c", _LOAD_TEST, path, *_HANDLERS.values()],
+    capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  if child.returncode != 0:
+    lines = child.stderr.strip().splitlines()
+    raise OSError(
+      f"the built library fails its load test: {lines[-1] if lines else child.returncode}"
+    )
 
 
 def _suffix(march: str) -> str:
