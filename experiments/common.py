@@ -74,8 +74,10 @@ def write_json(path: str, value: Any, **kwargs) -> None:
 
 
 def write_results(path: str, results: dict, **kwargs) -> None:
-  """An experiment's results.json: `results` with its `provenance` (what produced them)."""
-  write_json(path, {**results, "provenance": provenance()}, **kwargs)
+  """An experiment's results.json: `results` with its `provenance` (what produced them), which
+  is added to `results` too, so that what the experiment returns is what the file holds."""
+  results["provenance"] = provenance()
+  write_json(path, results, **kwargs)
 
 
 def provenance() -> dict[str, Any]:
