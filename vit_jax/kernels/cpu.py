@@ -28,6 +28,7 @@ import ctypes
 import fcntl
 import functools
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -76,8 +77,35 @@ def _compiler_identity(cxx: str, march: str) -> list[str]:
   """What decides the binary besides the sources: the compiler (its resolved path and version)
   and what `-march` means to it on this CPU (gcc's enabled target options; the CPU's feature
   flags for every compiler). FileNotFoundError without the compiler; a compiler that cannot
-  say its version fails when it builds, with its own error."""
+  say its version fails when it builds, with its own error.
+
+  Asking the compiler takes two processes (~0.2 s); the answer is kept in the cache under the
+  compiler binary's identity (path, size, modification time), -march and the CPU's flags, so
+  every later process of this machine reads it instead."""
   path = os.path.realpath(shutil.which(cxx) or cxx)
+  stat = os.stat(path)  # FileNotFoundError: no such compiler
+  probe = hashlib.sha256(
+    "\0".join([path, str(stat.st_size), str(stat.st_mtime_ns), march, _cpu_flags()]).encode()
+  ).hexdigest()[:16]
+  memo = os.path.join(_cache_dir(), f"compiler-{probe}.json")
+  try:
+    with open(memo) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    pass
+  identity = _ask_compiler(cxx, path, march)
+  try:
+    os.makedirs(_cache_dir(), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".json", dir=_cache_dir())
+    with os.fdopen(fd, "w") as f:
+      json.dump(identity, f)
+    os.replace(tmp, memo)
+  except OSError:
+    pass  # an unwritable cache: ask again next time
+  return identity
+
+
+def _ask_compiler(cxx: str, path: str, march: str) -> list[str]:
   version = subprocess.run([cxx, "--version"], capture_output=True, text=True)
   target = subprocess.run(
     [cxx, f"-march={march}", "-Q", "--help=target"], capture_output=True, text=True
