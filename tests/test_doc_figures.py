@@ -19,13 +19,13 @@ and every results file a page cites records the commit, date and machine it is f
 """
 
 import json
-import pathlib
 import re
 
+import doc_commands  # tests/
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-PAGES = ["README.md"] + sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md"))
+REPO = doc_commands.REPO
+PAGES = doc_commands.PAGES  # README.md and docs/**/*.md
 
 _TABLE = re.compile(r"<!--\s*results-table:\s*(\S+)\s*-->\s*\n((?:\|.*\n?)+)")
 _RESULTS = re.compile(r"<!--\s*results:\s*(\S+)\s*-->")
