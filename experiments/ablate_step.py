@@ -25,6 +25,11 @@ or `ops.layer_norm` run that part on the XLA path. A removed part also changes t
 numbers are costs, not a model anyone would train.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import argparse
 import dataclasses
 import statistics

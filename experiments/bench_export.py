@@ -12,6 +12,11 @@ results.json to `--out` (default experiments/results/bench_export/). Timings are
 reporting from a quiet machine: the table says so.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import argparse
 import json
 import os

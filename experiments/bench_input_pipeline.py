@@ -8,6 +8,11 @@ times a jitted ViT-B/16 train step (forward, backward, SGD update) at 224 px and
   python -m experiments.bench_input_pipeline [--threads=1,2] [--batches=20] [--vit_batch=8]
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import argparse
 import os
 import tempfile

@@ -14,6 +14,11 @@ r"""What the trainer loses around its step: trainer images/s against the bare co
 Prints both and their ratio. Run it on an otherwise idle machine.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import argparse
 import statistics
 import tempfile

@@ -595,9 +595,19 @@ def main(argv: list[str] | None = None) -> None:
     ]
   if args.xla_flags:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
-  import vit_jax  # noqa: F401 (adds its XLA:CPU defaults to XLA_FLAGS before JAX starts)
-
+  _configure_process()
   _serve(args.process, args)
+
+
+def _configure_process() -> None:
+  """This side's process set up as a command's, before JAX starts: by its vit_jax's
+  `runtime.process.configure()`, or, in a tree from before that existed, by `import vit_jax`."""
+  try:
+    from vit_jax.runtime import process
+  except ImportError:
+    import vit_jax  # noqa: F401 (such a tree set its allocator and XLA flags on import)
+  else:
+    process.configure()
 
 
 if __name__ == "__main__":

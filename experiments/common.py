@@ -147,7 +147,7 @@ def run_stage(
   from absl import logging as absl_logging
 
   from vit_jax import config_files, stages
-  from vit_jax.runtime import console
+  from vit_jax.runtime import console, startup
   from vit_jax.runtime import workdir as workdir_lib
 
   done = os.path.join(workdir, DONE)
@@ -171,6 +171,7 @@ def run_stage(
     if not verbose:
       log = console.setup(workdir)
     config = config_files.from_flags(args)
+    startup.import_module(stages.module_name(config.stage))  # as the command imports it
     metrics = stages.run(config, workdir)
   except Exception as e:  # noqa: BLE001 - the stage's one line, as the command ends
     console.fail(e, log)

@@ -28,6 +28,11 @@ from scratch. Outputs go to `--out` (default experiments/results/demo/; with --q
 <workdir>/results/).
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import dataclasses
 import os
 import time

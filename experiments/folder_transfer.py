@@ -24,6 +24,11 @@ The runs' workdirs live under `--workdir` (default /tmp/vit_folder_transfer); re
 `--out` (default experiments/results/folder_transfer/; with --quick, <workdir>/results/).
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import argparse
 import dataclasses
 import json

@@ -13,6 +13,11 @@ No photographs: the demo's model reads 32x32 inputs, where a photograph is a few
 a checkpoint of 224px or more, pass photos to `python -m vit_jax.analysis` directly.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import argparse
 import os
 import shutil

@@ -21,6 +21,11 @@ results.json, table.md (markdown) and plot.png (a bar plot). Stage workdirs live
 runs in this process through vit_jax.train.run, on all local devices.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import argparse
 import dataclasses
 import os

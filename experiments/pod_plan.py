@@ -14,12 +14,18 @@ that would reproduce the paper's TPUv3-core-days (ViT paper Table 2: H/14 2.5k, 
 JFT-300M), for the epochs assumed below.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.quiet_libtpu()  # before JAX loads: the planner needs no local accelerator
+  process.configure()
+
 import argparse
 import os
 import time
 
 from experiments import common
-from vit_jax.tools import plan as planner  # sets the libtpu environment before JAX loads
+from vit_jax.tools import plan as planner
 
 JFT_IMAGES = 303_000_000
 # Epochs of the paper's JFT-300M pretraining runs behind Table 2 (as we read App. B, Table 6).
@@ -32,7 +38,7 @@ RUNS = [(model, topology) for topology in TOPOLOGIES for model in ("B/16", "L/16
 
 
 def run_one(model: str, topology: str, efficiency: float, max_trials: int) -> dict:
-  from vit_jax.configs import pretrain  # noqa: PLC0415 (imports JAX: after the planner's environment)
+  from vit_jax.configs import pretrain  # noqa: PLC0415 (imports JAX: after the command's quiet_libtpu)
 
   config = pretrain.get_config(f"dataset=jft,model={model}")
   # Scanned blocks: the same step, with one block compiled instead of 12-32 (about a minute per

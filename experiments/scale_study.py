@@ -30,6 +30,11 @@ resumable: a finished run leaves `metrics.json` in its workdir and is skipped on
 interrupted training stage resumes from its last checkpoint.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import argparse
 import dataclasses
 import json

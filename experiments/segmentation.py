@@ -27,6 +27,11 @@ then <encoder>_<head>/) are removed first. Outputs go to `--out` (default
 experiments/results/segmentation/; with --quick, <workdir>/results/).
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import dataclasses
 import os
 import time

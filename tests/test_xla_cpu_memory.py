@@ -1,5 +1,6 @@
-"""glibc's allocator as `import vit_jax` sets it: XLA:CPU's step buffers reused, not faulted in
-again each step; skipped where told, on an accelerator, or once other threads allocated."""
+"""glibc's allocator as a command sets it (vit_jax.runtime.process.configure): XLA:CPU's step
+buffers reused, not faulted in again each step; skipped where told, on an accelerator, or once
+other threads allocated."""
 
 import json
 import os
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.skipif(
 PROGRAM = textwrap.dedent(
   """
   import json, resource, sys, threading
-  import vit_jax
+  from vit_jax.runtime import process
+  process.configure()
   from vit_jax.kernels import xla_cpu_memory
   import jax, jax.numpy as jnp
 
@@ -68,7 +70,7 @@ def test_a_freed_step_buffer_is_reused_instead_of_faulted_in_again():
   # glibc's defaults: a fresh mapping every call, each page faulted in again.
   assert min(glibc["faults"]) >= FRESH, glibc["faults"]
   kept = _run({})
-  assert kept["status"] == "one heap, kept mapped"
+  assert kept["status"] == xla_cpu_memory.APPLIED
   # vit_jax's: the buffer of the call before is reused. Now and then the heap still grows by a
   # block (a small allocation took part of the freed one): measured 19 such calls in 520, at
   # most 3 in a run of 20.
@@ -91,9 +93,7 @@ def test_skipped_when_opted_out_or_on_an_accelerator(monkeypatch, tmp_path):
   # allocated already, so the allocator is left alone here (arenas() stubbed to say so).
   monkeypatch.setattr(xla_cpu_memory, "arenas", lambda libc: 3)
   assert not xla_cpu_memory.apply({"JAX_PLATFORMS": "cpu", xla_cpu_memory.OPT_OUT: "0"})
-  assert xla_cpu_memory.status == (
-    "glibc's defaults (other threads had allocated before vit_jax was imported)"
-  )
+  assert xla_cpu_memory.status == xla_cpu_memory.TOO_LATE
 
 
 def test_arenas_counts_each_thread_that_allocated():
@@ -108,9 +108,6 @@ def test_arenas_counts_each_thread_that_allocated():
     print(first, xla_cpu_memory.arenas(libc))
     """
   )
-  env = {**os.environ, xla_cpu_memory.OPT_OUT: "1"}  # vit_jax's import leaves the arenas alone
-  out = subprocess.run(
-    [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120
-  )
+  out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.split() == ["1", "2"]

@@ -24,6 +24,11 @@ Examples:
       --config.model_init=gs://vit_models/imagenet21k/ViT-B_16.npz --workdir=gs://bucket/ft
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import types
 
 from absl import app, flags, logging
@@ -58,8 +63,11 @@ def main(argv, f: types.SimpleNamespace):
 
   def stage():
     from vit_jax import stages
+    from vit_jax.runtime import startup
 
     config = f.config.value
+    # TensorFlow and the rest, imported without the garbage collector (vit_jax.runtime.startup).
+    startup.import_module(stages.module_name(config.stage))
     import jax
 
     if f.break_lock.value and jax.process_index() == 0:

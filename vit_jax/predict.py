@@ -24,6 +24,11 @@ into the image), and the classes found are printed with their share of the pixel
   python -m vit_jax.predict --checkpoint=/tmp/seg --masks_dir=/tmp/masks canvas.png
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import os
 import types
 from collections.abc import Sequence

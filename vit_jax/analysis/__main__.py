@@ -12,6 +12,11 @@ evaluation (vit_jax.inference), in batches; unreadable ones are skipped and name
 Large models: `--fsdp=N` / `--model_parallel=N` shard the parameters over local devices.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import types
 from collections.abc import Sequence
 

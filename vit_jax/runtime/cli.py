@@ -9,7 +9,9 @@ imports a command module (a test, or another command, for a function of it) defi
 the library code of a command lives in library modules (vit_jax.stages, vit_jax.inference, ...).
 
   run(main, name, define_flags)  absl's app.run; a bad flag or --config value, or one of
-                        `errors` raised by `main`, ends in `<name>: error: <Kind>: <message>`
+                        `errors` raised by `main`, ends in `<name>: error: <Kind>: <message>`;
+                        a second SIGTERM / SIGINT during a run ends the process at once
+                        (vit_jax.runtime.stopping)
   DistributedFlags      --distributed, --coordinator_address, --num_processes, --process_id
   run_stages(...)       the body of a command that runs stages into a workdir (vit_jax.main,
                         vit_jax.tools.transfer): its log file (vit_jax.runtime.console), jax.distributed
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from vit_jax.runtime import distributed
 
@@ -137,7 +139,11 @@ def run(
 ) -> None:
   """Defines the command's flags, then runs `main(argv, define_flags())` as absl's app.run does,
   a bad flag ending in one line; an exception of `errors` from `main` ends in
-  `<name>: error: <Kind>: <message>` (exit 1)."""
+  `<name>: error: <Kind>: <message>` (exit 1). The process is the command's: a second stop
+  signal during a run ends it at once (vit_jax.runtime.stopping)."""
+  from vit_jax.runtime import stopping
+
+  stopping.exit_on_second_signal()
   holders = define_flags()
 
   def guarded(argv):
@@ -170,9 +176,12 @@ def run_stages(
   SIGINT, a TPU preemption: vit_jax.runtime.stopping.Stopped) ends in its line and exit status, any
   other failure in one line naming the log (exit 1)."""
   from vit_jax.runtime import console, stopping
+  from vit_jax.runtime import process as process_lib
 
   process = distributed_flags.process_id.value or 0
   log = None if verbose else _setup_console(workdir, process, name)
+  settings = process_lib.configured() or "not configured: glibc's and XLA's defaults"
+  logging.info("process settings: %s", settings, extra={"terminal": False})
   try:
     distributed_flags.connect()
     return body()
@@ -186,12 +195,9 @@ def run_stages(
 
 
 def _exit_even_if_threads_hang(status: int, grace_s: float = EXIT_GRACE_S) -> None:
-  """Ends the process with `status` `grace_s` seconds from now unless it has ended by then.
-
-  After a failure, a library's worker thread may wait for work that never comes: once GCS had
-  refused a checkpoint write (403), one of Orbax's save threads kept the process alive after its
-  last line (the interpreter joins such threads at exit), so a scheduler never saw it fail. A
-  daemon thread keeps running while the interpreter waits for them, and ends it."""
+  """Ends the process with `status` `grace_s` seconds from now unless it has ended by then: a
+  library's worker thread left waiting after a failure must not keep a failed run alive, unseen
+  by its scheduler (docs/process.md, "A failed command ends")."""
 
   def end():
     time.sleep(grace_s)

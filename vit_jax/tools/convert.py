@@ -23,6 +23,11 @@ vit_jax's default tanh approximation is written as timm's `gelu_tanh` / transfor
 safetensors' numpy API are used: no torch.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import json
 import os
 import types

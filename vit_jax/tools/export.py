@@ -14,6 +14,11 @@ preprocessing and class names). What each format holds: vit_jax/export/formats.p
 docs/export.md. Bad input ends with one line naming the culprit, and nothing is written.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import types
 from collections.abc import Sequence
 

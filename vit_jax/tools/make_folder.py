@@ -14,6 +14,11 @@ for your own folder in every command that reads one (predict, the folder source,
 Nothing is overwritten: an existing `<out>/<split>` is an error.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import os
 import types
 from collections.abc import Sequence

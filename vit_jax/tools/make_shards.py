@@ -26,6 +26,11 @@ in the split (vit_jax.input_pipeline.segmentation.serialize_example), and datase
       --out_dir=/tmp/animal_mnist_seg
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import json
 import os
 import types

@@ -26,6 +26,12 @@ Topologies: v2:AxB, v3:AxB (two devices per chip), v4:AxBxC, v5p:AxBxC (one mega
 chip), v5e:AxB, v6e:AxB.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.quiet_libtpu()  # before JAX loads: the planner needs no local accelerator
+  process.configure()
+
 import dataclasses
 import importlib.util
 import json
@@ -41,16 +47,6 @@ from absl import app, flags, logging
 
 from vit_jax import config_files
 from vit_jax.runtime import cli
-
-
-def _quiet_env() -> None:
-  # Before JAX is imported (the config file imports it): the planner needs no local accelerator.
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-
-
-_quiet_env()
 
 
 def define_flags() -> types.SimpleNamespace:
@@ -123,9 +119,12 @@ def quiet_libtpu(topology: str | None = None) -> None:
 
   JAX_PLATFORMS=cpu keeps JAX from probing for a local TPU (the planner needs none); the TPU_*
   variables stand in for what libtpu would otherwise ask the TPU VM metadata server, which
-  silences its "could not determine TPU accelerator type / worker hostnames" warnings.
+  silences its "could not determine TPU accelerator type / worker hostnames" warnings. The
+  command sets the first ones before JAX loads; a library caller, before it imports JAX.
   """
-  _quiet_env()
+  from vit_jax.runtime import process
+
+  process.quiet_libtpu()
   if topology and _TOPOLOGY_RE.match(topology):
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(topology))
 

@@ -32,6 +32,11 @@ jax.distributed connects them automatically, elsewhere pass `--coordinator_addre
 (gs://): every host reads the same `final_metrics.json` to decide what is finished.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import json
 import os
 import types
@@ -306,6 +311,10 @@ def main(argv, f: types.SimpleNamespace):
   grid = f.grid.value
 
   def suite():
+    from vit_jax.runtime import startup
+
+    # TensorFlow and the rest, imported without the garbage collector (vit_jax.runtime.startup).
+    startup.import_module("vit_jax.train")
     run_suite(
       f.suite.value,
       f.checkpoint.value,
