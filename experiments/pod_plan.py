@@ -20,11 +20,14 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
   process.quiet_libtpu()  # before JAX loads: the planner needs no local accelerator
   process.configure()
 
-import argparse
 import os
 import time
+import types
+
+from absl import flags
 
 from experiments import common
+from vit_jax.runtime import cli
 from vit_jax.tools import plan as planner
 
 JFT_IMAGES = 303_000_000
@@ -105,24 +108,29 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument(
-    "--out_dir", default=common.results_dir("pod_plan"), help="results.json, table.md"
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    out_dir=flags.DEFINE_string(
+      "out_dir", common.results_dir("pod_plan"), "results.json, table.md.", flag_values=values
+    ),
+    efficiency=flags.DEFINE_float(
+      "efficiency",
+      0.5,
+      "Assumed fraction of peak FLOP/s for the implied step time and core-days.",
+      flag_values=values,
+    ),
+    max_trials=flags.DEFINE_integer(
+      "max_trials",
+      4,
+      "At most this many compilations when a configuration does not fit.",
+      flag_values=values,
+    ),
   )
-  parser.add_argument(
-    "--efficiency",
-    type=float,
-    default=0.5,
-    help="Assumed fraction of peak FLOP/s for the implied step time and core-days.",
-  )
-  parser.add_argument(
-    "--max_trials",
-    type=int,
-    default=4,
-    help="At most this many compilations when a configuration does not fit.",
-  )
-  args = parser.parse_args(argv)
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> None:
+  args = cli.values(f)
   if not planner.libtpu_available():
     raise SystemExit(planner.install_hint())
   rows = []
@@ -135,4 +143,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.pod_plan", define_flags)

@@ -37,23 +37,29 @@ from vit_jax import config_files
 from vit_jax.runtime import cli
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
-    config=config_files.define_flag(),
-    workdir=flags.DEFINE_string("workdir", None, "Checkpoints, metrics and logs go here."),
-    distributed=cli.DistributedFlags.define(),
+    config=config_files.define_flag(flag_values=values),
+    workdir=flags.DEFINE_string(
+      "workdir", None, "Checkpoints, metrics and logs go here.", flag_values=values
+    ),
+    distributed=cli.DistributedFlags.define(values),
     verbose=flags.DEFINE_bool(
-      "verbose", False, "Every log line on the terminal (default: to the log file in the workdir)."
+      "verbose",
+      False,
+      "Every log line on the terminal (default: to the log file in the workdir).",
+      flag_values=values,
     ),
     break_lock=flags.DEFINE_bool(
       "break_lock",
       False,
       "Remove the workdir's lock whoever holds it, then run (for a run known to be gone whose "
       "lease has not expired yet; a live run's lock is never taken over without it).",
+      flag_values=values,
     ),
   )
-  flags.mark_flags_as_required(["config", "workdir"])
+  flags.mark_flags_as_required(["config", "workdir"], flag_values=values)
   return f
 
 

@@ -49,44 +49,55 @@ from vit_jax import config_files
 from vit_jax.runtime import cli
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
-    config=config_files.define_flag(),
+    config=config_files.define_flag(flag_values=values),
     topology=flags.DEFINE_string(
-      "topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16."
+      "topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.", flag_values=values
     ),
     num_classes=flags.DEFINE_integer(
       "num_classes",
       None,
       "Classes of the head (default: known for jft, imagenet21k, imagenet2012).",
+      flag_values=values,
     ),
     efficiency=flags.DEFINE_float(
-      "efficiency", 0.5, "Assumed fraction of peak FLOP/s at which the chip runs the compiled step."
+      "efficiency",
+      0.5,
+      "Assumed fraction of peak FLOP/s at which the chip runs the compiled step.",
+      flag_values=values,
     ),
     search=flags.DEFINE_bool(
-      "search", False, "Compile the proposed settings; print those that fit."
+      "search", False, "Compile the proposed settings; print those that fit.", flag_values=values
     ),
     max_trials=flags.DEFINE_integer(
-      "max_trials", 4, "At most this many compilations for --search."
+      "max_trials", 4, "At most this many compilations for --search.", flag_values=values
     ),
-    json=flags.DEFINE_bool("json", False, "Print one JSON object instead of the report."),
+    json=flags.DEFINE_bool(
+      "json", False, "Print one JSON object instead of the report.", flag_values=values
+    ),
     slices=flags.DEFINE_integer(
-      "slices", 1, "Slices of --topology joined by the data-centre network (Multislice)."
+      "slices",
+      1,
+      "Slices of --topology joined by the data-centre network (Multislice).",
+      flag_values=values,
     ),
     slice_axis=flags.DEFINE_enum(
       "slice_axis",
       None,
       ["data", "fsdp"],
       "The mesh axis whose outer factor crosses the slices (default: the config's mesh.slice_axis).",
+      flag_values=values,
     ),
     dcn_gbps=flags.DEFINE_float(
       "dcn_gbps",
       DCN_GBPS_PER_HOST,
       "Data-centre network bandwidth per host, Gbit/s, for the time the DCN bytes take.",
+      flag_values=values,
     ),
   )
-  flags.mark_flags_as_required(["config", "topology"])
+  flags.mark_flags_as_required(["config", "topology"], flag_values=values)
   return f
 
 
