@@ -25,9 +25,10 @@ GLIBC = bool(os.confstr("CS_GNU_LIBC_VERSION"))
 MARK = "PROCESS_STATE "
 
 # What a process looks like from inside: its environment, the collector, the handlers of the
-# stop signals, and two effects of glibc's settings that can be observed: whether a new thread
-# that allocates gets an arena of its own (M_ARENA_MAX), and whether a 64 MiB block is mapped on
-# its own (M_MMAP_MAX; mallinfo2's hblks counts such blocks).
+# stop signals, JAX's CPU dispatch, and two effects of glibc's settings that can be observed:
+# whether a new thread that allocates gets an arena of its own (M_ARENA_MAX), and whether a
+# 64 MiB block of the main thread is mapped on its own (M_MMAP_MAX; mallinfo2's hblks counts such
+# blocks).
 PROBE = textwrap.dedent(
   f"""
   import ctypes, gc, json, os, re, signal, threading
@@ -65,7 +66,10 @@ PROBE = textwrap.dedent(
     )
 
   def report(**extra):
-    print("{MARK}" + json.dumps(dict(state(), allocator=_allocator(), **extra)), flush=True)
+    import jax
+    dispatch = jax.config.values["jax_cpu_enable_async_dispatch"]
+    print("{MARK}" + json.dumps(
+      dict(state(), allocator=_allocator(), async_dispatch=dispatch, **extra)), flush=True)
   """
 )
 
@@ -116,9 +120,11 @@ def test_importing_every_module_changes_nothing_process_wide():
   assert after["environ"]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
   assert before["gc_enabled"] and before["gc_frozen"] == 0
   # glibc's defaults: a thread that allocates gets an arena of its own, a 64 MiB block its own
-  # mapping (JAX_PLATFORMS=cpu: the settings would have been made here had the import made them).
+  # mapping; JAX's, asynchronous dispatch (JAX_PLATFORMS=cpu: the settings would have been made
+  # here had the import made them).
   assert after["allocator"]["arenas"] >= 2, after["allocator"]
   assert after["allocator"]["mapped_blocks"] == 1, after["allocator"]
+  assert after["async_dispatch"] is True
 
 
 # `python -m vit_jax.main`, as runpy runs it, with a state report when it exits: the stage it is
@@ -154,8 +160,10 @@ def test_the_entry_point_sets_its_process_up_and_logs_it(tmp_path):
   (state,) = _states(out.stdout)
   flags = state["environ"]["XLA_FLAGS"].split()
   assert flags == ["--xla_force_host_platform_device_count=1", *xla_cpu_flags.DEFAULTS]
-  # One arena whatever thread allocates, and a 64 MiB block from the heap, not a mapping.
-  assert state["allocator"] == {"arenas": 1, "mapped_blocks": 0}
+  # A 64 MiB block of the main thread from its heap, not a mapping, and the steps run there;
+  # every other thread keeps an arena of its own.
+  assert state["allocator"]["mapped_blocks"] == 0 and state["allocator"]["arenas"] >= 2
+  assert state["async_dispatch"] is False
   assert state["second_signal_exits"] is True
   (log,) = (workdir / "logs").glob("*.log")
   line = f"process settings: allocator: {xla_cpu_memory.APPLIED}; XLA_FLAGS: added"
@@ -163,8 +171,7 @@ def test_the_entry_point_sets_its_process_up_and_logs_it(tmp_path):
 
 
 def test_configure_says_when_it_came_too_late(monkeypatch, caplog):
-  # This test process has threads that allocated (arenas() stubbed to say so on any machine).
-  monkeypatch.setattr(xla_cpu_memory, "arenas", lambda libc: 3)
+  # This test process has started JAX's backends (stubbed to say so on any machine).
   monkeypatch.setattr(xla_cpu_memory, "status", "not applied yet")
   monkeypatch.setattr(xla_cpu_memory, "_libc", lambda: object())
   monkeypatch.setattr(xla_cpu_flags, "backends_started", lambda: True)

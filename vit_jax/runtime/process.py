@@ -7,13 +7,14 @@ in with the same call, as early:
 
     from vit_jax.runtime import process; process.configure()
 
-It sets glibc's allocator so that the step's buffers stay mapped between steps
-(vit_jax.kernels.xla_cpu_memory) and adds vit_jax's XLA:CPU flags to XLA_FLAGS
+It sets glibc's allocator and JAX's CPU dispatch so that the step's buffers stay mapped between
+steps (vit_jax.kernels.xla_cpu_memory) and adds vit_jax's XLA:CPU flags to XLA_FLAGS
 (vit_jax.kernels.xla_cpu_flags), then logs what it did, or why it left something as it was (an
-accelerator, threads that allocated before the call, JAX's backends already started, an opt-out
-variable). What else a command owns (signals, the garbage collector): docs/process.md.
+accelerator, JAX's backends already started, an opt-out variable). What else a command owns
+(signals, the garbage collector): docs/process.md.
 
-This file must not import JAX or TensorFlow.
+This file imports neither JAX nor TensorFlow (xla_cpu_memory imports JAX once it has set the
+allocator).
 """
 
 import dataclasses
