@@ -13,8 +13,8 @@ steps (vit_jax.kernels.xla_cpu_memory) and adds vit_jax's XLA:CPU flags to XLA_F
 accelerator, JAX's backends already started, an opt-out variable). What else a command owns
 (signals, the garbage collector): docs/process.md.
 
-This file imports neither JAX nor TensorFlow (xla_cpu_memory imports JAX once it has set the
-allocator).
+Importing this file imports neither JAX nor TensorFlow; `configure` imports JAX once it has set
+the allocator.
 """
 
 import dataclasses
@@ -62,7 +62,7 @@ def configure(environ=os.environ) -> Settings:
   if settings.too_late:
     logging.warning(
       "vit_jax.runtime.process.configure() came too late for part of it (call it first thing, "
-      "before JAX or any thread starts): %s",
+      "before JAX starts its backends): %s",
       settings,
     )
   else:
