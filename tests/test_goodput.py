@@ -111,9 +111,8 @@ def test_a_request_file_is_served_at_the_next_log_step(tmp_path):
   request.write_text("4\n")
   profiler.poll(10)
   assert profiler._windows == [(11, 14, True)] and profiler._next == 11
-  elsewhere = profiling.Profiler(_profile_config(processes="3"), str(tmp_path))
-  elsewhere.poll(10)
-  assert elsewhere._next == -1  # not a chosen process
+  with pytest.raises(ValueError, match="profile.processes='3' names a process"):
+    profiling.Profiler(_profile_config(processes="3"), str(tmp_path))
 
 
 # --------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ class LocalTier:
     """Args: `config.checkpoint.local` (dir '' turns the tier off), the workdir, the mesh, and
     the stage config (compared with the workdir's before local steps are used)."""
     self.enabled = bool(local.dir)
-    self.newest_anywhere: int | None = None
+    self.committed: int | None = None  # see restore_newest
     if not self.enabled:
       return
     if int(local.every_steps) <= 0 and float(local.every_minutes) <= 0:
@@ -158,17 +158,21 @@ class LocalTier:
 
   def restore_newest(self, at_least: int | None, abstract_state: Any) -> tuple | None:
     """(step, state, data_state) of the newest local step that every process holds, if it is
-    not older than `at_least` (the workdir's newest step) and restores on every process; else
-    None. Sets `newest_anywhere` (the newest local step of any process)."""
+    not older than `at_least` and restores on every process; else None.
+
+    Sets `committed`: the newest step that every process with a local step holds (a process
+    whose tier is gone, a replaced VM, does not count; a step only some processes had finished
+    writing when the run died does not either), what a rerun that loses it trains again.
+    """
     if not self.enabled:  # the config's choice: the same on every process
       return None
     held = np.full(_MAX_STEPS, -1, np.int64)
     mine = self.steps()[-_MAX_STEPS:]
     held[: len(mine)] = mine
-    every = _gather(held)  # [processes, _MAX_STEPS]
-    newest = int(every.max())
-    self.newest_anywhere = newest if newest >= 0 else None
-    common = set.intersection(*(set(row[row >= 0].tolist()) for row in every))
+    every = [set(row[row >= 0].tolist()) for row in _gather(held)]  # per process
+    common = set.intersection(*every)
+    surviving = set.intersection(*[steps for steps in every if steps] or [set()])
+    self.committed = max(surviving) if surviving else None
     if not common or (at_least is not None and max(common) < at_least):
       return None
     step = max(common)
@@ -230,9 +234,14 @@ def restore_latest(
   if restored is None:
     restored = checkpointer.restore_latest(abstract_state)
     source = "persistent"
+    step = restored[0] if restored is not None else -1
+    if local.committed is not None and local.committed > step:
+      # The workdir's newest step did not restore, and an older one did: a newer local step?
+      again = local.restore_newest(step + 1, abstract_state)
+      restored, source = (again, "local") if again is not None else (restored, source)
   step = restored[0] if restored is not None else 0
   local.discard_after(step)
-  newest = [s for s in (newest_persistent, local.newest_anywhere) if s is not None]
+  newest = [s for s in (newest_persistent, local.committed) if s is not None]
   return restored, Resume(
     step=step,
     source=source if restored is not None else None,

@@ -1,6 +1,8 @@
 """Where a run's wall time goes (goodput), accumulated over the reruns of one workdir.
 
-Each run of a workdir (an attempt) splits its wall time, from its process's start, into phases:
+Each run of a workdir (an attempt) splits its wall time into phases, from its process's start
+for a command's first run (`python -m vit_jax.main`, a tool, an experiment), else (a later stage
+in the same process, a notebook, a test) from the trainer's call:
 
   startup     imports, jax.distributed, the config, mesh and model, evaluators, input pipeline
   restore     restoring the state from a checkpoint (or initialising it, or loading model_init)
@@ -18,9 +20,10 @@ step a rerun restores had reached that step (its record at that save) to the rer
 What that attempt did after it is in the lost time instead of its phases, and an attempt that
 committed nothing a rerun restored counts whole as lost. A run that finished is followed by no
 lost time (a later rerun extends it on purpose); one that stopped (SIGTERM, preemption) is
-followed by the time until the rerun. `recomputed_steps` counts steps that were committed (in
-either tier, by any process) and yet trained again: the newest committed step minus the
-restored one, zero when a rerun resumes exactly.
+followed by the time until the rerun. `recomputed_steps` counts steps that were committed and
+yet trained again: the newest committed step (in the workdir, or in the local tier of every
+process whose tier survived: vit_jax.checkpoint.local_tier) minus the restored one, zero when a
+rerun resumes exactly.
 
 goodput = step / (every phase of every attempt + lost).
 
@@ -39,7 +42,9 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import socket
+import sys
 import time
 from typing import Any
 
@@ -53,7 +58,7 @@ from vit_jax.runtime import workdir as workdir_lib
 FILE = "goodput.json"
 PHASES = ("startup", "restore", "compile", "step", "data_wait", "checkpoint", "eval", "profile")
 _MAX_MARKS = 32  # records of saves kept per attempt (a rerun restores one of the newest)
-_started = [False]  # whether an Account of this process started at the process's start
+_started = [False]  # whether an Account of this process already began at the process's start
 
 
 def process_start_time() -> float:
@@ -66,6 +71,12 @@ def process_start_time() -> float:
     return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
   except (OSError, ValueError, IndexError):
     return time.time()
+
+
+def _is_command(program: str) -> bool:
+  """Whether the process runs one of this project's commands (`python -m vit_jax.main`, a tool,
+  an experiment), whose imports are part of the run."""
+  return bool(re.search(r"(vit_jax|experiments)([./][\w./]*)?$", program.replace(os.sep, "/")))
 
 
 def _zeros() -> dict[str, float]:
@@ -180,7 +191,10 @@ class Account:
   def __init__(self, workdir: str):
     self.workdir = workdir
     self._writer = jax.process_index() == 0
-    self._start = time.time() if _started[0] else process_start_time()
+    # A command's first run counts from its process's start (its imports and jax.distributed);
+    # any other run (a later stage of the same process, a notebook, a test) from here.
+    command = not _started[0] and _is_command(sys.argv[0] if sys.argv else "")
+    self._start = process_start_time() if command else time.time()
     _started[0] = True
     self._spent = _zeros()
     self._spent["startup"] = max(time.time() - self._start, 0.0)

@@ -64,6 +64,11 @@ class Profiler:
   def __init__(self, profile: ml_collections.ConfigDict, workdir: str, account: Any = None):
     """Args: `config.profile`, the workdir, and the goodput account (its 'profile' phase)."""
     chosen = parse_processes(profile.processes)
+    if chosen is not None and not chosen <= set(range(jax.process_count())):
+      raise ValueError(
+        f"profile.processes={profile.processes!r} names a process this run does not have "
+        f"({jax.process_count()} processes: 0 to {jax.process_count() - 1})"
+      )
     self._on = chosen is None or jax.process_index() in chosen
     self._remover = jax.process_index() == (0 if chosen is None else min(chosen, default=-1))
     self._workdir = workdir
