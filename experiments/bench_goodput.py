@@ -76,10 +76,12 @@ def main(argv: list[str] | None = None) -> list[tuple[float, float]]:
       f"cost {costs[-1]:+.2%}",
       flush=True,
     )
-  error = statistics.stdev(costs) / len(costs) ** 0.5 if len(costs) > 1 else float("nan")
+  spread = ""
+  if len(costs) > 1:
+    spread = f" ± {statistics.stdev(costs) / len(costs) ** 0.5:.2%} (standard error)"
   print(
-    f"goodput accounting: cost {statistics.mean(costs):+.2%} ± {error:.2%} (standard error, "
-    f"{len(costs)} pairs of {args.steps} steps, batch {args.batch_size})"
+    f"goodput accounting: cost {statistics.mean(costs):+.2%}{spread}, {len(costs)} pairs of "
+    f"{args.steps} steps, batch {args.batch_size}"
   )
   return pairs
 
