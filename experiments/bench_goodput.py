@@ -12,11 +12,19 @@ first (bench_trainer.trainer). Prints every pair, then the mean cost (off − on
 pairs and its standard error. Run it on an otherwise idle machine; the figure is the machine's.
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import contextlib
 import statistics
+import types
+
+from absl import flags
 
 from experiments import bench_trainer
+from vit_jax.runtime import cli
 
 
 def _no_account():
@@ -57,13 +65,22 @@ def images_per_sec(config, account: bool) -> float:
     goodput.Account = real
 
 
-def main(argv: list[str] | None = None) -> list[tuple[float, float]]:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--pairs", type=int, default=6)
-  parser.add_argument("--batch_size", type=int, default=128)
-  parser.add_argument("--steps", type=int, default=250)
-  parser.add_argument("--log_every", type=int, default=10)  # the demo config's
-  args = parser.parse_args(argv)
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    pairs=flags.DEFINE_integer("pairs", 6, "Pairs of runs (on, off).", flag_values=values),
+    batch_size=flags.DEFINE_integer(
+      "batch_size", 128, "The demo's pretraining batch size.", flag_values=values
+    ),
+    steps=flags.DEFINE_integer("steps", 250, "Trainer steps per run.", flag_values=values),
+    log_every=flags.DEFINE_integer(
+      "log_every", 10, "Steps per log window (the demo config's).", flag_values=values
+    ),
+  )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> list[tuple[float, float]]:
+  args = cli.values(f)
   config = bench_trainer.demo_config(args.batch_size, args.steps, args.log_every)
   pairs, costs = [], []
   for i in range(args.pairs):
@@ -87,4 +104,4 @@ def main(argv: list[str] | None = None) -> list[tuple[float, float]]:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.bench_goodput", define_flags)

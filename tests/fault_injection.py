@@ -21,6 +21,8 @@ import textwrap
 
 PROGRAM = textwrap.dedent(
   """
+  from vit_jax.runtime import process
+  process.configure()  # as the entry point does, first thing
   import os, signal, sys, time
   from vit_jax import input_pipeline, main
   from vit_jax.runtime import cli

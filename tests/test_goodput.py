@@ -9,6 +9,7 @@ the time lost to the kill and no step recomputed, and both traces hold the train
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -113,6 +114,32 @@ def test_a_request_file_is_served_at_the_next_log_step(tmp_path):
   assert profiler._windows == [(11, 14, True)] and profiler._next == 11
   with pytest.raises(ValueError, match="profile.processes='3' names a process"):
     profiling.Profiler(_profile_config(processes="3"), str(tmp_path))
+
+
+def test_bench_goodput_runs_main(monkeypatch, capsys):
+  """experiments/bench_goodput.py's main: one pair of 3-step runs of a one-block model on one
+  device, the real account and the one that does nothing (then the real one back)."""
+  import jax
+
+  from experiments import bench_goodput
+  from vit_jax import models, sharding
+  from vit_jax.runtime import cli
+
+  tiny = models.get_model_config("demo")
+  tiny.update(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)
+  monkeypatch.setitem(models.MODEL_CONFIGS, "ViT-demo", lambda: tiny.copy_and_resolve_references())
+  make_mesh = sharding.make_mesh
+  monkeypatch.setattr(
+    sharding, "make_mesh", lambda config, devices=None: make_mesh(config, jax.devices()[:1])
+  )
+  account = goodput.Account
+  (pair,) = cli.call(bench_goodput, ["--pairs=1", "--steps=3", "--log_every=1", "--batch_size=8"])
+  assert all(rate > 0 for rate in pair) and goodput.Account is account
+  out = capsys.readouterr().out
+  assert re.search(
+    r"^pair 1: on [\d.]+ images/s, off [\d.]+ images/s, cost [+-][\d.]+%$", out, re.M
+  )
+  assert re.search(r"^goodput accounting: cost [+-][\d.]+%, 1 pairs of 3 steps", out, re.M), out
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ checkpoint, so a bad step stops the run (FloatingPointError naming the step) and
 
 Stopping: SIGTERM or SIGINT (vit_jax.runtime.stopping), and on TPU VMs (with jax.distributed) a
 preemption notice, make every process save the same step and raise `stopping.Stopped`; the rerun
-resumes there without replaying a step. A second signal exits at once. Killed without notice, a
+resumes there without replaying a step. A second signal stops without saving (a command exits at
+once; vit_jax.runtime.stopping). Killed without notice, a
 run resumes from the latest complete checkpoint and replays the same steps; a latest checkpoint
 that does not restore is moved aside and the one before it used (vit_jax.checkpoint.train_state).
 A run restarted after its last step runs its evaluators on the final state and returns their

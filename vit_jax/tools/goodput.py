@@ -10,6 +10,11 @@ or died: its phases are counted up to its last save. `--json` prints the totals 
 Reads `<workdir>/goodput.json` only (local or gs://); writes nothing.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import json
 import time
 import types
@@ -20,11 +25,15 @@ from absl import flags
 from vit_jax.runtime import cli
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
-    workdir=flags.DEFINE_string("workdir", None, "The run's workdir.", required=True),
-    json=flags.DEFINE_bool("json", False, "Print the totals as JSON instead of a table."),
+    workdir=flags.DEFINE_string(
+      "workdir", None, "The run's workdir.", required=True, flag_values=values
+    ),
+    json=flags.DEFINE_bool(
+      "json", False, "Print the totals as JSON instead of a table.", flag_values=values
+    ),
   )
 
 
