@@ -133,6 +133,20 @@ def test_bad_local_settings_are_one_line(tmp_path):
   assert not off.enabled and not off.due(2, True) and not (tmp_path / "w").exists()
 
 
+def test_every_minutes_saves_at_the_first_log_step_past_the_interval(tmp_path, monkeypatch):
+  now = [1000.0]
+  monkeypatch.setattr(local_tier.time, "monotonic", lambda: now[0])
+  tier = local_tier.LocalTier(
+    _local(tmp_path / "local", every_steps=0, every_minutes=2.0), str(tmp_path / "w"), _mesh(1)
+  )
+  now[0] += 150  # past the 2 minutes
+  assert not tier.due(7, at_log_step=False) and tier.due(8, at_log_step=True)
+  assert tier.save(8, _state(_mesh(1), 8), {"position": 8})
+  now[0] += 60
+  assert not tier.due(10, at_log_step=True)  # a minute after that save
+  tier.wait(), tier.close()
+
+
 # Parameters at 224px with 1000 classes (tests/test_models.py pins them).
 PARAMS = {"ViT-B/16": 86_567_656, "ViT-L/16": 304_326_632, "ViT-H/14": 632_045_800}
 
