@@ -9,6 +9,7 @@ multi-process launch can be given different faults:
                    from the process's start (between two steps: the step before is done); 0 never
   FAULT_SECOND_AT  ...and again right after the save of this step has started (a second signal
                    while a checkpoint is being written)
+  FAULT_DATA_DELAY seconds every training batch's fetch takes longer (a slow input pipeline)
 
 Before sending, the process prints `marker(signal, at)` (flushed), so that a test can tell the
 fault it injected from anything else that ended the process (a launcher's timeout, a crash).
@@ -22,13 +23,14 @@ PROGRAM = textwrap.dedent(
   """
   from vit_jax.runtime import process
   process.configure()  # as the entry point does, first thing
-  import os, signal, sys
+  import os, signal, sys, time
   from vit_jax import input_pipeline, main
   from vit_jax.runtime import cli
   from vit_jax.checkpoint import train_state
   name = os.environ.get("FAULT_SIGNAL", "SIGTERM")
   sig = getattr(signal, name)
   at, second = int(os.environ.get("FAULT_AT", 0)), int(os.environ.get("FAULT_SECOND_AT", 0))
+  delay = float(os.environ.get("FAULT_DATA_DELAY", 0))
   def send(where):
     print(f"[fault: {name} {where}]", flush=True)
     os.kill(os.getpid(), sig)
@@ -37,6 +39,7 @@ PROGRAM = textwrap.dedent(
     count[0] += 1
     if count[0] == at:
       send(f"at batch {at}")
+    time.sleep(delay)
     return fetch(self)
   input_pipeline.TrainIterator.__next__ = signalling_next
   save = train_state.Checkpointer.save

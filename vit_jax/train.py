@@ -66,9 +66,9 @@ from vit_jax import (
   optim,
   sharding,
 )
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint import local_tier, train_state
 from vit_jax.cost import compiled_stats, flops
-from vit_jax.runtime import logging_util, stopping
+from vit_jax.runtime import goodput, logging_util, profiling, stopping
 from vit_jax.runtime import workdir as workdir_lib
 
 # step int32 [], params, opt_state, rng uint32 [2]; with config.ema_decay also ema (like params).
@@ -366,11 +366,11 @@ def run(
     workdir: checkpoints, `config.json` and TensorBoard files; a run resumes from it.
     devices: the devices of the mesh (default: all of them).
   """
-  with stopping.StopOnSignal() as stop:
-    return _run(config, workdir, devices, stop)
+  with goodput.Account(workdir) as account, stopping.StopOnSignal() as stop:
+    return _run(config, workdir, devices, stop, account)
 
 
-def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, float]:
+def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, float]:
   # ----------------------------------------------------------------------------------------------
   # Setup.
   starts_from_checkpoint = config.stage in ("finetune", "segment")
@@ -409,7 +409,10 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
     keep=config.checkpoint.keep,
     asynchronous=config.checkpoint.asynchronous,
   )
-  restored = checkpointer.restore_latest(train_state.abstract_tree(abstract, state_shardings))
+  local = local_tier.LocalTier(config.checkpoint.local, workdir, mesh, config)
+  account.enter("restore")
+  abstract_state = train_state.abstract_tree(abstract, state_shardings)
+  restored, resume = local_tier.restore_latest(checkpointer, local, abstract_state)
   data_state = None
   if restored is not None:
     _, state, data_state = restored
@@ -428,6 +431,8 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       if "ema" in state:  # the average starts at the pretrained weights
         state["ema"] = jax.tree_util.tree_map(jnp.copy, params)
   start_step = int(jax.device_get(state["step"]))
+  account.resumed(start_step, resume.source, resume.newest_committed)
+  account.enter("startup")
   logging_util.log_parameter_overview(state["params"])
   writer = logging_util.create_writer(workdir)
   if jax.process_index() == 0:
@@ -459,6 +464,7 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
   )
   # ----------------------------------------------------------------------------------------------
   # Loop.
+  profiler = profiling.Profiler(config.profile, workdir, account)
   window = jax.device_put(empty_window(), replicated)
   compiled = None
   progress = logging_util.Progress(total_steps, start_step)
@@ -471,15 +477,20 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       # the final state is evaluated again, so the run still returns its final metrics.
       metrics["step"] = float(start_step)
       for evaluator in evals:
-        metrics.update(evaluator.run(state.get("ema", state["params"])))
+        with account.phase("eval"):
+          metrics.update(evaluator.run(state.get("ema", state["params"])))
     for step in range(start_step + 1, total_steps + 1):
+      profiler.step(step, state)
       with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        account.enter("data_wait")
         batch = _select(next(train_iter))
         if compiled is None:
           # Compiled ahead of time once: XLA's cost analysis gives the FLOPs for the MFU.
+          account.enter("compile")
           compiled = built.jit_step(batch).lower(state, batch, window).compile()
           throughput = _report_compiled(compiled, state, built, batch, batch_size)
           throughput(step - 1)
+        account.enter("step")
         state, window, learning_rate = compiled(state, batch, window)
 
       if step % config.log_every_steps == 0 or step == total_steps:
@@ -488,20 +499,26 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
         metrics["learning_rate"] = float(learning_rate)
         metrics.update(throughput(step))
         metrics["skipped_examples_this_host"] = float(train_iter.num_skipped)
-        writer.write_scalars(step, dict(metrics))  # a copy: the writer is asynchronous
-        progress.step(step, metrics)
+        shares = account.scalars(step)
+        writer.write_scalars(step, {**metrics, **shares})  # a copy: the writer is asynchronous
+        progress.step(step, {**metrics, **shares})
         metrics["step"] = float(step)
         window = jax.device_put(empty_window(), replicated)
+        profiler.poll(step)
 
       stopped = stop.reached(step)
       preempted = checkpointer.reached_preemption(step)
-      if step == total_steps or stopped or preempted or checkpointer.should_save(step):
+      force = step == total_steps or stopped or preempted
+      # The workdir's tier at its steps and when forced, else the local tier at its own.
+      tier = checkpointer if force or checkpointer.should_save(step) else local
+      if tier is checkpointer or local.due(step, step % config.log_every_steps == 0):
         _check_finite(window, checkpointer)
         data_state = _gather_data_state(train_iter.get_state())
-        with throughput.paused(window):
-          force = step == total_steps or stopped or preempted
-          checkpointer.save(step, state, data_state, force=force)
+        with throughput.paused(window), account.phase("checkpoint"):
+          if tier.save(step, state, data_state, force=force):
+            account.saved(step)
       if (stopped or preempted) and step < total_steps:
+        account.enter("checkpoint")
         checkpointer.wait()
         reason = stop.signal_name if stopped else "a preemption notice"
         raise stopping.Stopped(
@@ -513,7 +530,8 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
           results = {}
           with progress.evaluation(step, evaluator.name, results), throughput.paused(window):
             # With Polyak averaging the averaged weights are the ones evaluated (and exported).
-            results.update(evaluator.run(state.get("ema", state["params"])))
+            with account.phase("eval"):
+              results.update(evaluator.run(state.get("ema", state["params"])))
           writer.write_scalars(step, results)
           metrics.update(results)
     failed = False
@@ -524,7 +542,9 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
     raise
   finally:
     # A failed run still completes the saves it started (the last good checkpoint stays whole).
-    _close(failed, checkpointer.wait, checkpointer.close, train_iter.close, writer.flush)
+    account.enter("checkpoint")
+    closers = (checkpointer.wait, checkpointer.close, local.wait, local.close, train_iter.close)
+    _close(failed, lambda: profiler.close(state), *closers, writer.flush)
   return metrics
 
 

@@ -86,7 +86,7 @@ def _duration(seconds: float) -> str:
 class Progress:
   """The line a user watches, one per log step, and one per evaluation:
 
-    step 200/1000 (20%) | loss 0.5123 | accuracy 81.25% | 1,234.5 img/s | ETA 3m12s
+    step 200/1000 (20%) | loss 0.5123 | accuracy 81.25% | 1,234.5 img/s | goodput 87% | ETA 3m12s
     step 200/1000 | val: accuracy 84.10%, loss 0.4421 (12s)
 
   The ETA is the remaining steps at the pace since this run (or resume) started, evaluations
@@ -110,6 +110,8 @@ class Progress:
       parts.append(f"accuracy {100 * metrics['accuracy']:.2f}%")
     if "images_per_sec" in metrics:
       parts.append(f"{metrics['images_per_sec']:,.1f} img/s")
+    if "goodput/share" in metrics:  # vit_jax.runtime.goodput: the workdir's, all reruns included
+      parts.append(f"goodput {100 * metrics['goodput/share']:.0f}%")
     done = step - self._start
     if done > 0 and step < self._total:
       pace = (time.perf_counter() - self._t0) / done
