@@ -179,11 +179,16 @@ def _one_record_shards(tmp_path, mask_rows, label=0):
     ("no_split", r"segmentation shards .*: no split 'val'; splits: \['train'\]"),
     ("mask_size", r"mask .*t-train.tfrecord-00000-of-00001 record 0 \(bad.png\) is 6x5 but its"),
     ("label", r"mask .*t-train.tfrecord-00000-of-00001 record 0 \(bad.png\): label 7 outside"),
+    (
+      "too_large",
+      r"image .*t-train.tfrecord-00000-of-00001 record 0 declares 6x8 = 48 pixels, more than "
+      r"dataset.max_image_pixels=40$",
+    ),
   ],
 )
 def test_bad_shards_are_one_line_naming_the_culprit(tmp_path, kind, message):
   _clear_caches()
-  split = "train"
+  split, bound = "train", {}
   if kind == "classification":
     make_shards.shard_builtin("digits", "test", str(tmp_path), num_shards=1)
   elif kind == "no_split":
@@ -193,11 +198,42 @@ def test_bad_shards_are_one_line_naming_the_culprit(tmp_path, kind, message):
     _one_record_shards(tmp_path, 5)
   elif kind == "label":
     _one_record_shards(tmp_path, 8, label=7)
+  elif kind == "too_large":  # checked before decoding
+    _one_record_shards(tmp_path, 8)
+    bound = dict(max_image_pixels=40)
   with pytest.raises((ValueError, FileNotFoundError), match=message) as e:
-    seg_data.load_split(_config("seg_shards", tmp_path), split)
+    seg_data.load_split(_config("seg_shards", tmp_path, **bound), split)
   assert "\n" not in str(e.value)
   if kind == "no_split":  # the good example reads
     assert seg_data.load_split(_config("seg_shards", tmp_path), "train").names == ["bad.png"]
+
+
+def test_the_files_a_split_finds_are_checked_against_its_listing(tmp_path):
+  """As the classification reader does: a stray shard beside the listed ones (an earlier
+  make_shards run), or a listed one missing, stops the reader in one line."""
+  _clear_caches()
+  image = seg_data.encode_png(np.zeros((8, 6, 3), np.uint8))
+  examples = [(image, np.zeros((8, 6), np.uint8), f"x{i}.png", i) for i in range(2)]
+  make_shards._write_segmentation(examples, 2, str(tmp_path), "t", "train", 2, CLASSES, 3)
+  config = _config("seg_shards", tmp_path)
+  assert seg_data.load_split(config, "train").names == ["x0.png", "x1.png"]
+  stray = tmp_path / "t-train.tfrecord-00000-of-00003"
+  stray.write_bytes(b"")
+  _clear_caches()
+  with pytest.raises(
+    input_pipeline.DataMismatchError,
+    match=r"^split 'train': the files matching '.*t-train.tfrecord-\*' are not the 2 shards its "
+    r"dataset_info.json lists: 1 not listed \(t-train.tfrecord-00000-of-00003, ...\); rewrite",
+  ):
+    seg_data.load_split(config, "train")
+  stray.unlink()
+  (tmp_path / "t-train.tfrecord-00001-of-00002").unlink()
+  _clear_caches()
+  with pytest.raises(
+    input_pipeline.DataMismatchError,
+    match=r"1 listed but missing \(t-train.tfrecord-00001-of-00002, ...\)",
+  ):
+    seg_data.load_split(config, "train")
 
 
 def test_tfrecord_source_refuses_segmentation_shards(tmp_path):

@@ -138,6 +138,17 @@ def with_retries(read: Callable[[], T], path: str, sleep: Callable[[float], Any]
       retries.failed(e)
 
 
+def read_file(path: str, opener: Callable = open) -> bytes:
+  """The bytes of the file `path`, opened with `opener` (`open`, or tf.io.gfile.GFile for gs://
+  paths), read again after an I/O error (see `Retries`)."""
+
+  def read():
+    with opener(path, "rb") as f:
+      return f.read()
+
+  return with_retries(read, path)
+
+
 def reason(status: int, pixels: int = 0, max_pixels: int = 0) -> str:
   """Why an example of `status` was skipped, in words."""
   return _REASONS[status].format(pixels=int(pixels), limit=int(max_pixels))

@@ -207,14 +207,8 @@ class FolderSource(_IndexedSource):
 
 
 def _read_file(path: bytes) -> bytes:
-  path = path.decode()
-
-  def read():
-    with tf.io.gfile.GFile(path, "rb") as f:
-      return f.read()
-
   with bad_data.marked_errors():
-    return bad_data.with_retries(read, path)
+    return bad_data.read_file(path.decode(), tf.io.gfile.GFile)
 
 
 def folder_split_dir(config, split: str) -> str:
