@@ -114,9 +114,9 @@ def test_an_unreadable_shard_is_read_again_then_one_line(tmp_path, monkeypatch, 
         raise tf.errors.UnavailableError(None, None, "connection reset")
       yield record
 
-  monkeypatch.setattr(tf.compat.v1.io, "tf_record_iterator", flaky)
-  chunks = list(tfrecord_files.read_chunks(paths[0], N // SHARDS))
-  monkeypatch.undo()
+  with monkeypatch.context() as patched:
+    patched.setattr(tf.compat.v1.io, "tf_record_iterator", flaky)
+    chunks = list(tfrecord_files.read_chunks(paths[0], N // SHARDS))
   assert [list(c[1]) for c in chunks] == [list(range(N // SHARDS))] and all(chunks[0][2])
   assert list(chunks[0][0]) == list(real(paths[0])) and len(calls) == 2
   assert f"reading {paths[0]} failed (attempt 1 of 4), again in 0.0 s: UnavailableError" in (
@@ -128,6 +128,7 @@ def test_an_unreadable_shard_is_read_again_then_one_line(tmp_path, monkeypatch, 
   it = input_pipeline.make_train_iterator(_config(tmp_path), global_batch_size=4, seed=0)
   with pytest.raises(bad_data.DataReadError) as e:
     next(it)
+  it.close()
   assert str(e.value) == (
     f"cannot read {paths[1]} (4 attempts): FailedPreconditionError: {paths[1]}; Is a directory"
   )
@@ -180,3 +181,14 @@ def test_an_unreadable_image_file_is_read_again_then_one_line(folder, caplog):
     f"cannot read {path} (4 attempts): FailedPreconditionError: {path}; Is a directory"
   )
   assert f"reading {path} failed (attempt 3 of 4)" in caplog.text
+
+
+def test_an_evaluations_line_gives_every_digit_of_the_examples_it_read(monkeypatch):
+  from vit_jax.runtime import logging_util
+
+  lines = []
+  progress = logging_util.Progress(10, 0)
+  monkeypatch.setattr(progress, "_log", lines.append)
+  with progress.evaluation(10, "val", {"val/accuracy": 0.5, "val/num_examples": 50_000.0}):
+    pass
+  assert lines[-1].startswith("step 10/10 | val: accuracy 50.00%, num_examples 50,000 (")
