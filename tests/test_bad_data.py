@@ -95,10 +95,9 @@ def test_the_share_of_skipped_examples_stops_a_run_in_one_line_also_after_a_resu
     run(share / 2, state=state, steps=1)  # resumed: the restored counts go on
   assert str(e.value) == (
     f"input pipeline: {lost} of the {N} examples this host read ({100 * share:.2f}%) were "
-    f"skipped ({lost - state['num_skipped']} lost in damaged files since the run resumed), more than "
-    "dataset.max_skipped_fraction="
-    f"{share / 2:g}; the most recent: {paths[0]} record {N // SHARDS - 1}, which lost with the "
-    "rest of its damaged TFRecord file"
+    f"skipped ({lost - state['num_skipped']} lost in damaged files since the run resumed), "
+    f"more than dataset.max_skipped_fraction={share / 2:g}; the most recent: {paths[0]} record "
+    f"{N // SHARDS - 1}, which was lost with the rest of its damaged TFRecord file"
   )
 
 

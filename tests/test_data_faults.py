@@ -124,8 +124,8 @@ def test_a_damaged_shard_stops_the_run_past_the_limit_in_one_line(tmp_path):
   match = re.match(
     r"vit_jax: error: TooManySkippedError: input pipeline: (\d+) of the 24 examples this host "
     r"read \((\d+\.\d\d)%\) were skipped \((\d+) lost in damaged files\), more than "
-    r"dataset.max_skipped_fraction=0.001; the most recent: (.*) record \d+, which lost with the "
-    r"rest of its damaged TFRecord file",
+    r"dataset.max_skipped_fraction=0.001; the most recent: (.*) record \d+, which was lost "
+    r"with the rest of its damaged TFRecord file",
     last,
   )
   assert match, last

@@ -43,7 +43,7 @@ MIN_RECORDS = 1000
 OK, UNDECODABLE, LOST, TOO_LARGE, PAD = 0, 1, 2, 3, -1
 _REASONS = {
   UNDECODABLE: "could not be decoded or preprocessed",
-  LOST: "lost with the rest of its damaged TFRecord file",
+  LOST: "was lost with the rest of its damaged TFRecord file",
   TOO_LARGE: "declares {pixels:,} pixels, more than dataset.max_image_pixels={limit:,}",
 }
 _COUNTED_AS = {UNDECODABLE: "undecodable", LOST: "lost in damaged files", TOO_LARGE: "too large"}
@@ -85,7 +85,7 @@ def marked_errors():
 
 
 def translate(error: Exception) -> Exception:
-  """A TensorFlow error carrying one of our marks → that exception (one line); others as they are."""
+  """A TensorFlow error carrying one of our marks → that exception; others as they are."""
   message = getattr(error, "message", str(error))
   for mark, kind in _MARKS.items():
     match = re.search(re.escape(mark) + r"(.*?)(\n|$)", message)

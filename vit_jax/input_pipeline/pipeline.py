@@ -267,7 +267,7 @@ def wait_for_releases() -> None:
 
 
 def _numpy_batches(ds: tf.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
-  """Iterates `ds` as numpy; our data errors become ValueErrors; the iterator dies with the generator."""
+  """Iterates `ds` as numpy; our data errors become our exceptions (bad_data.translate)."""
   it = ds.as_numpy_iterator()
   try:
     while True:
