@@ -89,7 +89,7 @@ def test_the_share_of_skipped_examples_stops_a_run_in_one_line_also_after_a_resu
 
   # At the limit the run goes on (over more than one epoch); past it, it stops once the host
   # read its first epoch (dataset_info.json lists fewer than MIN_RECORDS records).
-  run(share, steps=2 * N // 4)
+  run(share, steps=N // 4 + 1)
   state = run(share / 2, steps=N // 4 - 1)  # the epoch is not done: not checked yet
   with pytest.raises(bad_data.TooManySkippedError) as e:
     run(share / 2, state=state, steps=1)  # resumed: the restored counts go on

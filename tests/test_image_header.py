@@ -98,8 +98,8 @@ JXL_HEADERS = {
   (513, 1): "ff0a0210000088040802010080020000501a5016",
   (3, 5000): "ff0a10800e278804080201008002000000000010",
   (256, 512): "ff0aff4124080201008c0200002005c62006c600",  # ratio 2:1
-  (300, 41): "0000000c4a584c200d0a870a00000014667479706a786c20000000006a786c20000000a5256a786c63"
-  "ff0a58095080480802010090020000601212d006054b189b",
+  (300, 41): "0000000c4a584c200d0a870a00000014667479706a786c20000000006a786c200000a5256a786c63"
+  "ff0a58095080480802010090020000601212d006054b189b",  # in the container
 }
 
 
@@ -109,6 +109,12 @@ def test_jpeg_xl_sizes_bare_and_in_the_container():
     assert _declared(data) == height * width
   for (height, width), head in JXL_HEADERS.items():
     assert _declared(bytes.fromhex(head)) == height * width, (height, width)
+  # Other boxes first (one with a 64-bit size), the codestream in a 'jxlp' box after its index.
+  signature = JXL_7X9_CONTAINER[:32]  # 'JXL ' and 'ftyp'
+  exif = struct.pack(">I", 1) + b"Exif" + struct.pack(">Q", 16 + 6) + b"jxlc.."
+  jxlp = struct.pack(">I", 12 + len(JXL_8X8)) + b"jxlp" + b"\0\0\0\0" + JXL_8X8
+  assert _declared(signature + exif + jxlp) == 8 * 8
+  assert _declared(signature + exif) == -1  # no codestream
 
 
 def test_a_bomb_declares_its_size_and_other_bytes_declare_none():
