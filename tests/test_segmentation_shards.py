@@ -268,3 +268,23 @@ def test_segment_stage_runs_on_shards(tmp_path, trainer_on_one_device):
   labelled = sum(int(np.sum(b["label"] != IGNORE)) for b in batches)
   assert results["test/num_pixels"] == labelled > 0
   assert 0 <= results["test/miou"] <= 1 and "test/iou/background" in results
+
+
+def test_a_folder_image_declaring_too_many_pixels_is_one_line_before_decoding(tmp_path):
+  from test_image_header import bomb_png  # tests/
+
+  for d in ("images", "masks"):
+    (tmp_path / "train" / d).mkdir(parents=True)
+  Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp_path / "train" / "masks" / "x.png")
+  image = tmp_path / "train" / "images" / "x.png"
+  image.write_bytes(bomb_png(12_000, 10_000))
+  # Pillow warns from 89.5 million pixels on; the bound stops it before any decoding.
+  with pytest.warns(Image.DecompressionBombWarning), pytest.raises(ValueError) as e:
+    seg_data.read_folder_example(str(tmp_path), "train", "x.png", 3, max_pixels=100_000_000)
+  assert str(e.value) == (
+    f"image {image} declares 12000x10000 = 120,000,000 pixels, more than "
+    "dataset.max_image_pixels=100,000,000"
+  )
+  image.write_bytes(bomb_png())  # past Pillow's own bound, which refuses it at its header
+  with pytest.raises(ValueError, match=rf"^image {image}: Image size \(900000000 pixels\)"):
+    seg_data.read_folder_example(str(tmp_path), "train", "x.png", 3, max_pixels=100_000_000)
