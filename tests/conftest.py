@@ -26,11 +26,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # threads spin while they wait, so two of them per worker fight XLA's threads and the other
 # worker's for the cores (measured: docs/process.md).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# TensorFlow's import loads Keras, and Keras imports scikit-learn and SciPy's statistics: about
-# a third of `import tensorflow`, paid by every test process and command child. Asked for the
-# legacy tf_keras package instead, which is not installed, TensorFlow skips it quietly; nothing
-# in vit_jax, tfds or clu uses Keras (measured: docs/process.md).
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 # One directory for the run, made by the controller and removed at its end, holding
 # - one persistent compilation cache: the test processes, every xdist worker and every child
