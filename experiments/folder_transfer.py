@@ -76,10 +76,10 @@ def read_folder(root: str, split: str, image_size: int) -> tuple[np.ndarray, np.
   from PIL import Image
 
   from vit_jax import inference
-  from vit_jax.input_pipeline import sources
+  from vit_jax.input_pipeline import indexed
 
-  extensions = sources.IMAGE_EXTENSIONS  # what the `folder` source reads
-  classes = sources.folder_class_names(root)
+  extensions = indexed.IMAGE_EXTENSIONS  # what the `folder` source reads
+  classes = indexed.folder_class_names(root)
   label_of = {}
   split_dir = os.path.join(root, split)
   for label, name in enumerate(classes):

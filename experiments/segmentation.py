@@ -250,9 +250,9 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
     )
     runs[name] = {k[len("test/") :]: v for k, v in metrics.items() if k.startswith("test/")}
     runs[name].update(loss=metrics.get("loss"), train_pixel_accuracy=metrics.get("accuracy"))
-  from vit_jax.input_pipeline import segmentation as seg_data
+  from vit_jax.input_pipeline import segmentation_synthetic
 
-  class_names = seg_data.synthetic_class_names(DATASET)
+  class_names = segmentation_synthetic.synthetic_class_names(DATASET)
   start = time.perf_counter()
   baselines = pixel_baselines(profile, len(class_names), class_names)
   seconds["baselines"] = time.perf_counter() - start
