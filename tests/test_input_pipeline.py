@@ -251,7 +251,7 @@ def test_batch_size_must_split_over_hosts(tmp_path):
     )
 
 
-def test_close_returns_before_the_iterator_is_released_and_the_exit_waits_for_it():
+def test_close_returns_before_the_iterator_is_released_and_the_exit_waits_for_it(monkeypatch):
   """Freeing a tf.data iterator can block for seconds (its autotuning thread); closing the
   prefetcher hands that to a thread of its own, and `wait_for_releases` (run at exit) waits for
   it. A generator whose cleanup blocks until told stands in for the iterator."""
@@ -259,6 +259,8 @@ def test_close_returns_before_the_iterator_is_released_and_the_exit_waits_for_it
 
   from vit_jax.input_pipeline import pipeline
 
+  # The releases of iterators that earlier tests closed are left to the exit, not waited for here.
+  monkeypatch.setattr(pipeline, "_releases", [])
   proceed, released = threading.Event(), threading.Event()
 
   def items():
