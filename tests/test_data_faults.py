@@ -4,7 +4,8 @@
 - an image declaring 30,000 x 30,000 pixels is skipped without decoding and the run goes on, and
   an evaluation that could not read every example of its split fails in one line;
 - a damaged shard's lost records, counted from dataset_info.json, take the share of skipped
-  examples past the limit: the run stops in one line naming the count, the share and the file.
+  examples past the limit: the run stops in one line naming the count, the share and the file;
+- the segment stage, on a segmentation folder, the same way.
 
 Each is `python -m vit_jax.main` on a folder or shards of a few images ('testing' ViT, runlocal);
 the counting itself is tested in-process (test_bad_data.py).
@@ -15,6 +16,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import xla_env  # tests/
 from test_image_header import bomb_png  # tests/
 
@@ -32,10 +34,11 @@ ARGS = [
 ]
 
 
-def _main(workdir, *extra) -> tuple[int, str, str]:
-  """(exit status, last terminal line, the whole output) of the entry point."""
+def _main(workdir, *extra, base=ARGS) -> tuple[int, str, str]:
+  """(exit status, last terminal line, the whole output) of the entry point, its flags `base`
+  (the pretraining config's) and `extra`."""
   proc = subprocess.run(
-    [sys.executable, "-m", "vit_jax.main", *ARGS, f"--workdir={workdir}", *extra],
+    [sys.executable, "-m", "vit_jax.main", *base, f"--workdir={workdir}", *extra],
     env=xla_env.child_env(1, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu"),
     cwd=REPO,
     capture_output=True,
@@ -141,3 +144,57 @@ def _records_before_damage(path):
     yield from tf.compat.v1.io.tf_record_iterator(path)
   except tf.errors.DataLossError:
     return
+
+
+def test_the_segment_stage_skips_a_bomb_and_its_evaluation_needs_every_example(tmp_path):
+  """The same on a segmentation folder (`seg_folder`, streamed through the same pipeline): a
+  training image declaring 30,000 x 30,000 pixels is skipped and the run trains to its last
+  step; a validation image that does not decode fails the final evaluation in one line."""
+  from PIL import Image
+
+  root = tmp_path / "folder"
+  rng = np.random.default_rng(0)
+  for split, n in (("train", 15), ("val", 4)):
+    for d in ("images", "masks"):
+      (root / split / d).mkdir(parents=True)
+    for i in range(n):
+      Image.fromarray(rng.integers(0, 256, (16, 16, 3), np.uint8)).save(
+        root / split / "images" / f"{i}.png"
+      )
+      Image.fromarray(rng.integers(0, 3, (16, 16), np.uint8)).save(
+        root / split / "masks" / f"{i}.png"
+      )
+  (root / "classes.txt").write_text("bg\na\nb\n")
+  bomb, broken = root / "train" / "images" / "bomb.png", root / "val" / "images" / "broken.png"
+  bomb.write_bytes(bomb_png())
+  broken.write_bytes(b"not an image")
+  for split, name in (("train", "bomb"), ("val", "broken")):
+    (root / split / "masks" / f"{name}.png").write_bytes(
+      (root / split / "masks" / "0.png").read_bytes()
+    )
+  workdir = tmp_path / "workdir"
+  code, last, output = _main(
+    workdir,
+    "--config=configs/segment.py:dataset=folder,runlocal",
+    f"--config.dataset.data_dir={root}",
+    "--config.init_from_scratch=true",
+    "--config.dataset.image_size=16",
+    "--config.total_steps=2",
+    "--config.batch_size=8",
+    "--config.dataset.max_skipped_fraction=0.1",  # 1 of the 16 training images
+    "--config.evals.val.every_steps=0",
+    "--config.evals.test.every_steps=-1",
+    "--config.checkpoint.asynchronous=false",
+    base=(),
+  )
+  assert (
+    f"input pipeline: skipped {bomb}: it declares 900,000,000 pixels, more than "
+    "dataset.max_image_pixels=100,000,000" in output
+  )
+  assert train_state.committed_steps(workdir)[-1] == 2  # trained to the end
+  assert code == 1
+  assert last.startswith(
+    "vit_jax: error: IncompleteEvaluationError: evaluation of split 'val' read 4 of the 5 "
+    f"examples of this host: 1 skipped (1 undecodable); the most recent: {broken}, which could "
+    "not be decoded or preprocessed; an evaluation needs every example of its split"
+  ), last
