@@ -259,6 +259,29 @@ def test_bench_input_pipeline_runs_main(monkeypatch, capsys):
   assert re.search(r"^ratio pipeline/train step, 1 thread\(s\): +[\d.]+x", out, re.M), out
 
 
+def test_bench_input_pipeline_reads_segmentation_shards(capsys):
+  """--task=segmentation: the JPEGs with masks, through the seg_shards source; no ViT step."""
+  from experiments import bench_input_pipeline
+
+  cli.call(
+    bench_input_pipeline,
+    [
+      "--task=segmentation",
+      "--threads=1",
+      "--batches=1",
+      "--batch=2",
+      "--images=4",
+      "--vit_steps=0",
+    ],
+  )
+  out = capsys.readouterr().out
+  assert "shards: 4 JPEGs with masks" in out
+  assert re.search(
+    r"^pipeline \(segmentation\), 1 tf.data thread\(s\): +[\d.]+ images/s", out, re.M
+  )
+  assert "ViT-B/16" not in out
+
+
 def test_pod_plan_imports_and_parses_its_arguments(tmp_path, monkeypatch, capsys):
   """pod_plan.main: its arguments are parsed, and without libtpu (the optional extra `tpu`) it
   ends with the install hint and writes nothing. With libtpu it gets past that check to its
