@@ -34,9 +34,11 @@ checkpoint, so a bad step stops the run (FloatingPointError naming the step) and
 
 Stopping: SIGTERM or SIGINT (vit_jax.runtime.stopping), and on TPU VMs (with jax.distributed) a
 preemption notice, make every process save the same step and raise `stopping.Stopped`; the rerun
-resumes there without replaying a step. A second signal exits at once. Killed without notice, a
-run resumes from the latest complete checkpoint and replays the same steps; a latest checkpoint
-that does not restore is moved aside and the one before it used (vit_jax.checkpoint.train_state).
+resumes there without replaying a step. A signal is acted on after the step it arrives in,
+between two evaluation batches (the evaluation is abandoned), or once the restore or the first
+compile returns. A second signal exits at once. Killed without notice, a run resumes from the
+latest complete checkpoint and replays the same steps; a latest checkpoint with evidence of
+damage is moved aside and the one before it used (vit_jax.checkpoint.train_state).
 A run restarted after its last step runs its evaluators on the final state and returns their
 metrics (what vit_jax.main records).
 """
@@ -427,6 +429,9 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       if "ema" in state:  # the average starts at the pretrained weights
         state["ema"] = jax.tree_util.tree_map(jnp.copy, params)
   start_step = int(jax.device_get(state["step"]))
+  if stop.poll():  # a signal during the restore or initialisation: nothing new to save
+    checkpointer.close()
+    raise stop.stopped(start_step, total_steps, str(checkpointer.directory) if restored else None)
   logging_util.log_parameter_overview(state["params"])
   writer = logging_util.create_writer(workdir)
   if jax.process_index() == 0:
@@ -444,6 +449,8 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
     batch_size=config.eval_batch_size,
     mesh=mesh,
     data_axes=sharding.BATCH_AXES,
+    # A signal ends an evaluation between two batches (vit_jax.runtime.stopping).
+    make_data=stop.checked_data(evaluators.input_pipeline_data(mesh, sharding.BATCH_AXES)),
   )
 
   # ----------------------------------------------------------------------------------------------
@@ -479,6 +486,10 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
           compiled = built.jit_step(batch).lower(state, batch, window).compile()
           throughput = _report_compiled(compiled, state, built, batch, batch_size)
           throughput(step - 1)
+          if stop.poll():  # a signal during the data's warm-up or the compile: nothing new
+            raise stop.stopped(
+              step - 1, total_steps, str(checkpointer.directory) if step > 1 else None
+            )
         state, window, learning_rate = compiled(state, batch, window)
 
       if step % config.log_every_steps == 0 or step == total_steps:
@@ -510,12 +521,22 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       for evaluator in evals:
         if (evaluator.every_steps and step % evaluator.every_steps == 0) or step == total_steps:
           results = {}
-          with progress.evaluation(step, evaluator.name, results), throughput.paused(window):
-            # With Polyak averaging the averaged weights are the ones evaluated (and exported).
-            results.update(evaluator.run(state.get("ema", state["params"])))
+          try:
+            with progress.evaluation(step, evaluator.name, results), throughput.paused(window):
+              # With Polyak averaging the averaged weights are the ones evaluated (and exported).
+              results.update(evaluator.run(state.get("ema", state["params"])))
+          except stopping.StopRequested:  # abandoned: this step is saved, unless it was above
+            if not (step == total_steps or checkpointer.should_save(step)):
+              _check_finite(window, checkpointer)
+              data_state = _gather_data_state(train_iter.get_state())
+              checkpointer.save(step, state, data_state, force=True)
+            raise
           writer.write_scalars(step, results)
           metrics.update(results)
     failed = False
+  except stopping.StopRequested:  # a signal inside an evaluation
+    checkpointer.wait()
+    raise stop.stopped(step, total_steps, str(checkpointer.directory)) from None
   except Exception as e:
     if train_state.out_of_space(e) and not isinstance(e, train_state.CheckpointSaveError):
       # The metrics writer (or anything else writing to the workdir) met a full disk first.
