@@ -50,7 +50,7 @@ _TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step (or item) still 
 MIN_REPLICA_SLICE_BYTES = 64 * 1024
 # A restore's outcome on one process; the gravest on any process decides (restore_latest).
 _OK, _RETRY, _BROKEN, _MISMATCH = range(4)
-# The barrier Orbax's Checkpointer.restore ends with (no key prefix: CheckpointManager's default).
+# The barrier Orbax's Checkpointer.restore ends with (before its key prefix: see _failed).
 _ORBAX_RESTORE_BARRIER = "Checkpointer:restore"
 
 
@@ -76,6 +76,7 @@ class Checkpointer:
       cleanup_tmp_directories=True,
     )
     self.every_steps = max(int(every_steps), 1)
+    self._asynchronous = asynchronous
     self.workdir = _absolute(workdir)
     self.directory = self.workdir / CHECKPOINT_DIR
     self._writing: int | None = None  # the step of the save in flight
@@ -284,13 +285,19 @@ class Checkpointer:
         return self._failed(_BROKEN, why)
       return self._failed(_RETRY, f"{type(e).__name__}: {_first_line(e)}")
 
-  @staticmethod
-  def _failed(outcome: int, why: str) -> tuple[int, str]:
+  def _failed(self, outcome: int, why: str) -> tuple[int, str]:
     """(outcome, why) of a restore that did not reach the barrier Orbax's restore ends with, once
     this process has passed it: on several processes the others may wait in it."""
     if jax.process_count() > 1:
+      # The key's prefix as Orbax's checkpointer makes it: None for the synchronous one, '' for
+      # the asynchronous one (its barrier is then '_Checkpointer:restore').
+      prefix = getattr(
+        self._manager._checkpointer,  # noqa: SLF001 - the barrier is Orbax's own
+        "_barrier_sync_key_prefix",
+        "" if self._asynchronous else None,
+      )
       ocp.multihost.sync_global_processes(
-        ocp.multihost.unique_barrier_key(_ORBAX_RESTORE_BARRIER, prefix=None)
+        ocp.multihost.unique_barrier_key(_ORBAX_RESTORE_BARRIER, prefix=prefix)
       )
     return outcome, why
 
