@@ -9,6 +9,7 @@ CheckpointMismatch, nothing moved. The same through the entry point: tests/test_
 
 import errno
 import json
+import time
 
 import jax
 import jax.numpy as jnp
@@ -121,6 +122,18 @@ def test_a_persistent_error_ends_the_run_with_nothing_moved(workdir, monkeypatch
   message = str(error.value)
   assert message.startswith(f"restoring checkpoint step 2 from {workdir}/checkpoints failed 3")
   assert "OSError: [Errno 5] Input/output error" in message and "nothing was moved" in message
+  assert _moved(workdir) == [] and train_state.committed_steps(workdir) == [1, 2]
+
+
+def test_a_stop_request_cuts_the_retries_short(workdir, monkeypatch):
+  monkeypatch.setattr(restore_faults, "RETRY_DELAYS_S", (30.0, 30.0))
+  calls = _failing_reads(monkeypatch, failures=100)
+  checkpointer = train_state.Checkpointer(str(workdir), 1, 10, asynchronous=False)
+  start = time.monotonic()
+  with pytest.raises(restore_faults.CheckpointRestoreError, match="a stop was requested"):
+    checkpointer.restore_latest(_abstract(), stop_requested=lambda: True)
+  checkpointer.close()
+  assert calls[0] == 1 and time.monotonic() - start < 10  # not the 30 s wait
   assert _moved(workdir) == [] and train_state.committed_steps(workdir) == [1, 2]
 
 

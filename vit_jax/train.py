@@ -410,7 +410,9 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
     keep=config.checkpoint.keep,
     asynchronous=config.checkpoint.asynchronous,
   )
-  restored = checkpointer.restore_latest(train_state.abstract_tree(abstract, state_shardings))
+  restored = checkpointer.restore_latest(
+    train_state.abstract_tree(abstract, state_shardings), stop_requested=stop.requested
+  )
   data_state = None
   if restored is not None:
     _, state, data_state = restored

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -176,7 +177,9 @@ class Checkpointer:
       path.rmtree(missing_ok=True)
     return bool(unfinished)
 
-  def restore_latest(self, abstract_state: Any) -> tuple[int, Any, Any] | None:
+  def restore_latest(
+    self, abstract_state: Any, stop_requested: Callable[[], bool] = lambda: False
+  ) -> tuple[int, Any, Any] | None:
     """(step, state, data_state) of the newest step that restores, or None without any step.
 
     A step is moved aside to `<workdir>/broken_checkpoints/` (never deleted) only on evidence
@@ -184,16 +187,18 @@ class Checkpointer:
     from an older step than the newest is said in a warning naming both. Every process acts on
     the same verdict: the gravest of theirs.
 
+    `stop_requested()` True (a stop signal) cuts the waits between retries short.
+
     Raises:
       CheckpointRestoreError: a step failed to restore, without evidence that it is broken,
-        after retries (nothing moved).
+        after retries, or before one when a stop was requested (nothing moved).
       CheckpointMismatch: a step does not fit the model (nothing moved).
       RuntimeError: there are steps and none of them restores (all left in place).
     """
     steps = sorted(self.all_steps(), reverse=True)
     broken: list[tuple[int, str]] = []
     for step in steps:
-      restored = self._restore_retrying(step, abstract_state)
+      restored = self._restore_retrying(step, abstract_state, stop_requested)
       if isinstance(restored, str):  # evidence that the step is broken: try the one before
         broken.append((step, restored))
         logging.warning(
@@ -221,7 +226,9 @@ class Checkpointer:
       raise RuntimeError(f"no checkpoint in {self.directory} restores; step {step}: {why}")
     return None
 
-  def _restore_retrying(self, step: int, abstract_state: Any) -> tuple[Any, Any] | str:
+  def _restore_retrying(
+    self, step: int, abstract_state: Any, stop_requested: Callable[[], bool]
+  ) -> tuple[Any, Any] | str:
     """(state, data_state) of `step`, or the evidence that it is broken; retries a failure
     without evidence after each of restore_faults.RETRY_DELAYS_S.
 
@@ -259,7 +266,15 @@ class Checkpointer:
         attempt + 1,
         len(delays),
       )
-      time.sleep(delays[attempt])
+      wake = time.monotonic() + delays[attempt]
+      while time.monotonic() < wake and not stop_requested():
+        time.sleep(min(0.1, delays[attempt]))
+      if stop_requested():  # on every process (the notice reaches all): no more retries
+        raise restore_faults.CheckpointRestoreError(
+          f"restoring checkpoint step {step} from {self.directory} failed {attempt + 1} times, "
+          f"without evidence that the step is broken: {why}; a stop was requested before the "
+          f"next retry; nothing was moved"
+        )
     raise AssertionError("unreachable")
 
   def _attempt(self, step: int, abstract_state: Any) -> tuple[int, Any]:

@@ -159,6 +159,11 @@ class StopOnSignal:
       self._error = e
     self._agreed.set()
 
+  def requested(self) -> bool:
+    """Whether a stop was requested, here or (several processes) by any process's signal; what
+    a phase that waits (the restore's retries) checks to cut its waits short."""
+    return self.signal_name is not None or self._notice.is_set()
+
   def poll(self) -> bool:
     """Whether the run stops at this stopping point: call it at every one (see the module
     docstring), in the same order on every process; once True, True at every later point."""
