@@ -8,12 +8,20 @@ times a jitted ViT-B/16 train step (forward, backward, SGD update) at 224 px and
   python -m experiments.bench_input_pipeline [--threads=1,2] [--batches=20] [--vit_batch=8]
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import os
 import tempfile
 import time
+import types
 
 import numpy as np
+from absl import flags
+
+from vit_jax.runtime import cli
 
 
 def write_jpeg_shards(directory: str, num_images: int, num_shards: int = 8) -> None:
@@ -108,15 +116,26 @@ def vit_b16_images_per_s(batch: int, steps: int) -> float | None:
   return steps * batch / (time.perf_counter() - start)
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--threads", default="1,2", help="tf.data thread counts to measure")
-  parser.add_argument("--batches", type=int, default=20, help="timed batches per measurement")
-  parser.add_argument("--batch", type=int, default=64, help="pipeline batch size (one host)")
-  parser.add_argument("--images", type=int, default=512, help="JPEGs written to the shards")
-  parser.add_argument("--vit_batch", type=int, default=8, help="ViT-B/16 train batch size")
-  parser.add_argument("--vit_steps", type=int, default=3, help="timed ViT-B/16 steps")
-  args = parser.parse_args(argv)
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    threads=flags.DEFINE_string(
+      "threads", "1,2", "tf.data thread counts to measure.", flag_values=values
+    ),
+    batches=flags.DEFINE_integer(
+      "batches", 20, "Timed batches per measurement.", flag_values=values
+    ),
+    batch=flags.DEFINE_integer("batch", 64, "Pipeline batch size (one host).", flag_values=values),
+    images=flags.DEFINE_integer("images", 512, "JPEGs written to the shards.", flag_values=values),
+    vit_batch=flags.DEFINE_integer(
+      "vit_batch", 8, "ViT-B/16 train batch size.", flag_values=values
+    ),
+    vit_steps=flags.DEFINE_integer("vit_steps", 3, "Timed ViT-B/16 steps.", flag_values=values),
+  )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> None:
+  args = cli.values(f)
 
   print(f"cores: {os.cpu_count()}")
   with tempfile.TemporaryDirectory() as directory:
@@ -138,4 +157,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.bench_input_pipeline", define_flags)

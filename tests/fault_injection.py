@@ -9,6 +9,7 @@ multi-process launch can be given different faults:
                    from the process's start (between two steps: the step before is done); 0 never
   FAULT_SECOND_AT  ...and again right after the save of this step has started (a second signal
                    while a checkpoint is being written)
+  FAULT_DATA_DELAY seconds every training batch's fetch takes longer (a slow input pipeline)
   FAULT_EVAL_AT    ...when it fetches this evaluation batch (counted from the process's start)
   FAULT_EVAL_DELAY seconds each evaluation batch takes longer to fetch (a slow evaluation)
   FAULT_RESTORE_AT ...when the read of this restore attempt starts (counted from the start)
@@ -28,6 +29,8 @@ import textwrap
 
 PROGRAM = textwrap.dedent(
   """
+  from vit_jax.runtime import process
+  process.configure()  # as the entry point does, first thing
   import errno, os, signal, sys, time
   import orbax.checkpoint as ocp
   from vit_jax import evaluators, input_pipeline, main
@@ -36,6 +39,7 @@ PROGRAM = textwrap.dedent(
   name = os.environ.get("FAULT_SIGNAL", "SIGTERM")
   sig = getattr(signal, name)
   at, second = int(os.environ.get("FAULT_AT", 0)), int(os.environ.get("FAULT_SECOND_AT", 0))
+  delay = float(os.environ.get("FAULT_DATA_DELAY", 0))
   eval_at = int(os.environ.get("FAULT_EVAL_AT", 0))
   eval_delay = float(os.environ.get("FAULT_EVAL_DELAY", 0))
   restore_at = int(os.environ.get("FAULT_RESTORE_AT", 0))
@@ -48,6 +52,7 @@ PROGRAM = textwrap.dedent(
     count[0] += 1
     if count[0] == at:
       send(f"at batch {at}")
+    time.sleep(delay)
     return fetch(self)
   input_pipeline.TrainIterator.__next__ = signalling_next
   save = train_state.Checkpointer.save

@@ -12,6 +12,7 @@ import xla_env  # tests/
 
 from experiments import folder_transfer
 from vit_jax.input_pipeline import builtin, sources
+from vit_jax.runtime import cli
 from vit_jax.tools import make_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +62,7 @@ def test_an_unreadable_image_is_skipped_with_one_warning(tmp_path, caplog):
 
 def test_missing_pretrained_workdir_is_one_clear_line(tmp_path):
   with pytest.raises(SystemExit, match="--pretrained=.*nowhere is not a pretrain workdir"):
-    folder_transfer.main([f"--pretrained={tmp_path / 'nowhere'}", f"--workdir={tmp_path}"])
+    cli.call(folder_transfer, [f"--pretrained={tmp_path / 'nowhere'}", f"--workdir={tmp_path}"])
   assert not os.listdir(tmp_path)  # nothing written
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vit_jax import input_pipeline
-from vit_jax.input_pipeline import testing
+from vit_jax.input_pipeline import bad_data, testing
 
 PP_TRAIN = "decode|inception_crop|flip_lr|value_range(-1, 1)"
 PP_EVAL = "decode|resize_small|central_crop|value_range(-1, 1)"
@@ -152,16 +152,21 @@ def _corrupt_dataset(tmp_path):
   return _config(tmp_path, num_classes=13, file_pattern="{name}-{split}*")
 
 
-def test_corrupt_records_skipped_and_counted_eval(tmp_path):
+def test_corrupt_records_fail_an_evaluation_in_one_line(tmp_path):
+  """An evaluation needs every example: 8 read (6 of file a, 2 before the truncation of b; c
+  fails at its first record), 4 skipped (the undecodable image, one placeholder per damaged or
+  empty file: no dataset_info.json gives their counts)."""
   config = _corrupt_dataset(tmp_path)
   ev = input_pipeline.make_eval_iterator(config, global_batch_size=4)
-  batches = list(ev)
-  masks = np.concatenate([b["mask"] for b in batches])
-  labels = np.concatenate([b["label"] for b in batches])
-  # Readable: 6 good (file a), 2 before the truncation (b); file c fails at its first record.
-  assert sorted(labels[masks > 0].tolist()) == list(range(8))
-  # Bad: the undecodable image, one placeholder per damaged or empty file.
   assert ev.num_examples == 8 + 1 + 3
+  with pytest.raises(
+    bad_data.IncompleteEvaluationError,
+    match=r"^evaluation of split 'train' read 8 of the 12 examples of this host: 4 skipped "
+    r"\(1 undecodable, 3 lost in damaged files\); the most recent: .*toy-train.tfrecord-00000-of-00001 "
+    r"record 6, which could not be decoded or preprocessed; an evaluation needs every example",
+  ) as e:
+    list(ev)
+  assert "\n" not in str(e.value)
 
 
 def test_corrupt_records_skipped_and_counted_train(tmp_path):

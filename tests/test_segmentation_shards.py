@@ -179,11 +179,16 @@ def _one_record_shards(tmp_path, mask_rows, label=0):
     ("no_split", r"segmentation shards .*: no split 'val'; splits: \['train'\]"),
     ("mask_size", r"mask .*t-train.tfrecord-00000-of-00001 record 0 \(bad.png\) is 6x5 but its"),
     ("label", r"mask .*t-train.tfrecord-00000-of-00001 record 0 \(bad.png\): label 7 outside"),
+    (
+      "too_large",
+      r"image .*t-train.tfrecord-00000-of-00001 record 0 declares 6x8 = 48 pixels, more than "
+      r"dataset.max_image_pixels=40$",
+    ),
   ],
 )
 def test_bad_shards_are_one_line_naming_the_culprit(tmp_path, kind, message):
   _clear_caches()
-  split = "train"
+  split, bound = "train", {}
   if kind == "classification":
     make_shards.shard_builtin("digits", "test", str(tmp_path), num_shards=1)
   elif kind == "no_split":
@@ -193,11 +198,42 @@ def test_bad_shards_are_one_line_naming_the_culprit(tmp_path, kind, message):
     _one_record_shards(tmp_path, 5)
   elif kind == "label":
     _one_record_shards(tmp_path, 8, label=7)
+  elif kind == "too_large":  # checked before decoding
+    _one_record_shards(tmp_path, 8)
+    bound = dict(max_image_pixels=40)
   with pytest.raises((ValueError, FileNotFoundError), match=message) as e:
-    seg_data.load_split(_config("seg_shards", tmp_path), split)
+    seg_data.load_split(_config("seg_shards", tmp_path, **bound), split)
   assert "\n" not in str(e.value)
   if kind == "no_split":  # the good example reads
     assert seg_data.load_split(_config("seg_shards", tmp_path), "train").names == ["bad.png"]
+
+
+def test_the_files_a_split_finds_are_checked_against_its_listing(tmp_path):
+  """As the classification reader does: a stray shard beside the listed ones (an earlier
+  make_shards run), or a listed one missing, stops the reader in one line."""
+  _clear_caches()
+  image = seg_data.encode_png(np.zeros((8, 6, 3), np.uint8))
+  examples = [(image, np.zeros((8, 6), np.uint8), f"x{i}.png", i) for i in range(2)]
+  make_shards._write_segmentation(examples, 2, str(tmp_path), "t", "train", 2, CLASSES, 3)
+  config = _config("seg_shards", tmp_path)
+  assert seg_data.load_split(config, "train").names == ["x0.png", "x1.png"]
+  stray = tmp_path / "t-train.tfrecord-00000-of-00003"
+  stray.write_bytes(b"")
+  _clear_caches()
+  with pytest.raises(
+    input_pipeline.DataMismatchError,
+    match=r"^split 'train': the files matching '.*t-train.tfrecord-\*' are not the 2 shards its "
+    r"dataset_info.json lists: 1 not listed \(t-train.tfrecord-00000-of-00003, ...\); rewrite",
+  ):
+    seg_data.load_split(config, "train")
+  stray.unlink()
+  (tmp_path / "t-train.tfrecord-00001-of-00002").unlink()
+  _clear_caches()
+  with pytest.raises(
+    input_pipeline.DataMismatchError,
+    match=r"1 listed but missing \(t-train.tfrecord-00001-of-00002, ...\)",
+  ):
+    seg_data.load_split(config, "train")
 
 
 def test_tfrecord_source_refuses_segmentation_shards(tmp_path):
@@ -232,3 +268,23 @@ def test_segment_stage_runs_on_shards(tmp_path, trainer_on_one_device):
   labelled = sum(int(np.sum(b["label"] != IGNORE)) for b in batches)
   assert results["test/num_pixels"] == labelled > 0
   assert 0 <= results["test/miou"] <= 1 and "test/iou/background" in results
+
+
+def test_a_folder_image_declaring_too_many_pixels_is_one_line_before_decoding(tmp_path):
+  from test_image_header import bomb_png  # tests/
+
+  for d in ("images", "masks"):
+    (tmp_path / "train" / d).mkdir(parents=True)
+  Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp_path / "train" / "masks" / "x.png")
+  image = tmp_path / "train" / "images" / "x.png"
+  image.write_bytes(bomb_png(12_000, 10_000))
+  # Pillow warns from 89.5 million pixels on; the bound stops it before any decoding.
+  with pytest.warns(Image.DecompressionBombWarning), pytest.raises(ValueError) as e:
+    seg_data.read_folder_example(str(tmp_path), "train", "x.png", 3, max_pixels=100_000_000)
+  assert str(e.value) == (
+    f"image {image} declares 12000x10000 = 120,000,000 pixels, more than "
+    "dataset.max_image_pixels=100,000,000"
+  )
+  image.write_bytes(bomb_png())  # past Pillow's own bound, which refuses it at its header
+  with pytest.raises(ValueError, match=rf"^image {image}: Image size \(900000000 pixels\)"):
+    seg_data.read_folder_example(str(tmp_path), "train", "x.png", 3, max_pixels=100_000_000)

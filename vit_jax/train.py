@@ -36,9 +36,10 @@ Stopping: SIGTERM or SIGINT (vit_jax.runtime.stopping), and on TPU VMs (with jax
 preemption notice, make every process save the same step and raise `stopping.Stopped`; the rerun
 resumes there without replaying a step. A signal is acted on after the step it arrives in,
 between two evaluation batches (the evaluation is abandoned), or once the restore or the first
-compile returns. A second signal exits at once. Killed without notice, a run resumes from the
-latest complete checkpoint and replays the same steps; a latest checkpoint with evidence of
-damage is moved aside and the one before it used (vit_jax.checkpoint.train_state).
+compile returns. A second signal stops without saving (a command exits at once;
+vit_jax.runtime.stopping). Killed without notice, a run resumes from the latest complete
+checkpoint and replays the same steps; a latest checkpoint with evidence of damage is moved aside
+and the one before it used (vit_jax.checkpoint.train_state).
 A run restarted after its last step runs its evaluators on the final state and returns their
 metrics (what vit_jax.main records).
 """
@@ -67,9 +68,9 @@ from vit_jax import (
   optim,
   sharding,
 )
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint import local_tier, train_state
 from vit_jax.cost import compiled_stats, flops
-from vit_jax.runtime import logging_util, stopping
+from vit_jax.runtime import goodput, logging_util, profiling, stopping
 from vit_jax.runtime import workdir as workdir_lib
 
 # step int32 [], params, opt_state, rng uint32 [2]; with config.ema_decay also ema (like params).
@@ -367,11 +368,11 @@ def run(
     workdir: checkpoints, `config.json` and TensorBoard files; a run resumes from it.
     devices: the devices of the mesh (default: all of them).
   """
-  with stopping.StopOnSignal() as stop:
-    return _run(config, workdir, devices, stop)
+  with goodput.Account(workdir) as account, stopping.StopOnSignal() as stop:
+    return _run(config, workdir, devices, stop, account)
 
 
-def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, float]:
+def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, float]:
   # ----------------------------------------------------------------------------------------------
   # Setup.
   starts_from_checkpoint = config.stage in ("finetune", "segment")
@@ -410,8 +411,11 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
     keep=config.checkpoint.keep,
     asynchronous=config.checkpoint.asynchronous,
   )
-  restored = checkpointer.restore_latest(
-    train_state.abstract_tree(abstract, state_shardings), stop_requested=stop.requested
+  local = local_tier.LocalTier(config.checkpoint.local, workdir, mesh, config)
+  account.enter("restore")
+  abstract_state = train_state.abstract_tree(abstract, state_shardings)
+  restored, resume = local_tier.restore_latest(
+    checkpointer, local, abstract_state, stop_requested=stop.requested
   )
   data_state = None
   if restored is not None:
@@ -431,9 +435,14 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       if "ema" in state:  # the average starts at the pretrained weights
         state["ema"] = jax.tree_util.tree_map(jnp.copy, params)
   start_step = int(jax.device_get(state["step"]))
+  account.resumed(start_step, resume.source, resume.newest_committed)
+  account.enter("startup")
+  # Where the state the run starts from is saved (None: initialised), for a stop before step 1.
+  saved_in = str(local.root) if resume.source == "local" else None
+  saved_in = str(checkpointer.directory) if resume.source == "persistent" else saved_in
   if stop.poll():  # a signal during the restore or initialisation: nothing new to save
-    checkpointer.close()
-    raise stop.stopped(start_step, total_steps, str(checkpointer.directory) if restored else None)
+    _close(True, checkpointer.close, local.close)
+    raise stop.stopped(start_step, total_steps, saved_in)
   logging_util.log_parameter_overview(state["params"])
   writer = logging_util.create_writer(workdir)
   if jax.process_index() == 0:
@@ -467,6 +476,7 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
   )
   # ----------------------------------------------------------------------------------------------
   # Loop.
+  profiler = profiling.Profiler(config.profile, workdir, account)
   window = jax.device_put(empty_window(), replicated)
   compiled = None
   progress = logging_util.Progress(total_steps, start_step)
@@ -479,19 +489,22 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       # the final state is evaluated again, so the run still returns its final metrics.
       metrics["step"] = float(start_step)
       for evaluator in evals:
-        metrics.update(evaluator.run(state.get("ema", state["params"])))
+        with account.phase("eval"):
+          metrics.update(evaluator.run(state.get("ema", state["params"])))
     for step in range(start_step + 1, total_steps + 1):
+      profiler.step(step, state)
       with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        account.enter("data_wait")
         batch = _select(next(train_iter))
         if compiled is None:
           # Compiled ahead of time once: XLA's cost analysis gives the FLOPs for the MFU.
+          account.enter("compile")
           compiled = built.jit_step(batch).lower(state, batch, window).compile()
           throughput = _report_compiled(compiled, state, built, batch, batch_size)
           throughput(step - 1)
           if stop.poll():  # a signal during the data's warm-up or the compile: nothing new
-            raise stop.stopped(
-              step - 1, total_steps, str(checkpointer.directory) if step > 1 else None
-            )
+            raise stop.stopped(step - 1, total_steps, saved_in)
+        account.enter("step")
         state, window, learning_rate = compiled(state, batch, window)
 
       if step % config.log_every_steps == 0 or step == total_steps:
@@ -500,20 +513,26 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
         metrics["learning_rate"] = float(learning_rate)
         metrics.update(throughput(step))
         metrics["skipped_examples_this_host"] = float(train_iter.num_skipped)
-        writer.write_scalars(step, dict(metrics))  # a copy: the writer is asynchronous
-        progress.step(step, metrics)
+        shares = account.scalars(step)
+        writer.write_scalars(step, {**metrics, **shares})  # a copy: the writer is asynchronous
+        progress.step(step, {**metrics, **shares})
         metrics["step"] = float(step)
         window = jax.device_put(empty_window(), replicated)
+        profiler.poll(step)
 
       stopped = stop.reached(step)
       preempted = checkpointer.reached_preemption(step)
-      if step == total_steps or stopped or preempted or checkpointer.should_save(step):
+      force = step == total_steps or stopped or preempted
+      # The workdir's tier at its steps and when forced, else the local tier at its own.
+      tier = checkpointer if force or checkpointer.should_save(step) else local
+      if tier is checkpointer or local.due(step, step % config.log_every_steps == 0):
         _check_finite(window, checkpointer)
         data_state = _gather_data_state(train_iter.get_state())
-        with throughput.paused(window):
-          force = step == total_steps or stopped or preempted
-          checkpointer.save(step, state, data_state, force=force)
+        with throughput.paused(window), account.phase("checkpoint"):
+          if tier.save(step, state, data_state, force=force):
+            account.saved(step)
       if (stopped or preempted) and step < total_steps:
+        account.enter("checkpoint")
         checkpointer.wait()
         reason = stop.signal_name if stopped else "a preemption notice"
         raise stopping.Stopped(
@@ -526,17 +545,20 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
           try:
             with progress.evaluation(step, evaluator.name, results), throughput.paused(window):
               # With Polyak averaging the averaged weights are the ones evaluated (and exported).
-              results.update(evaluator.run(state.get("ema", state["params"])))
+              with account.phase("eval"):
+                results.update(evaluator.run(state.get("ema", state["params"])))
           except stopping.StopRequested:  # abandoned: this step is saved, unless it was above
             if not (step == total_steps or checkpointer.should_save(step)):
               _check_finite(window, checkpointer)
               data_state = _gather_data_state(train_iter.get_state())
-              checkpointer.save(step, state, data_state, force=True)
+              with account.phase("checkpoint"):
+                checkpointer.save(step, state, data_state, force=True)
             raise
           writer.write_scalars(step, results)
           metrics.update(results)
     failed = False
   except stopping.StopRequested:  # a signal inside an evaluation
+    account.enter("checkpoint")
     checkpointer.wait()
     raise stop.stopped(step, total_steps, str(checkpointer.directory)) from None
   except Exception as e:
@@ -546,7 +568,9 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
     raise
   finally:
     # A failed run still completes the saves it started (the last good checkpoint stays whole).
-    _close(failed, checkpointer.wait, checkpointer.close, train_iter.close, writer.flush)
+    account.enter("checkpoint")
+    closers = (checkpointer.wait, checkpointer.close, local.wait, local.close, train_iter.close)
+    _close(failed, lambda: profiler.close(state), *closers, writer.flush)
   return metrics
 
 

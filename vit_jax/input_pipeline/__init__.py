@@ -23,7 +23,7 @@ Usage (what the trainer calls):
   #          int32 [B, H, W] per pixel for the segmentation sources 'seg_builtin', 'seg_folder'
   #          and 'seg_shards' (vit_jax.input_pipeline.segmentation: numpy, in memory, the same
   #          iterator interface)
-  # 'mask':  float32 [B], 0 for a bad example (undecodable image, unreadable record): never count it
+  # 'mask':  float32 [B], 0 for a skipped example (undecodable, too large, lost): never count it
   # With a mesh: global jax.Arrays sharded over the batch on data_axes (each host passes its
   # global_batch_size / process_count rows to jax.make_array_from_process_local_data).
   # mesh=None: numpy arrays of this host's rows.
@@ -46,10 +46,15 @@ Usage (what the trainer calls):
 `process_index` / `process_count` can be passed to both iterators to simulate hosts in one process
 (defaults: jax.process_index() / jax.process_count()).
 
-Bad data: an undecodable image or unreadable/truncated TFRecord becomes a mask-0 example and is
-counted; a label outside [0, num_classes) raises ValueError naming the file and record; an empty
-glob, a missing split or an unprepared tfds dataset raises MissingDataError (a ValueError) naming
-the pattern or the data_dir; `check_readable` asks that of a split without reading it.
+Bad data (vit_jax.input_pipeline.bad_data): an undecodable image, an image whose header declares
+more than `max_image_pixels`, and each record a damaged TFRecord file lost become mask-0 examples,
+counted and named in the log; past `max_skipped_fraction` of a host's reads the iterator raises
+TooManySkippedError; an evaluation pass that skipped one raises IncompleteEvaluationError; a file
+that cannot be read raises DataReadError after the retries; shards that disagree with their
+dataset_info.json raise DataMismatchError. A label outside [0, num_classes) raises ValueError
+naming the file and record; an empty glob, a missing split or an unprepared tfds dataset raises
+MissingDataError (a ValueError) naming the pattern or the data_dir; `check_readable` asks that of
+a split without reading it. Each is one line.
 """
 
 import importlib
@@ -66,8 +71,12 @@ if TYPE_CHECKING:
 _LAZY = {
   "EvalIterable": "pipeline",
   "TrainIterator": "pipeline",
+  "DataMismatchError": "bad_data",
+  "DataReadError": "bad_data",
   "DatasetInfo": "sources",
+  "IncompleteEvaluationError": "bad_data",
   "MissingDataError": "sources",
+  "TooManySkippedError": "bad_data",
   "check_readable": "sources",
   "get_dataset_info": "sources",
 }
@@ -81,9 +90,13 @@ def __getattr__(name: str):
 
 
 __all__ = [
+  "DataMismatchError",
+  "DataReadError",
   "DatasetInfo",
   "EvalIterable",
+  "IncompleteEvaluationError",
   "MissingDataError",
+  "TooManySkippedError",
   "TrainIterator",
   "check_readable",
   "dataset_config",

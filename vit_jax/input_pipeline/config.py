@@ -32,6 +32,16 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
     pp_train, pp_eval: preprocessing specs, see `vit_jax.input_pipeline.preprocess`.
     mixup_alpha: > 0 enables mixup (Beta(alpha, alpha)) of the global training batch, done by the
       trainer on device (vit_jax.mixup); the pipeline's labels stay as they are.
+    max_skipped_fraction: the share of skipped examples (undecodable, too large, lost with a
+      damaged file) among the records a host read above which the run stops, checked once the
+      host read 1,000 records or one epoch (vit_jax.input_pipeline.bad_data). 0.001: a curated
+      dataset skips few if any, and a larger share is a data problem to fix (a damaged shard, a
+      folder of unreadable files) rather than noise to train through; raise it for web data.
+    max_image_pixels: images whose header declares more pixels are skipped without decoding
+      (0: no bound). 100 million: a decode costs 3 bytes per pixel and runs several at once, so
+      this caps one at 0.3 GB; it is above the photos of common cameras and near Pillow's own
+      default (89.5 million); a few hundred bytes of PNG can declare 30,000 × 30,000 = 900
+      million.
     num_threads: tf.data threads per host; 0 = one per core.
     prefetch: batches prefetched onto the devices ahead of the train step.
 
@@ -58,6 +68,8 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
   c.pp_train = "decode|inception_crop|flip_lr|value_range(-1, 1)"
   c.pp_eval = "decode|resize_small|central_crop|value_range(-1, 1)"
   c.mixup_alpha = 0.0
+  c.max_skipped_fraction = 0.001
+  c.max_image_pixels = 100_000_000
   c.num_threads = 0
   c.prefetch = 2
   c.lock()

@@ -26,10 +26,14 @@ Three sources (`dataset.source`):
                a split (or slice) gives exactly the arrays its folder or task gives.
 
 Splits can be sliced as the other in-memory sources (`train[:1000]`, vit_jax.input_pipeline.
-splits). Bad input ends with one line naming the file (and record): a folder without `masks/`,
-an image without its mask, a mask whose size differs from its image, a label outside
+splits). The split is loaded whole before training, so bad input ends the run at its start
+with one line naming the file (and record), never a skipped example: a folder without `masks/`,
+an image without its mask, an image declaring more than `dataset.max_image_pixels` pixels
+(checked before decoding), a mask whose size differs from its image, a label outside
 [0, num_classes) other than IGNORE_LABEL; a shards directory without dataset_info.json, shards of
-a classification task, a split the shards do not have.
+a classification task, a split the shards do not have or whose files disagree with its
+dataset_info.json listing, a damaged shard. A file that cannot be read is read again first
+(vit_jax.input_pipeline.bad_data).
 
 Augmentation (`pp_train`, `pp_eval`: ops joined by '|') moves image and mask together:
 `random_crop(min_area)` (a window of min_area..1 of the area, aspect 3/4..4/3), `flip_lr` (half
@@ -56,7 +60,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vit_jax.input_pipeline import builtin, layout, splits
+from vit_jax.input_pipeline import bad_data, builtin, layout, splits
 
 IGNORE_LABEL = 255
 SOURCES = ("seg_builtin", "seg_folder", "seg_shards")
@@ -235,7 +239,7 @@ def folder_listing(data_dir: str, split: str) -> list[str]:
 
 
 def read_folder_example(
-  data_dir: str, split: str, name: str, num_classes: int
+  data_dir: str, split: str, name: str, num_classes: int, max_pixels: int = 0
 ) -> tuple[bytes, np.ndarray, np.ndarray]:
   """One example of a folder, checked: (the image file's bytes, image uint8 [h, w, 3] (RGB),
   mask uint8 [h, w])."""
@@ -244,28 +248,37 @@ def read_folder_example(
   mask_path = os.path.join(mask_dir, os.path.splitext(name)[0] + ".png")
   if not os.path.exists(mask_path):
     raise FileNotFoundError(f"image {image_path} has no mask {mask_path}")
-  with open(image_path, "rb") as f:
-    encoded = f.read()
-  image = _decode_image(encoded, channels=3)
-  mask = read_mask(mask_path)
+  encoded = bad_data.read_file(image_path)
+  image = _decode_image(encoded, 3, max_pixels, image_path)
+  mask = read_mask(io.BytesIO(bad_data.read_file(mask_path)), mask_path)
   _check_mask(mask, image, num_classes, mask_path)
   return encoded, image, mask
 
 
-def _decode_image(encoded: bytes, channels: int) -> np.ndarray:
-  """PNG/JPEG bytes → uint8 [h, w, 3] (RGB) or, for channels=1, [h, w, 1] (grey)."""
-  with Image.open(io.BytesIO(encoded)) as im:
+def _decode_image(encoded: bytes, channels: int, max_pixels: int, where: str) -> np.ndarray:
+  """PNG/JPEG bytes → uint8 [h, w, 3] (RGB) or, for channels=1, [h, w, 1] (grey); one line for
+  an image whose header declares more than `max_pixels` (0: no bound), before decoding it."""
+  try:
+    im = Image.open(io.BytesIO(encoded))
+  except Image.DecompressionBombError as e:  # Pillow's own bound, twice its warning's
+    raise ValueError(f"image {where}: {e}") from e
+  with im:
+    if 0 < max_pixels < im.width * im.height:
+      raise ValueError(
+        f"image {where} declares {im.width}x{im.height} = {im.width * im.height:,} pixels, more "
+        f"than dataset.max_image_pixels={max_pixels:,}"
+      )
     if channels == 1:
       return np.asarray(im.convert("L"))[..., None]
     return np.asarray(im.convert("RGB"))
 
 
 @functools.cache
-def _folder_data(data_dir: str, split: str, num_classes: int) -> SegmentationData:
+def _folder_data(data_dir: str, split: str, num_classes: int, max_pixels: int) -> SegmentationData:
   names = folder_listing(data_dir, split)
   images, masks = [], []
   for name in names:
-    _, image, mask = read_folder_example(data_dir, split, name, num_classes)
+    _, image, mask = read_folder_example(data_dir, split, name, num_classes, max_pixels)
     images.append(image)
     masks.append(mask)
   return SegmentationData(images, masks, names)
@@ -335,9 +348,24 @@ def shards_info(data_dir: str) -> dict:
   return info
 
 
+def _shard_records(path: str) -> list[bytes]:
+  """The records of one shard; a damaged one is one line, an I/O error is read again."""
+  import tensorflow as tf
+
+  def read():
+    try:
+      return list(tf.data.TFRecordDataset(path).as_numpy_iterator())
+    except tf.errors.DataLossError as e:
+      raise ValueError(f"segmentation shard {path}: {e.message.splitlines()[0]}") from e
+
+  return bad_data.with_retries(read, path)
+
+
 @functools.cache
-def _shards_data(data_dir: str, split: str) -> SegmentationData:
+def _shards_data(data_dir: str, split: str, max_pixels: int) -> SegmentationData:
   import tensorflow as tf  # Only the shards need it.
+
+  from vit_jax.input_pipeline import sources  # It imports this module.
 
   info = shards_info(data_dir)
   entry = info["splits"].get(split)
@@ -345,22 +373,20 @@ def _shards_data(data_dir: str, split: str) -> SegmentationData:
     raise FileNotFoundError(
       f"segmentation shards {data_dir}: no split {split!r}; splits: {sorted(info['splits'])}"
     )
+  pattern = os.path.join(data_dir, entry["file_pattern"])
+  sources.check_listed(tf.io.gfile.glob(pattern), entry["shards"], pattern, split)
   num_classes, channels = len(info["class_names"]), int(info["image_channels"])
   n = int(entry["num_examples"])
   images, masks, names = [None] * n, [None] * n, [None] * n
   for file in sorted(entry["shards"]):
     path = os.path.join(data_dir, file)
-    try:
-      records = list(tf.data.TFRecordDataset(path).as_numpy_iterator())
-    except tf.errors.OpError as e:
-      raise ValueError(f"segmentation shard {path}: {e.message.splitlines()[0]}") from e
-    for r, record in enumerate(records):
+    for r, record in enumerate(_shard_records(path)):
       where = f"{path} record {r}"
       f = tf.train.Example.FromString(record).features.feature
       i, name = int(f[INDEX_KEY].int64_list.value[0]), f[NAME_KEY].bytes_list.value[0].decode()
       if not 0 <= i < n or names[i] is not None:
         raise ValueError(f"{where}: index {i} repeated or outside the split's {n} examples")
-      image = _decode_image(f[IMAGE_KEY].bytes_list.value[0], channels)
+      image = _decode_image(f[IMAGE_KEY].bytes_list.value[0], channels, max_pixels, where)
       mask = read_mask(io.BytesIO(f[MASK_KEY].bytes_list.value[0]), where)
       _check_mask(mask, image, num_classes, f"{where} ({name})")
       images[i], masks[i], names[i] = image, mask, name
@@ -413,9 +439,9 @@ def load_split(config, split: str) -> SegmentationData:
     data = synthetic_split(config.name, base)
   elif config.source == "seg_folder":
     num_classes = config.num_classes or len(folder_class_names(_data_dir(config)) or []) or 256
-    data = _folder_data(config.data_dir, base, int(num_classes))
+    data = _folder_data(config.data_dir, base, int(num_classes), int(config.max_image_pixels))
   elif config.source == "seg_shards":
-    data = _shards_data(_data_dir(config), base)
+    data = _shards_data(_data_dir(config), base, int(config.max_image_pixels))
   else:
     raise ValueError(f"dataset.source={config.source!r}; expected one of {SOURCES}")
   rows = splits.slice_rows(split, len(data.masks), f"segmentation split {base!r}")

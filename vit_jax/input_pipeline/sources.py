@@ -2,10 +2,14 @@
 
 Every source turns (config, split, host) into:
   * `epoch(e, shuffle, seed)`: a tf.data.Dataset of this host's raw records for epoch `e`, in an
-    order that is a pure function of (seed, e) — raw means before any decoding, so that a resumed
-    run can skip records cheaply;
+    order that is a pure function of (seed, e) — raw means before any reading of image files or
+    decoding, so that a resumed run can skip records cheaply;
+  * `read(raw)`: the raw record with its file's bytes, for sources that read a file per record
+    (the image folder): outside the sandbox below, as an I/O error is retried and then ends the
+    run, never a skipped example (vit_jax.input_pipeline.bad_data);
   * `parse(raw)`: (image: encoded string or uint8 array, labels: int64 [n]); may fail on bad data
     (the pipeline runs it in a sandbox and turns failures into mask-0 examples);
+  * `lost(raw)`: whether the record is a placeholder for one a damaged file lost;
   * `where(raw)`: a string naming the record (file and position) for error messages;
   * `host_length(h)`: the number of raw records host `h` reads per epoch.
 
@@ -28,16 +32,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from vit_jax.input_pipeline import builtin, segmentation, splits, vtab
+from vit_jax.input_pipeline import bad_data, builtin, segmentation, splits, tfrecord_files, vtab
+from vit_jax.input_pipeline.bad_data import DataMismatchError
 
 INFO_FILENAME = "dataset_info.json"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
-_TFRECORD_FRAMING_BYTES = 16  # uint64 length, uint32 length CRC, data, uint32 data CRC.
-_CHUNK = 64  # records handed from Python to tf.data per call.
-
-
-class DataMismatchError(ValueError):
-  """A split's files disagree with the dataset_info.json that describes them."""
 
 
 class MissingDataError(ValueError):
@@ -88,6 +87,8 @@ class Source:
   may_fail = True
   # Whether the source has `stream` (one order of the whole run's records, whatever the hosts).
   global_order = False
+  # Whether `read` reads a file per record.
+  reads_files = False
 
   def __init__(self, config, split: str, process_index: int, process_count: int):
     self.config = config
@@ -101,8 +102,15 @@ class Source:
   def epoch(self, epoch: tf.Tensor, shuffle: bool, seed: int) -> tf.data.Dataset:
     raise NotImplementedError
 
+  def read(self, raw):
+    return raw
+
   def parse(self, raw) -> tuple[tf.Tensor, tf.Tensor]:
     raise NotImplementedError
+
+  def lost(self, raw) -> tf.Tensor:
+    del raw
+    return tf.constant(False)
 
   def where(self, raw) -> tf.Tensor:
     raise NotImplementedError
@@ -184,13 +192,23 @@ class FolderSource(_IndexedSource):
     self.labels = tf.constant(labels, tf.int64)
     self.num_items = len(paths)
 
+  reads_files = True
+
+  def read(self, raw):
+    """The image file's bytes (`raw['bytes']`), read in Python with retries (bad_data)."""
+    data = tf.numpy_function(_read_file, [tf.gather(self.paths, raw["index"])], tf.string)
+    return {**raw, "bytes": tf.ensure_shape(data, [])}
+
   def parse(self, raw):
-    return tf.io.read_file(tf.gather(self.paths, raw["index"])), tf.gather(
-      self.labels, raw["index"]
-    )[None]
+    return raw["bytes"], tf.gather(self.labels, raw["index"])[None]
 
   def where(self, raw):
     return tf.gather(self.paths, raw["index"])
+
+
+def _read_file(path: bytes) -> bytes:
+  with bad_data.marked_errors():
+    return bad_data.read_file(path.decode(), tf.io.gfile.GFile)
 
 
 def folder_split_dir(config, split: str) -> str:
@@ -266,62 +284,6 @@ def shard_path(directory: str, prefix: str, index: int, num_shards: int) -> str:
   return os.path.join(directory, f"{prefix}.tfrecord-{index:05d}-of-{num_shards:05d}")
 
 
-def _read_tfrecord_chunks(path: bytes):
-  """Yields ([records], [index], [ok]) chunks of one file; a damaged file ends with one ok=False."""
-  path = path.decode()
-  size = tf.io.gfile.stat(path).length
-  records, indices, oks = [], [], []
-  consumed = index = 0
-  problem = None
-  try:
-    for record in tf.compat.v1.io.tf_record_iterator(path):
-      consumed += len(record) + _TFRECORD_FRAMING_BYTES
-      records.append(record)
-      indices.append(index)
-      oks.append(True)
-      index += 1
-      if len(records) == _CHUNK:
-        yield records, indices, oks
-        records, indices, oks = [], [], []
-  except tf.errors.DataLossError as e:
-    problem = str(e)
-  if problem is None and consumed != size:
-    problem = f"truncated: {size - consumed} trailing bytes are not a whole record"
-  if problem is None and size == 0:
-    problem = "empty file"
-  if problem is not None:
-    # One placeholder stands for the unreadable rest of the file, so it is counted as skipped.
-    logging.warning("Skipping the rest of %s after record %d: %s", path, index, problem)
-    records.append(b"")
-    indices.append(index)
-    oks.append(False)
-  if records:
-    yield records, indices, oks
-
-
-def count_tfrecords(path: str) -> int:
-  """Number of raw elements `_read_tfrecord_chunks` yields for a file (placeholders included)."""
-  return sum(len(chunk[0]) for chunk in _read_tfrecord_chunks(path.encode()))
-
-
-@tf.autograph.experimental.do_not_convert
-def _tfrecord_file_dataset(path: tf.Tensor) -> tf.data.Dataset:
-  ds = tf.data.Dataset.from_generator(
-    _read_tfrecord_chunks,
-    args=(path,),
-    output_signature=(
-      tf.TensorSpec([None], tf.string),
-      tf.TensorSpec([None], tf.int64),
-      tf.TensorSpec([None], tf.bool),
-    ),
-  ).unbatch()
-  return ds.map(
-    tf.autograph.experimental.do_not_convert(
-      lambda record, index, ok: {"record": record, "file": path, "index": index, "ok": ok}
-    )
-  )
-
-
 def read_info_json(directory: str | None) -> dict | None:
   """The `dataset_info.json` written by `vit_jax.tools.make_shards`, or None."""
   if not directory:
@@ -342,7 +304,7 @@ def tfrecord_pattern(config, split: str) -> str:
   return os.path.join(config.data_dir, config.file_pattern.format(name=config.name, split=split))
 
 
-def _check_listed(files: list[str], listed: dict[str, int], pattern: str, split: str) -> None:
+def check_listed(files: list[str], listed: dict[str, int], pattern: str, split: str) -> None:
   """Stops when the files a split's pattern finds are not the shards dataset_info.json lists
   (shards of an earlier make_shards run beside the new ones, a shard missing)."""
   found = {os.path.basename(f) for f in files}
@@ -374,7 +336,12 @@ class TFRecordSource(Source):
     info = read_info_json(config.data_dir) or read_info_json(os.path.dirname(self.pattern))
     self._known_lengths = (info or {}).get("splits", {}).get(split, {}).get("shards", {})
     if self._known_lengths:
-      _check_listed(self.files, self._known_lengths, self.pattern, split)
+      check_listed(self.files, self._known_lengths, self.pattern, split)
+
+  @property
+  def lengths_listed(self) -> bool:
+    """Whether dataset_info.json gives every file's record count (else counting reads them)."""
+    return all(os.path.basename(f) in self._known_lengths for f in self.files)
 
   def _host_files(self, host: int) -> list[str]:
     return self.files[host :: self.process_count] if self.by_file else self.files
@@ -387,7 +354,7 @@ class TFRecordSource(Source):
     if missing:
       logging.info("Counting records in %d files of %s", len(missing), self.pattern)
       with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        known.update(zip(missing, pool.map(count_tfrecords, missing), strict=True))
+        known.update(zip(missing, pool.map(tfrecord_files.count_records, missing), strict=True))
     return known
 
   def host_length(self, host: int) -> int:
@@ -396,12 +363,21 @@ class TFRecordSource(Source):
     return len(range(host, sum(self.file_lengths.values()), self.process_count))
 
   def epoch(self, epoch, shuffle, seed):
-    files = tf.constant(self._host_files(self.process_index))
+    host_files = self._host_files(self.process_index)
+    files = tf.constant(host_files)
+    # Each file's listed record count (the placeholders of a damaged file's lost records).
+    expected = tf.constant(
+      [self._known_lengths.get(os.path.basename(f), tfrecord_files.UNKNOWN) for f in host_files],
+      tf.int64,
+    )
     if shuffle:
       # Same order on every host, so that splitting by example stays disjoint.
-      files = tf.random.experimental.stateless_shuffle(files, seed=_seed(seed, epoch, 1))
-    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
-      _tfrecord_file_dataset,
+      order = tf.random.experimental.stateless_shuffle(
+        tf.range(len(host_files), dtype=tf.int64), seed=_seed(seed, epoch, 1)
+      )
+      files, expected = tf.gather(files, order), tf.gather(expected, order)
+    ds = tf.data.Dataset.from_tensor_slices((files, expected)).interleave(
+      tfrecord_files.file_dataset,
       cycle_length=min(16, len(self._host_files(self.process_index))),
       block_length=1,
       num_parallel_calls=tf.data.AUTOTUNE,
@@ -415,8 +391,11 @@ class TFRecordSource(Source):
       )
     return ds
 
+  def lost(self, raw):
+    return tf.logical_not(raw["ok"])
+
   def parse(self, raw):
-    tf.debugging.assert_equal(raw["ok"], True, message="unreadable record")
+    tf.debugging.assert_equal(raw["ok"], True, message="a record its damaged file lost")
     features = tf.io.parse_single_example(
       raw["record"],
       {

@@ -11,9 +11,11 @@ return to Python (one XLA compile, one restore) is not cut short: the signal is 
 returns. The trainer then raises `Stopped`, which the entry point turns into one line and exit
 status 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), so that a scheduler sees a
 run that did not finish and a rerun of the same command continues from the saved step without
-replaying any. A second signal exits at once, without saving (the checkpoints already committed
-are whole: Orbax renames a step into place only once it is complete, and the next run removes
-the temporary directory).
+replaying any. A second signal stops without saving (the checkpoints already committed are
+whole: Orbax renames a step into place only once it is complete, and the next run removes the
+temporary directory): under a command, which calls `exit_on_second_signal()`, the process exits
+at once; elsewhere (a notebook, a program of the user's) KeyboardInterrupt is raised in the main
+thread, so that the program (a notebook's kernel) lives on.
 
 On several processes (jax.distributed) the signal may reach one process or all of them, at
 different points. Every process passes the same stopping points in the same order (the same
@@ -43,6 +45,13 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _POLL_MS = 500  # how often a watcher looks up from waiting for a notice (to notice the run's end)
 _AGREE_TIMEOUT_S = 300  # the longest wait for every process to say where it is
 _runs = [0]  # trainer runs started in this process: namespaces the coordination keys
+_second_signal_exits = [False]  # set by a command: a second signal ends the process at once
+
+
+def exit_on_second_signal() -> None:
+  """From now on a second signal during a run ends the process at once (os._exit) instead of
+  raising KeyboardInterrupt: what a command wants (vit_jax.runtime.cli.run calls it)."""
+  _second_signal_exits[0] = True
 
 
 class Stopped(Exception):  # noqa: N818 - a request carried out, not an error
@@ -115,13 +124,13 @@ class StopOnSignal:
   def _handle(self, signum, frame) -> None:
     name = signal.Signals(signum).name
     if self.signal_name is not None:
+      intact = "without saving; the checkpoints already committed are intact"
+      if not _second_signal_exits[0]:
+        raise KeyboardInterrupt(f"second signal ({name}): stopped {intact}")
       # Written straight to the terminal: no logging lock is taken inside a signal handler.
       from vit_jax.runtime import console
 
-      console.write_line(
-        f"vit_jax: second signal ({name}): exiting now without saving; the checkpoints "
-        f"already committed are intact"
-      )
+      console.write_line(f"vit_jax: second signal ({name}): exiting now {intact}")
       os._exit(128 + signum)
     self.signal_name, self.exit_status = name, 128 + signum
     if self._client is not None:

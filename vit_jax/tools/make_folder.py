@@ -14,6 +14,11 @@ for your own folder in every command that reads one (predict, the folder source,
 Nothing is overwritten: an existing `<out>/<split>` is an error.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import os
 import types
 from collections.abc import Sequence
@@ -25,7 +30,7 @@ from vit_jax.input_pipeline import builtin, segmentation
 from vit_jax.runtime import cli
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
     dataset=flags.DEFINE_string(
@@ -34,13 +39,20 @@ def define_flags() -> types.SimpleNamespace:
       f"Bundled dataset: one of {sorted(builtin.LOADERS)}, or a synthetic segmentation task: "
       f"{sorted(segmentation.SYNTHETIC)}.",
       required=True,
+      flag_values=values,
     ),
-    out=flags.DEFINE_string("out", None, "Folder to write.", required=True),
+    out=flags.DEFINE_string("out", None, "Folder to write.", required=True, flag_values=values),
     split=flags.DEFINE_list(
-      "split", None, "Splits to write (default: train and test; the segmentation tasks' val too)."
+      "split",
+      None,
+      "Splits to write (default: train and test; the segmentation tasks' val too).",
+      flag_values=values,
     ),
     max_examples=flags.DEFINE_integer(
-      "max_examples", 0, "Write this many images per split, spread evenly over it (0: all)."
+      "max_examples",
+      0,
+      "Write this many images per split, spread evenly over it (0: all).",
+      flag_values=values,
     ),
   )
 

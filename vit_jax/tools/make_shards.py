@@ -26,6 +26,11 @@ in the split (vit_jax.input_pipeline.segmentation.serialize_example), and datase
       --out_dir=/tmp/animal_mnist_seg
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import json
 import os
 import types
@@ -43,7 +48,7 @@ from vit_jax.runtime import cli, gcs
 TASKS = ("classification", "segmentation")
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
     dataset=flags.DEFINE_string(
@@ -51,12 +56,14 @@ def define_flags() -> types.SimpleNamespace:
       None,
       f"Bundled dataset: one of {sorted(builtin.LOADERS)}, or a synthetic segmentation task: "
       f"{sorted(segmentation.SYNTHETIC)}.",
+      flag_values=values,
     ),
     folder=flags.DEFINE_string(
       "folder",
       None,
       "Image folder root: ROOT/<split>/<class>/*.{jpg,jpeg,png}; with --task=segmentation "
       "ROOT/<split>/images/*, ROOT/<split>/masks/*.png and ROOT/classes.txt.",
+      flag_values=values,
     ),
     task=flags.DEFINE_enum(
       "task",
@@ -64,23 +71,32 @@ def define_flags() -> types.SimpleNamespace:
       TASKS,
       "What the labels are; default: segmentation for a synthetic segmentation task, else "
       "classification.",
+      flag_values=values,
     ),
-    split=flags.DEFINE_list("split", ["train", "test"], "Split(s) to write, comma separated."),
-    out_dir=flags.DEFINE_string("out_dir", None, "Output directory (local or gs://)."),
+    split=flags.DEFINE_list(
+      "split", ["train", "test"], "Split(s) to write, comma separated.", flag_values=values
+    ),
+    out_dir=flags.DEFINE_string(
+      "out_dir", None, "Output directory (local or gs://).", flag_values=values
+    ),
     name=flags.DEFINE_string(
-      "name", None, "Shard name prefix; default: the dataset or folder name."
+      "name", None, "Shard name prefix; default: the dataset or folder name.", flag_values=values
     ),
     num_shards=flags.DEFINE_integer(
-      "num_shards", 8, "Shards per split (fewer if the split has fewer examples)."
+      "num_shards",
+      8,
+      "Shards per split (fewer if the split has fewer examples).",
+      flag_values=values,
     ),
     shuffle_seed=flags.DEFINE_integer(
-      "shuffle_seed", 0, "Seed of the example order written to the shards."
+      "shuffle_seed", 0, "Seed of the example order written to the shards.", flag_values=values
     ),
     overwrite=flags.DEFINE_bool(
       "overwrite",
       False,
       "Replace a split's existing shards in --out_dir (without it, existing shards of a split "
       "stop the command before anything is written).",
+      flag_values=values,
     ),
   )
 

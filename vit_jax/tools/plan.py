@@ -26,6 +26,12 @@ Topologies: v2:AxB, v3:AxB (two devices per chip), v4:AxBxC, v5p:AxBxC (one mega
 chip), v5e:AxB, v6e:AxB.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.quiet_libtpu()  # before JAX loads: the planner needs no local accelerator
+  process.configure()
+
 import dataclasses
 import importlib.util
 import json
@@ -43,54 +49,55 @@ from vit_jax import config_files
 from vit_jax.runtime import cli
 
 
-def _quiet_env() -> None:
-  # Before JAX is imported (the config file imports it): the planner needs no local accelerator.
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-
-
-_quiet_env()
-
-
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
-    config=config_files.define_flag(),
+    config=config_files.define_flag(flag_values=values),
     topology=flags.DEFINE_string(
-      "topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16."
+      "topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.", flag_values=values
     ),
     num_classes=flags.DEFINE_integer(
       "num_classes",
       None,
       "Classes of the head (default: known for jft, imagenet21k, imagenet2012).",
+      flag_values=values,
     ),
     efficiency=flags.DEFINE_float(
-      "efficiency", 0.5, "Assumed fraction of peak FLOP/s at which the chip runs the compiled step."
+      "efficiency",
+      0.5,
+      "Assumed fraction of peak FLOP/s at which the chip runs the compiled step.",
+      flag_values=values,
     ),
     search=flags.DEFINE_bool(
-      "search", False, "Compile the proposed settings; print those that fit."
+      "search", False, "Compile the proposed settings; print those that fit.", flag_values=values
     ),
     max_trials=flags.DEFINE_integer(
-      "max_trials", 4, "At most this many compilations for --search."
+      "max_trials", 4, "At most this many compilations for --search.", flag_values=values
     ),
-    json=flags.DEFINE_bool("json", False, "Print one JSON object instead of the report."),
+    json=flags.DEFINE_bool(
+      "json", False, "Print one JSON object instead of the report.", flag_values=values
+    ),
     slices=flags.DEFINE_integer(
-      "slices", 1, "Slices of --topology joined by the data-centre network (Multislice)."
+      "slices",
+      1,
+      "Slices of --topology joined by the data-centre network (Multislice).",
+      flag_values=values,
     ),
     slice_axis=flags.DEFINE_enum(
       "slice_axis",
       None,
       ["data", "fsdp"],
       "The mesh axis whose outer factor crosses the slices (default: the config's mesh.slice_axis).",
+      flag_values=values,
     ),
     dcn_gbps=flags.DEFINE_float(
       "dcn_gbps",
       DCN_GBPS_PER_HOST,
       "Data-centre network bandwidth per host, Gbit/s, for the time the DCN bytes take.",
+      flag_values=values,
     ),
   )
-  flags.mark_flags_as_required(["config", "topology"])
+  flags.mark_flags_as_required(["config", "topology"], flag_values=values)
   return f
 
 
@@ -123,9 +130,12 @@ def quiet_libtpu(topology: str | None = None) -> None:
 
   JAX_PLATFORMS=cpu keeps JAX from probing for a local TPU (the planner needs none); the TPU_*
   variables stand in for what libtpu would otherwise ask the TPU VM metadata server, which
-  silences its "could not determine TPU accelerator type / worker hostnames" warnings.
+  silences its "could not determine TPU accelerator type / worker hostnames" warnings. The
+  command sets the first ones before JAX loads; a library caller, before it imports JAX.
   """
-  _quiet_env()
+  from vit_jax.runtime import process
+
+  process.quiet_libtpu()
   if topology and _TOPOLOGY_RE.match(topology):
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(topology))
 
