@@ -13,7 +13,9 @@ ends with one line saying what went wrong. `--verbose` shows everything on the t
 
 Multi-host: on a multi-host TPU VM slice `jax.distributed.initialize()` runs automatically
 (`--distributed=auto`); elsewhere (CPU or GPU clusters) pass `--coordinator_address=host:port
---num_processes=N --process_id=i` on every process. Every process runs the same command.
+--num_processes=N --process_id=i` on every process. Every process runs the same command. A
+process silent for `--lost_process_timeout` seconds (default 30) ends the others, with a line
+naming it (vit_jax.runtime.liveness).
 
 A workdir has one writer: its lock is a lease (vit_jax.runtime.workdir_lock), taken over by a
 restart once its holder has stopped renewing it; `--break_lock` removes it at once.

@@ -34,10 +34,12 @@ checkpoint, so a bad step stops the run (FloatingPointError naming the step) and
 
 Stopping: SIGTERM or SIGINT (vit_jax.runtime.stopping), and on TPU VMs (with jax.distributed) a
 preemption notice, make every process save the same step and raise `stopping.Stopped`; the rerun
-resumes there without replaying a step. A second signal stops without saving (a command exits at
-once; vit_jax.runtime.stopping). Killed without notice, a
-run resumes from the latest complete checkpoint and replays the same steps; a latest checkpoint
-that does not restore is moved aside and the one before it used (vit_jax.checkpoint.train_state).
+resumes there without replaying a step. A signal is acted on after the step it arrives in,
+between two evaluation batches (the evaluation is abandoned), or once the restore or the first
+compile returns. A second signal stops without saving (a command exits at once;
+vit_jax.runtime.stopping). Killed without notice, a run resumes from the latest complete
+checkpoint and replays the same steps; a latest checkpoint with evidence of damage is moved aside
+and the one before it used (vit_jax.checkpoint.train_state).
 A run restarted after its last step runs its evaluators on the final state and returns their
 metrics (what vit_jax.main records).
 """
@@ -412,7 +414,9 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
   local = local_tier.LocalTier(config.checkpoint.local, workdir, mesh, config)
   account.enter("restore")
   abstract_state = train_state.abstract_tree(abstract, state_shardings)
-  restored, resume = local_tier.restore_latest(checkpointer, local, abstract_state)
+  restored, resume = local_tier.restore_latest(
+    checkpointer, local, abstract_state, stop_requested=stop.requested
+  )
   data_state = None
   if restored is not None:
     _, state, data_state = restored
@@ -433,6 +437,12 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
   start_step = int(jax.device_get(state["step"]))
   account.resumed(start_step, resume.source, resume.newest_committed)
   account.enter("startup")
+  # Where the state the run starts from is saved (None: initialised), for a stop before step 1.
+  saved_in = str(local.root) if resume.source == "local" else None
+  saved_in = str(checkpointer.directory) if resume.source == "persistent" else saved_in
+  if stop.poll():  # a signal during the restore or initialisation: nothing new to save
+    _close(True, checkpointer.close, local.close)
+    raise stop.stopped(start_step, total_steps, saved_in)
   logging_util.log_parameter_overview(state["params"])
   writer = logging_util.create_writer(workdir)
   if jax.process_index() == 0:
@@ -450,6 +460,8 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
     batch_size=config.eval_batch_size,
     mesh=mesh,
     data_axes=sharding.BATCH_AXES,
+    # A signal ends an evaluation between two batches (vit_jax.runtime.stopping).
+    make_data=stop.checked_data(evaluators.input_pipeline_data(mesh, sharding.BATCH_AXES)),
   )
 
   # ----------------------------------------------------------------------------------------------
@@ -490,6 +502,8 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
           compiled = built.jit_step(batch).lower(state, batch, window).compile()
           throughput = _report_compiled(compiled, state, built, batch, batch_size)
           throughput(step - 1)
+          if stop.poll():  # a signal during the data's warm-up or the compile: nothing new
+            raise stop.stopped(step - 1, total_steps, saved_in)
         account.enter("step")
         state, window, learning_rate = compiled(state, batch, window)
 
@@ -528,13 +542,25 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
       for evaluator in evals:
         if (evaluator.every_steps and step % evaluator.every_steps == 0) or step == total_steps:
           results = {}
-          with progress.evaluation(step, evaluator.name, results), throughput.paused(window):
-            # With Polyak averaging the averaged weights are the ones evaluated (and exported).
-            with account.phase("eval"):
-              results.update(evaluator.run(state.get("ema", state["params"])))
+          try:
+            with progress.evaluation(step, evaluator.name, results), throughput.paused(window):
+              # With Polyak averaging the averaged weights are the ones evaluated (and exported).
+              with account.phase("eval"):
+                results.update(evaluator.run(state.get("ema", state["params"])))
+          except stopping.StopRequested:  # abandoned: this step is saved, unless it was above
+            if not (step == total_steps or checkpointer.should_save(step)):
+              _check_finite(window, checkpointer)
+              data_state = _gather_data_state(train_iter.get_state())
+              with account.phase("checkpoint"):
+                checkpointer.save(step, state, data_state, force=True)
+            raise
           writer.write_scalars(step, results)
           metrics.update(results)
     failed = False
+  except stopping.StopRequested:  # a signal inside an evaluation
+    account.enter("checkpoint")
+    checkpointer.wait()
+    raise stop.stopped(step, total_steps, str(checkpointer.directory)) from None
   except Exception as e:
     if train_state.out_of_space(e) and not isinstance(e, train_state.CheckpointSaveError):
       # The metrics writer (or anything else writing to the workdir) met a full disk first.

@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -222,17 +223,20 @@ class LocalTier:
 
 
 def restore_latest(
-  checkpointer: train_state.Checkpointer, local: LocalTier, abstract_state: Any
+  checkpointer: train_state.Checkpointer,
+  local: LocalTier,
+  abstract_state: Any,
+  stop_requested: Callable[[], bool] = lambda: False,
 ) -> tuple[tuple | None, Resume]:
   """The newest step complete on every process in either tier, restored onto `abstract_state`
-  (the local tier at a tie), as `Checkpointer.restore_latest` returns it, and where it came
-  from. Local steps after the restored step are deleted."""
+  (the local tier at a tie), as `Checkpointer.restore_latest` returns it (`stop_requested`: see
+  there), and where it came from. Local steps after the restored step are deleted."""
   persistent = checkpointer.all_steps()
   newest_persistent = max(persistent) if persistent else None
   restored = local.restore_newest(newest_persistent, abstract_state)
   source = "local"
   if restored is None:
-    restored = checkpointer.restore_latest(abstract_state)
+    restored = checkpointer.restore_latest(abstract_state, stop_requested)
     source = "persistent"
     step = restored[0] if restored is not None else -1
     if local.committed is not None and local.committed > step:

@@ -21,11 +21,13 @@ The library code of a command lives in library modules (vit_jax.stages, vit_jax.
   call(module, argv)    the command's `main` in this process; returns what it returns
   values(holders)       the flags' values, by name (for code that reads them as attributes)
   given(holders)        the flags the command line set, as arguments
-  DistributedFlags      --distributed, --coordinator_address, --num_processes, --process_id
+  DistributedFlags      --distributed, --coordinator_address, --num_processes, --process_id,
+                        --lost_process_timeout
   run_stages(...)       the body of a command that runs stages into a workdir (vit_jax.main,
                         vit_jax.tools.transfer): its log file (vit_jax.runtime.console), jax.distributed
-                        connected, a stop (SIGTERM, preemption) ending in its line and exit
-                        status, any failure in one line naming the log.
+                        connected and the other processes watched (vit_jax.runtime.liveness), a
+                        stop (SIGTERM, preemption) ending in its line and exit status, any
+                        failure in one line naming the log (or the lost process behind it).
 
 This file must not import TensorFlow.
 """
@@ -52,10 +54,11 @@ class DistributedFlags:
   coordinator_address: flags.FlagHolder
   num_processes: flags.FlagHolder
   process_id: flags.FlagHolder
+  lost_process_timeout: flags.FlagHolder
 
   @classmethod
   def define(cls, values: flags.FlagValues = flags.FLAGS) -> "DistributedFlags":
-    """Defines the four flags (once per program)."""
+    """Defines the five flags (once per program)."""
     return cls(
       flags.DEFINE_enum(
         "distributed",
@@ -74,14 +77,30 @@ class DistributedFlags:
       ),
       flags.DEFINE_integer("num_processes", None, "Number of processes.", flag_values=values),
       flags.DEFINE_integer("process_id", None, "Index of this process.", flag_values=values),
+      flags.DEFINE_float(
+        "lost_process_timeout",
+        distributed.LOST_PROCESS_TIMEOUT_S,
+        "Seconds without a sign of life after which another process of the run counts as "
+        "gone: the others then stop, with a line naming it (vit_jax.runtime.liveness).",
+        flag_values=values,
+      ),
     )
 
-  def connect(self) -> None:
-    """Connects this process to the others of its run (nothing for a single process)."""
-    distributed.initialize(
+  def connect(self, name: str = "vit_jax") -> None:
+    """Connects this process to the others of its run and watches them (vit_jax.runtime.
+    liveness, whose lines start with `name`); nothing for a single process."""
+    timeout = self.lost_process_timeout.value
+    if distributed.initialize(
       self.mode.value, self.coordinator_address.value, self.num_processes.value,
-      self.process_id.value,
-    )  # fmt: skip
+      self.process_id.value, timeout,
+    ):  # fmt: skip
+      import jax
+      from jax._src import distributed as jax_distributed  # the client multihost_utils uses
+
+      from vit_jax.runtime import liveness
+
+      client = jax_distributed.global_state.client
+      liveness.start(client, jax.process_index(), jax.process_count(), timeout, name)
 
 
 def flag_value(argv: Sequence[str], name: str) -> str | None:
@@ -210,7 +229,7 @@ def run_stages(
   terminal); the processes of a multi-host run are connected; `body()` runs. A stop (SIGTERM,
   SIGINT, a TPU preemption: vit_jax.runtime.stopping.Stopped) ends in its line and exit status, any
   other failure in one line naming the log (exit 1)."""
-  from vit_jax.runtime import console, stopping
+  from vit_jax.runtime import console, liveness, stopping
   from vit_jax.runtime import process as process_lib
 
   process = distributed_flags.process_id.value or 0
@@ -218,13 +237,18 @@ def run_stages(
   settings = process_lib.configured() or "not configured: glibc's and XLA's defaults"
   logging.info("process settings: %s", settings, extra={"terminal": False})
   try:
-    distributed_flags.connect()
-    return body()
+    distributed_flags.connect(name)
+    result = body()
+    liveness.finish()
+    return result
   except stopping.Stopped as e:
+    liveness.finish()
     console.end(f"{name}: {e}")
     sys.exit(e.exit_status)
   except Exception as e:  # noqa: BLE001 - every failure ends with one line, details in the log
+    liveness.settle()  # a lost process ends this one here, naming it
     console.fail(e, log, name=name)
+    liveness.finish(failed=True)
     _exit_even_if_threads_hang(1)
     sys.exit(1)
 
