@@ -15,6 +15,7 @@ from absl import logging
 from clu import metric_writers, parameter_overview
 
 from vit_jax.cost import devices
+from vit_jax.runtime import workdir
 
 
 def create_writer(workdir: str) -> metric_writers.MetricWriter:
@@ -141,3 +142,12 @@ class Progress:
       else:
         shown.append(f"{label} {100 * value:.2f}%" if percent else f"{label} {value:.4g}")
     self._log(f"step {step}/{self._total} | {name}: {', '.join(shown)} ({_duration(seconds)})")
+
+
+def flat_hparams(config: Any) -> dict[str, Any]:
+  """A config's fields as TensorBoard hparams: scalars as they are, anything else as text."""
+  return {
+    k: v if isinstance(v, bool | int | float | str) else str(v)
+    for k, v in workdir.flatten(config.to_dict()).items()
+    if v is not None
+  }
