@@ -1,5 +1,5 @@
 """Test setup: eight simulated CPU devices, so sharding code runs as on a pod slice, compiled at
-XLA's optimisation level 0 (tests/xla_env.py), and one compilation cache for the run.
+XLA's optimisation level 0 (tests/helpers/xla_env.py), and one compilation cache for the run.
 
 The device count is forced whatever XLA_FLAGS the environment already holds (a user's own flags
 are kept, a device count of theirs is replaced): the mesh tests need eight devices.
@@ -8,7 +8,7 @@ are kept, a device count of theirs is replaced): the mesh tests need eight devic
 import gc
 import os
 
-import xla_env  # tests/
+from tests.helpers import xla_env
 
 # Collection imports every test module, and with them TensorFlow, JAX and the rest: without the
 # cyclic garbage collector walking the growing heap over and over (pytest_collection_finish
@@ -17,7 +17,7 @@ import xla_env  # tests/
 gc.disable()
 
 # Must happen before jax is imported anywhere in the test process: eight devices, the suite's
-# compiler settings and the XLA:CPU flags a command sets (tests/xla_env.py), which child
+# compiler settings and the XLA:CPU flags a command sets (tests/helpers/xla_env.py), which child
 # processes inherit. Importing vit_jax sets nothing (vit_jax.runtime.process).
 os.environ["XLA_FLAGS"] = xla_env.flags(devices=8)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -82,10 +82,10 @@ def trainer_on_one_device(monkeypatch):
 
 @pytest.fixture(scope="session")
 def local_gcs():
-  """A GCS API server and its proxy on loopback (tests/gcs.py), shared by the session's gs://
+  """A GCS API server and its proxy on loopback (tests/helpers/gcs.py), shared by the session's gs://
   tests (each pytest -n worker that runs one starts its own), with the bucket `vit-jax-test`.
   Its `env()` goes into the environment of child processes only."""
-  import gcs  # tests/
+  from tests.helpers import gcs
 
   with gcs.LocalGCS(buckets=("vit-jax-test",)) as server:
     yield server

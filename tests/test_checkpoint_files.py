@@ -6,8 +6,8 @@ import sys
 
 import numpy as np
 import pytest
-import xla_env  # tests/
 
+from tests.helpers import xla_env
 from vit_jax import checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

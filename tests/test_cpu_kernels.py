@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import xla_env  # tests/
 
+from tests.helpers import xla_env
 from vit_jax import models
 from vit_jax.kernels import cpu as cpu_kernels
 from vit_jax.models import ops

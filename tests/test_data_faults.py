@@ -17,9 +17,9 @@ import subprocess
 import sys
 
 import numpy as np
-import xla_env  # tests/
 from test_image_header import bomb_png  # tests/
 
+from tests.helpers import xla_env
 from vit_jax.checkpoint import train_state
 from vit_jax.input_pipeline import testing
 from vit_jax.tools import make_shards

@@ -7,10 +7,10 @@ import sys
 
 import numpy as np
 import pytest
-import xla_env  # tests/
 from PIL import Image
 
 from experiments import demo
+from tests.helpers import xla_env
 from vit_jax import inference
 from vit_jax.input_pipeline import builtin
 

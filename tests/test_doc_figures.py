@@ -21,8 +21,9 @@ and every results file a page cites records the commit, date and machine it is f
 import json
 import re
 
-import doc_commands  # tests/
 import pytest
+
+from tests.helpers import doc_commands
 
 REPO = doc_commands.REPO
 PAGES = doc_commands.PAGES  # README.md and docs/**/*.md

@@ -1,4 +1,4 @@
-"""The docs run: every command of README.md and docs/**/*.md (tests/doc_commands.py).
+"""The docs run: every command of README.md and docs/**/*.md (tests/helpers/doc_commands.py).
 
 The default tier checks every page's annotations and runs the commands marked `run` and `ci`;
 the slow tier (`pytest -m slow tests/test_docs.py`) runs those marked `slow` too, in the pages'
@@ -10,8 +10,9 @@ import pathlib
 import re
 import shutil
 
-import doc_commands  # tests/
 import pytest
+
+from tests.helpers import doc_commands
 
 # One command may take a few minutes in the slow tier (an experiment's --quick profile).
 _TIMEOUT_S = {"default": 240, "slow": 1200}

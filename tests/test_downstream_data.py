@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
-import xla_env  # tests/
 
 # Imported at collection, while the process has one thread (see tests/test_input_sources.py).
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
+from tests.helpers import xla_env
 from vit_jax import evaluators
 from vit_jax.input_pipeline import source, tfds_source
 from vit_jax.tools import make_shards

@@ -7,9 +7,9 @@ SIGKILLed run with EMA that resumes bitwise."""
 import jax
 import numpy as np
 import pytest
-import random_weights  # tests/
 import test_train  # tests/: the SIGKILL-resume harness and the small pretrain config
 
+from tests.helpers import random_weights
 from vit_jax import checkpoint, ema, evaluators, model_init, sharding, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune

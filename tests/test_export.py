@@ -27,7 +27,7 @@ from vit_jax.runtime import cli
 tf = pytest.importorskip("tensorflow")
 ort = pytest.importorskip("onnxruntime")
 litert = pytest.importorskip("ai_edge_litert.interpreter")
-import random_weights  # noqa: E402  (tests/)
+from tests.helpers import random_weights  # noqa: E402 - after the optional imports above
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NAMES = ["ant", "bee", "cat", "dog", "eel"]
@@ -306,7 +306,7 @@ def test_paper_models_in_every_format(tmp_path, name, image_size):
 
 @pytest.mark.slow  # the local GCS server and a child process
 def test_exports_a_gcs_checkpoint(local_gcs, tmp_path):
-  import xla_env  # tests/
+  from tests.helpers import xla_env
 
   npz = random_weights.random_npz(str(tmp_path / "testing.npz"), seed=0)
   local_gcs.upload("vit-jax-test", "export/testing.npz", pathlib.Path(npz).read_bytes())

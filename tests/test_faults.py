@@ -18,13 +18,11 @@ import subprocess
 import sys
 import time
 
-import fault_injection  # tests/
 import jax
 import numpy as np
 import pytest
-import small_disk  # tests/
-import xla_env  # tests/
 
+from tests.helpers import fault_injection, small_disk, xla_env
 from vit_jax.checkpoint import train_state
 from vit_jax.runtime import workdir as workdir_lib
 

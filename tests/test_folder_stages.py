@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import xla_env  # tests/
 
+from tests.helpers import xla_env
 from vit_jax import checkpoint, models
 from vit_jax.input_pipeline import testing
 

@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
-import xla_env  # tests/
 
 from experiments import folder_transfer
+from tests.helpers import xla_env
 from vit_jax.input_pipeline import builtin, indexed
 from vit_jax.runtime import cli
 from vit_jax.tools import make_folder

@@ -1,4 +1,4 @@
-"""gs:// end to end, against a local GCS API server (tests/gcs.py): every stage and tool through
+"""gs:// end to end, against a local GCS API server (tests/helpers/gcs.py): every stage and tool through
 its entry point in a child process whose environment points its GCS clients at the server.
 
 Default run: a short pretraining run that reads TFRecord shards on gs:// and writes a gs://
@@ -16,14 +16,12 @@ import textwrap
 import threading
 import time
 
-import fault_injection  # tests/
-import gcs as harness  # tests/
 import jax
 import numpy as np
 import pytest
-import random_weights  # tests/
-import xla_env  # tests/
 
+from tests.helpers import fault_injection, random_weights, xla_env
+from tests.helpers import gcs as harness
 from vit_jax import checkpoint
 from vit_jax.checkpoint import train_state
 from vit_jax.runtime import gcs

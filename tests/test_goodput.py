@@ -2,7 +2,7 @@
 
 The ledger's arithmetic and the request file are checked in-process; through the entry point,
 one workdir's two runs: the first with a slow input pipeline (every batch 0.4 s late,
-tests/fault_injection.py), a trace of steps 2-3 from the config, and a SIGKILL at batch 9; the
+tests/helpers/fault_injection.py), a trace of steps 2-3 from the config, and a SIGKILL at batch 9; the
 rerun with a `profile_request` file waiting in the workdir. Its account shows the data wait,
 the time lost to the kill and no step recomputed, and both traces hold the train step.
 """
@@ -14,10 +14,9 @@ import subprocess
 import sys
 import time
 
-import fault_injection  # tests/
 import pytest
-import xla_env  # tests/
 
+from tests.helpers import fault_injection, xla_env
 from vit_jax.checkpoint import train_state
 from vit_jax.runtime import goodput, profiling
 

@@ -6,10 +6,9 @@ import pathlib
 import sys
 import textwrap
 
-import local_cluster  # tests/
 import pytest
-import xla_env  # tests/
 
+from tests.helpers import local_cluster, xla_env
 from vit_jax.input_pipeline import testing
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

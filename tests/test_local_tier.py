@@ -12,17 +12,15 @@ import re
 import shutil
 import sys
 
-import fault_injection  # tests/
 import jax
 import jax.numpy as jnp
-import local_cluster  # tests/
 import ml_collections
 import numpy as np
 import pytest
-import xla_env  # tests/
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tests.helpers import fault_injection, local_cluster, xla_env
 from vit_jax import sharding
 from vit_jax.checkpoint import local_tier, train_state
 from vit_jax.runtime import goodput

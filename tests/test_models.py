@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import xla_env  # tests/
 
+from tests.helpers import xla_env
 from vit_jax import checkpoint, models
 from vit_jax.models import bit
 
@@ -402,13 +402,15 @@ def test_layer_norm_equals_flax_and_its_backward_equals_autodiff(dtype):
 def test_tanh_gelu_is_flax_gelu_and_its_backward_a_gradient():
   """The tanh GELU, forward and backward, as accurate as flax's GELU and its autodiff, measured
   against the formula in float64 (central differences for the derivative), in float32 and
-  bfloat16. In a child compiled as users' programs are (tests/xla_env.py): the suite's legacy
-  fusion emitters compute tanh less accurately (measured: the gradient's error 1.9e-5 there,
-  for flax's GELU as for ours)."""
-  code = "import sys, test_models as t; [t.check_tanh_gelu(d) for d in sys.argv[1:]]"
+  bfloat16. In a child compiled as users' programs are (tests/helpers/xla_env.py): the suite's
+  legacy fusion emitters compute tanh less accurately (measured: the gradient's error 1.9e-5
+  there, for flax's GELU as for ours)."""
+  code = (
+    "import sys; from tests import test_models as t; [t.check_tanh_gelu(d) for d in sys.argv[1:]]"
+  )
   proc = subprocess.run(
     [sys.executable, "-c", code, "float32", "bfloat16"],
-    cwd=pathlib.Path(__file__).parent,
+    cwd=pathlib.Path(__file__).parents[1],
     env=xla_env.child_env(optimize=True, JAX_PLATFORMS="cpu"),
     capture_output=True,
     text=True,

@@ -1,10 +1,10 @@
 """Faults of a multi-process run, through the entry point: two `python -m vit_jax.main`
-processes of one CPU device each (tests/local_cluster.py, gloo collectives over 127.0.0.1) on the
+processes of one CPU device each (tests/helpers/local_cluster.py, gloo collectives over 127.0.0.1) on the
 mesh data=2. Each run ends with the parameters (and Polyak average) of the same training
 uninterrupted on one process of two devices, bitwise: every gradient all-reduce sums two values,
 the same float32 number in either order.
 
-- A lost process: tests/invariance_config.py's run saving every 5 steps asynchronously, process 1
+- A lost process: tests/helpers/invariance_config.py's run saving every 5 steps asynchronously, process 1
   SIGKILLed right after it started saving step 10 (its part possibly unwritten). Process 0 must
   end with `vit_jax: error: process 1 of 2 is gone (...)` within 60 s of the kill (the
   lost-process timeout is 30 s: vit_jax.runtime.liveness); only whole steps are committed; the
@@ -17,14 +17,11 @@ the same float32 number in either order.
 
 import pathlib
 
-import fault_injection  # tests/
-import invariance_config  # tests/
 import jax
-import local_cluster  # tests/
 import numpy as np
 import pytest
-import xla_env  # tests/
 
+from tests.helpers import fault_injection, invariance_config, local_cluster, xla_env
 from vit_jax import train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import pretrain
@@ -35,7 +32,10 @@ BOUND_S = 60  # the survivors' time to exit after the loss, at the default lost-
 
 
 def _launch(
-  workdir, faults, ended=None, flags=("--config=tests/invariance_config.py:supervised", *FLAGS)
+  workdir,
+  faults,
+  ended=None,
+  flags=("--config=tests/helpers/invariance_config.py:supervised", *FLAGS),
 ):
   env = xla_env.child_env(1)
 

@@ -9,7 +9,8 @@ import sys
 import zipfile
 
 import pytest
-import xla_env  # tests/
+
+from tests.helpers import xla_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What setup.py reads to build the wheel.

@@ -5,7 +5,7 @@ devices of conftest (the same code as for a TPU topology), and on a real TPU top
 libtpu is installed (`pip install -e ".[tpu]"`); the paper configs on a v3 slice are slow tests.
 
 The tests that compile for a topology (`libtpu_test`) each run in a pytest process of their own
-(tests/libtpu_process.py says why).
+(tests/helpers/libtpu_process.py says why).
 """
 
 import os
@@ -13,11 +13,11 @@ import re
 import subprocess
 import sys
 
-import compiled_step  # tests/
 import jax
 import pytest
-from libtpu_process import libtpu_test, run_with_libtpu  # tests/
 
+from tests.helpers import compiled_step
+from tests.helpers.libtpu_process import libtpu_test, run_with_libtpu
 from vit_jax.configs import pretrain
 from vit_jax.cost import compiled_stats
 from vit_jax.tools import plan as planner

@@ -1,4 +1,4 @@
-"""The whole ViT against an independent float64 numpy forward pass (tests/numpy_vit.py).
+"""The whole ViT against an independent float64 numpy forward pass (tests/helpers/numpy_vit.py).
 
 test_models.py measures the float32 model against the same Flax model run in float64, which
 checks rounding but not structure: a wrong block order, a missing residual, the position
@@ -22,9 +22,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpy_vit  # tests/
 import pytest
 
+from tests.helpers import numpy_vit
 from vit_jax import models
 from vit_jax.kernels import cpu as cpu_kernels
 from vit_jax.models import ops

@@ -8,10 +8,10 @@ import sys
 
 import numpy as np
 import pytest
-import xla_env  # tests/
 from PIL import Image
 
 from experiments import scale_study
+from tests.helpers import xla_env
 from vit_jax import config_files, inference
 from vit_jax.input_pipeline import builtin
 

@@ -4,15 +4,15 @@
 of the `fsdp` axis) cross slices, while the other axes and the rest of that one stay inside one
 (vit_jax.sharding.make_mesh); each slice's hosts supply their own rows of the global batch, as
 on one slice. The devices of several slices come from libtpu's topology descriptions
-(`num_slices`), so those tests run in a process of their own (tests/libtpu_process.py); the
+(`num_slices`), so those tests run in a process of their own (tests/helpers/libtpu_process.py); the
 one-line errors for CPU devices run everywhere.
 """
 
 import jax
 import numpy as np
 import pytest
-from libtpu_process import libtpu_test  # tests/
 
+from tests.helpers.libtpu_process import libtpu_test
 from vit_jax import sharding
 from vit_jax.configs import common
 from vit_jax.input_pipeline import layout

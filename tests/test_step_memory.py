@@ -14,15 +14,15 @@ measures today, and below what a regression measured:
   see that regression; the CPU test (which needs no libtpu) holds what the CPU compiler sees (a
   larger model, an activation or a mask kept twice, ...).
 
-The libtpu tests run in a process of their own (tests/libtpu_process.py) and are skipped without
+The libtpu tests run in a process of their own (tests/helpers/libtpu_process.py) and are skipped without
 libtpu; the B/16 one is slow (minutes to compile on 2 cores).
 """
 
-import compiled_step  # tests/
 import jax
 import pytest
-from libtpu_process import libtpu_test  # tests/
 
+from tests.helpers import compiled_step
+from tests.helpers.libtpu_process import libtpu_test
 from vit_jax.configs import pretrain
 from vit_jax.tools import plan as planner
 

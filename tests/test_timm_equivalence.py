@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import random_weights  # tests/
 
+from tests.helpers import random_weights
 from vit_jax import checkpoint, models
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ import numpy as np
 import timm
 import torch
 
-npz, name, images, out, num_classes, float64, vit_jax_eps, tests_dir = sys.argv[1:]
+npz, name, images, out, num_classes, float64, vit_jax_eps, repo = sys.argv[1:]
 torch.set_num_threads(2)
 # timm with its own defaults (exact GELU); ours runs with gelu_approximate=False to match.
 model = timm.create_model(name, pretrained=False, num_classes=int(num_classes))
@@ -45,8 +45,8 @@ if float64 == "1":
   model.double()  # before loading, so the file's float32 values are copied exactly
 model.load_pretrained(npz)
 if vit_jax_eps == "1":  # timm computes vit_jax's stem: the architectures alone are compared
-  sys.path.insert(0, tests_dir)
-  from timm_vit_jax_constants import use_vit_jax_constants
+  sys.path.insert(0, repo)
+  from tests.helpers.timm_vit_jax_constants import use_vit_jax_constants
   use_vit_jax_constants(model)
 model.eval()
 with torch.no_grad():
@@ -68,7 +68,7 @@ def _compare(tmp_path, preset, timm_name, vit_jax_eps=False, float64=False, tole
   images = np.random.default_rng(1).uniform(-1, 1, (2, 224, 224, 3)).astype(np.float32)
   np.save(tmp_path / "images.npy", images)
   args = [path, timm_name, tmp_path / "images.npy", tmp_path / "timm.npy", NUM_CLASSES]
-  args += [int(float64), int(vit_jax_eps), pathlib.Path(__file__).parent]
+  args += [int(float64), int(vit_jax_eps), pathlib.Path(__file__).parents[1]]
   subprocess.run([sys.executable, "-c", _TIMM_LOGITS, *map(str, args)], check=True, timeout=600)
   theirs = np.load(tmp_path / "timm.npy")
   if float64:

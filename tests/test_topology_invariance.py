@@ -1,10 +1,10 @@
 """The training trajectory does not depend on the topology: one 20-step pretraining run (dropout,
-attention dropout, inception crop, flips and mixup on; tests/invariance_config.py) on
+attention dropout, inception crop, flips and mixup on; tests/helpers/invariance_config.py) on
 
   (1) 1 process × 4 devices, one slice (supervised: mesh data=2 × model=2; MPP: its preset's
       data=2 × fsdp=2),
   (2) 2 slices (`mesh.slices=2`), each a process of 2 devices (`python -m vit_jax.main` over
-      127.0.0.1, tests/local_cluster.py; a process stands in for a slice, vit_jax.sharding), on
+      127.0.0.1, tests/helpers/local_cluster.py; a process stands in for a slice, vit_jax.sharding), on
       the same mesh: `data` crosses the slices, each slice reads its own half of every global
       batch; both processes SIGKILLed and resumed, then SIGTERM sent to one of them only (both
       stop at the step they agree on, save it and exit 143 with the same line), resumed to the
@@ -15,7 +15,7 @@ attention dropout, inception crop, flips and mixup on; tests/invariance_config.p
       N→M resume after losing a slice),
 
 is the same training up to floating-point summation order. That is measured against the same
-training in float64 (tests/float64_reference.py, same initial parameters, data and random
+training in float64 (tests/helpers/float64_reference.py, same initial parameters, data and random
 draws): every layout must be as close to it as layout (1) is (at most twice its root-mean-square
 deviation), and no parameter further from it than 1% of what training changed. A fixed
 tolerance between two float32 runs would test how 20 Adam steps magnify their rounding noise,
@@ -34,15 +34,17 @@ import pathlib
 import shutil
 import sys
 
-import fault_injection  # tests/
-import float64_reference  # tests/
-import invariance_config  # tests/
 import jax
-import local_cluster  # tests/
 import numpy as np
 import pytest
-import xla_env  # tests/
 
+from tests.helpers import (
+  fault_injection,
+  float64_reference,
+  invariance_config,
+  local_cluster,
+  xla_env,
+)
 from vit_jax import sharding, train
 from vit_jax.checkpoint import train_state
 
@@ -54,13 +56,13 @@ SLICES = 2  # layout (2)'s: one per process
 
 def _cli(variant, workdir, processes, devices, extra=(), faults=None):
   """Runs the entry point on `processes` processes of `devices` CPU devices each; with
-  `faults`, process i runs tests/fault_injection.py's entry point with the fault faults[i]
+  `faults`, process i runs tests/helpers/fault_injection.py's entry point with the fault faults[i]
   (a dict for fault_injection.env, or None)."""
   env = xla_env.child_env(devices)
 
   def command(port, i):
     flags = [
-      f"--config=tests/invariance_config.py:{variant}",
+      f"--config=tests/helpers/invariance_config.py:{variant}",
       f"--workdir={workdir}",
       f"--coordinator_address=127.0.0.1:{port}",
       f"--num_processes={processes}",
@@ -108,7 +110,7 @@ def _train_every_layout(variant, root):
   # devices and 1, against float32's 1e-5), and fewer devices cost less.
   mesh = invariance_config.get_config(variant).mesh
   float64_reference.run(
-    f"invariance_config:{variant}", root / "float64", devices=mesh.fsdp * mesh.model
+    f"tests.helpers.invariance_config:{variant}", root / "float64", devices=mesh.fsdp * mesh.model
   )
   one = invariance_config.get_config(variant)
   if variant == "supervised":

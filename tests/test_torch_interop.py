@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import random_weights  # tests/
 
+from tests.helpers import random_weights
 from vit_jax import checkpoint, models
 from vit_jax.tools import convert
 
@@ -82,8 +82,8 @@ elif mode == "timm_save":
   timm.models.save_for_hf(model, directory, safe_serialization=True)
   dtype = torch.float32
   if extra.get("vit_jax_eps"):
-    sys.path.insert(0, extra["tests_dir"])
-    from timm_vit_jax_constants import use_vit_jax_constants
+    sys.path.insert(0, extra["repo"])
+    from tests.helpers.timm_vit_jax_constants import use_vit_jax_constants
     use_vit_jax_constants(model)
     model.double()
     dtype = torch.float64
@@ -199,7 +199,7 @@ def test_timm_saved_hybrid_reads_with_the_same_logits(tmp_path):
     name="vit_base_r50_s16_224",
     kwargs=kwargs,
     vit_jax_eps=True,
-    tests_dir=str(pathlib.Path(__file__).parent),
+    repo=str(pathlib.Path(__file__).parents[1]),
   )
   model_config, ours = _ours(tmp_path / "timm", images, float64=True)
   assert tuple(model_config.resnet.num_layers) == (3, 4, 9) and model_config.num_heads == 4

@@ -15,8 +15,8 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-import xla_env  # tests/
 
+from tests.helpers import xla_env
 from vit_jax import sharding, stages, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune, pretrain

@@ -13,11 +13,10 @@ import sys
 import textwrap
 
 import pytest
-import random_weights  # tests/
 import test_vtab  # tests/: mock records for the VTAB builders
-import xla_env  # tests/
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
+from tests.helpers import random_weights, xla_env
 from vit_jax.tools import transfer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

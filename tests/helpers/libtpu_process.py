@@ -24,7 +24,7 @@ needs_libtpu = pytest.mark.skipif(
   not planner.libtpu_available(),
   reason='libtpu is not installed (optional extra: pip install -e ".[tpu]")',
 )
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIBTPU_TEST_LOCK = os.path.join(tempfile.gettempdir(), "vit_jax_libtpu_tests.lock")
 _IN_OWN_PROCESS = "VIT_JAX_LIBTPU_TEST_PROCESS"  # set in the process that runs the test's body
 

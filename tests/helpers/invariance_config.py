@@ -1,6 +1,6 @@
 """The pretraining run of tests/test_topology_invariance.py, by name for `python -m vit_jax.main`.
 
-`--config=tests/invariance_config.py:<variant>` (run from the repository root):
+`--config=tests/helpers/invariance_config.py:<variant>` (run from the repository root):
   supervised  the Fashion-MNIST demo (`runlocal`: the 'testing' ViT, 16px, batch 16), softmax
   mpp_fsdp    masked patch prediction (configs/pretrain_mpp.py), mesh fsdp=2
 
@@ -39,10 +39,10 @@ def get_config(variant: str = "supervised") -> ml_collections.ConfigDict:
 
 
 def supervised() -> ml_collections.ConfigDict:
-  """`get_config('supervised')`, by name for tests/float64_reference.py."""
+  """`get_config('supervised')`, by name for tests/helpers/float64_reference.py."""
   return get_config("supervised")
 
 
 def mpp_fsdp() -> ml_collections.ConfigDict:
-  """`get_config('mpp_fsdp')`, by name for tests/float64_reference.py."""
+  """`get_config('mpp_fsdp')`, by name for tests/helpers/float64_reference.py."""
   return get_config("mpp_fsdp")

@@ -24,7 +24,7 @@ So every request of a run passes the proxy, which can answer some of them with e
 the processes of a test only: `https_proxy` and `CURL_CA_BUNDLE` would send pip's and any other
 HTTPS traffic of a shell to the proxy.
 
-From a shell (the docs' "try it locally"): `python -m tests.gcs --buckets=my-bucket` prints the
+From a shell (the docs' "try it locally"): `python -m tests.helpers.gcs --buckets=my-bucket` prints the
 `export` lines and serves until Ctrl-C.
 """
 

@@ -37,9 +37,9 @@ import subprocess
 import sys
 import time
 
-import xla_env  # tests/
+from tests.helpers import xla_env
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 # The README first: the other pages read what its flow writes.
 PAGES = ["README.md"] + sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md"))
 MODES = ("run", "ci", "slow", "skip")
@@ -174,7 +174,7 @@ def run(command: Command, sandbox: pathlib.Path, timeout_s: float) -> Outcome:
   tail when it exits non-zero or outlives `timeout_s`."""
   (sandbox / "tmp").mkdir(parents=True, exist_ok=True)
   # One device, as a reader's CPU has (the suite's processes simulate eight), compiled as the
-  # suite compiles (tests/xla_env.py).
+  # suite compiles (tests/helpers/xla_env.py).
   env = xla_env.child_env(1)
   env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}"
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -14,8 +14,9 @@ dtype and param_dtype float64, and three things made equal to the float32 run's:
   float32 run (with x64 on, they would be 64-bit draws from other random bits);
 - data: the same pipeline, images float32 until the model casts them.
 
-Usable as `python tests/float64_reference.py <module:factory> <workdir>`: the factory (a module
-under tests/) returns the float32 config.
+Usable as `python -m tests.helpers.float64_reference <module:factory> <workdir>` from the
+repository root: the factory (in a module importable from there or from tests/) returns the
+float32 config.
 """
 
 import importlib
@@ -27,15 +28,16 @@ import textwrap
 
 import jax
 import numpy as np
-import xla_env  # tests/
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import xla_env
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 _CHILD = textwrap.dedent(
   """
   import sys
   sys.path[:0] = [{repo!r}, {tests!r}]
-  import float64_reference
+  from tests.helpers import float64_reference
   float64_reference.main(sys.argv[1], sys.argv[2])
   """
 )
@@ -106,7 +108,7 @@ def main(config_fn: str, workdir: str) -> None:
 
 
 def run(config_fn: str, workdir: str | os.PathLike, devices: int = 1) -> None:
-  """Trains `config_fn` ('module:factory' under tests/) in float64 in a child process."""
+  """Trains `config_fn` ('module:factory' importable from the repository root or tests/) in float64 in a child process."""
   env = xla_env.child_env(devices, JAX_ENABLE_X64="1")
   code = _CHILD.format(repo=str(REPO), tests=str(REPO / "tests"))
   proc = subprocess.run(
