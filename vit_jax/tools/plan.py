@@ -582,6 +582,12 @@ def format_plan(p: Plan) -> str:
       f"{1e3 * p.dcn_seconds:.3f} ms per step over DCN{of_step}"
       + (" (longer than the implied compute time: bound by DCN)" if bound else "")
     )
+    if s.dcn_bytes:
+      shares = sorted(s.dcn_dtypes.items(), key=lambda kv: -kv[1])
+      lines.append(
+        "  DCN bytes by element type: "
+        + ", ".join(f"{t} {100 * b / s.dcn_bytes:.1f}%" for t, b in shares)
+      )
   lines.append("collectives per device per step (bytes sent, ring algorithms):")
   for kind, v in s.collectives.items():
     if v["count"]:
