@@ -68,6 +68,9 @@ def vit_config(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, re
       attention_kernel="auto",
       # The LayerNorms' (ops.LAYER_NORM_KERNELS); 'auto': C++ on a one-device CPU (float32).
       layer_norm_kernel="auto",
+      # The dtype the gradients are summed across devices in, where wider than `dtype`
+      # (ops.gradient_dtype): 'bfloat16' keeps a bf16 model's as autodiff gives them.
+      grad_reduce_dtype="bfloat16",
     )
   )
 
@@ -219,8 +222,8 @@ def get_model(
   fields.update(overrides)
   for key in _NON_MODULE_FIELDS:
     fields.pop(key, None)
-  for key in ("dtype", "param_dtype"):
-    if isinstance(fields[key], str):
+  for key in ("dtype", "param_dtype", "grad_reduce_dtype"):
+    if isinstance(fields.get(key), str):
       if fields[key] not in _DTYPES:
         raise ValueError(f"model {key}={fields[key]!r}; expected one of {sorted(_DTYPES)}")
       fields[key] = _DTYPES[fields[key]]
