@@ -49,7 +49,7 @@ _JSON_MARK = "BENCHMARK_ROWS "
 # enough on accelerators to fill the chip (single device; fits 16 GiB HBM on TPU v5e).
 _DEFAULT_BATCH = {
   "cpu": {"ViT-B_16": 8, "ViT-Ti_16": 32, "demo": 128},
-  "gpu": {"ViT-B_16": 256, "ViT-Ti_16": 1024, "demo": 4096},
+  "gpu": {"ViT-B_16": 256, "ViT-L_16": 128, "ViT-Ti_16": 1024, "demo": 4096},
   "tpu": {"ViT-B_16": 128, "ViT-Ti_16": 512, "demo": 4096},
 }
 _FALLBACK_BATCH = {"cpu": 8, "gpu": 128, "tpu": 64}
@@ -75,7 +75,12 @@ def _parser() -> argparse.ArgumentParser:
   add("--paired", action="store_true", help="one process per side, taking turns round by round")
   add("--pause", type=float, default=0.2, help="--paired: idle seconds before each turn")
   add("--optimizer", default="adamw", choices=["adamw", "sgd"], help="sgd: momentum 0.9")
-  add("--timm", default="auto", choices=["auto", "on", "off"], help="benchmark timm alongside")
+  add(
+    "--timm",
+    default="auto",
+    choices=["auto", "on", "off", "compiled"],
+    help="benchmark timm alongside (compiled: only under torch.compile, in its own process)",
+  )
   add("--timm_compile", action="store_true", help="also timm under torch.compile (own process)")
   add("--attention_kernel", default="auto", choices=["auto", "xla", "cudnn"], help="JAX's core")
   add("--torch_threads", type=int, default=0, help="0: the CPUs this process may use")
@@ -517,8 +522,8 @@ def _merge_rounds(rows: list[dict], new: dict) -> None:
 
 def _want_timm(args) -> bool:
   found = all(importlib.util.find_spec(name) for name in ("timm", "torch"))
-  if args.timm == "on" and not found:
-    raise SystemExit("--timm=on, but timm or torch is not importable")
+  if args.timm in ("on", "compiled") and not found:
+    raise SystemExit(f"--timm={args.timm}, but timm or torch is not importable")
   return found and args.timm != "off"
 
 
@@ -540,7 +545,10 @@ def _compare(argv: list[str], args, env: dict) -> None:
     f"JAX attention_kernel {args.attention_kernel}, optimizer {args.optimizer}, "
     f"warmup {args.warmup}, {how}"
   )
-  timm = ["timm"] + (["timm_compile"] if args.timm_compile else []) if _want_timm(args) else []
+  timm = []
+  if _want_timm(args):
+    compiled = ["timm_compile"] if args.timm_compile or args.timm == "compiled" else []
+    timm = compiled if args.timm == "compiled" else ["timm", *compiled]
   impls = ["jax"] + (["baseline"] if _baseline_label(args) else []) + timm
   with _baseline_tree(args) as tree:
     measured = _measure(impls, argv, env, tree, args)
