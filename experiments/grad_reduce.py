@@ -3,19 +3,22 @@ small scale on simulated devices, and bytes on the wire of a compiled multi-slic
 
   python -m experiments.grad_reduce            # writes experiments/results/grad_reduce/
   python -m experiments.grad_reduce --quick    # tiny budgets, a check that it runs
+  python -m experiments.grad_reduce --resume   # keeps the runs finished in --workdir
 
 With bfloat16 compute the weight gradients leave their matmuls in bfloat16 and are summed across
 devices so; `model.grad_reduce_dtype=float32` makes those matmuls accumulate into float32 instead
 (vit_jax.models.ops.dense). Accuracy: the CPU demo's pretraining (`configs/pretrain.py:
 dataset=fashion_mnist`, the 'demo' ViT) in bfloat16 on 8 simulated CPU devices (XLA's
 --xla_force_host_platform_device_count=8, data parallelism over them), once per reduction dtype
-and once with the model in float32 as the reference, the same seed, data and steps; each run's
+and once with the model in float32 as the reference, the same seed, data and steps (and the two
+bf16 runs with a second seed, for the spread of other random draws alone); each run's
 final training loss, validation top-1 on Fashion-MNIST's test split and few-shot top-1, with its
 wall time (a shared machine: times say what a rerun costs, not which is faster). Bytes: the
 planner's compile of ViT-Ti/16's step for 2 slices of a v5e:2x2 (needs libtpu; skipped without
 it), the bytes each device sends per step between the slices and inside them, by element type.
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -25,11 +28,14 @@ import time
 from experiments import common
 
 DEVICES = 8
-# (label, model dtype, grad_reduce_dtype)
+# (label, model dtype, grad_reduce_dtype, seed): the two bf16 runs again with another seed, for
+# the spread that other random draws alone give.
 RUNS = (
-  ("bf16 compute, gradients summed in bf16", "bfloat16", "bfloat16"),
-  ("bf16 compute, gradients summed in f32", "bfloat16", "float32"),
-  ("f32 compute (reference)", "float32", "float32"),
+  ("bf16 compute, gradients summed in bf16", "bfloat16", "bfloat16", 0),
+  ("bf16 compute, gradients summed in f32", "bfloat16", "float32", 0),
+  ("f32 compute (reference)", "float32", "float32", 0),
+  ("bf16 compute, gradients summed in bf16, seed 1", "bfloat16", "bfloat16", 1),
+  ("bf16 compute, gradients summed in f32, seed 1", "bfloat16", "float32", 1),
 )
 PLAN = [
   "--config=configs/pretrain.py:dataset=jft,model=Ti/16,epochs=7,lr=1e-3",
@@ -40,9 +46,10 @@ PLAN = [
 ]
 
 
-def stage_flags(dtype: str, reduce_dtype: str, steps: int, test: str) -> list[str]:
+def stage_flags(dtype: str, reduce_dtype: str, seed: int, steps: int, test: str) -> list[str]:
   return [
     "--config=configs/pretrain.py:dataset=fashion_mnist",
+    f"--config.seed={seed}",
     f"--config.model.dtype={dtype}",
     f"--config.model.grad_reduce_dtype={reduce_dtype}",
     f"--config.total_steps={steps}",
@@ -127,9 +134,15 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-  args = common.parse_args(
-    argv, __doc__, "/tmp/vit_grad_reduce", "tiny budgets, to check that it runs"
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--workdir", default="/tmp/vit_grad_reduce")
+  parser.add_argument("--out", help="results' folder (default experiments/results/grad_reduce/)")
+  parser.add_argument("--quick", action="store_true", help="tiny budgets, to check that it runs")
+  parser.add_argument("--verbose", action="store_true", help="every log line of the stages")
+  parser.add_argument(
+    "--resume", action="store_true", help="keep the runs that finished in --workdir before"
   )
+  args = parser.parse_args(argv)
   flags = os.environ.get("XLA_FLAGS", "")
   if f"device_count={DEVICES}" not in flags:  # before JAX starts in this process
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={DEVICES}".strip()
@@ -142,12 +155,14 @@ def main(argv: list[str] | None = None) -> None:
   out = common.out_dir(args.out, "grad_reduce", args.workdir, args.quick)
   start = time.perf_counter()
   results = dict(quick=args.quick, steps=steps, devices=DEVICES, runs=[])
-  for i, (label, dtype, reduce_dtype) in enumerate(RUNS):
-    flags = stage_flags(dtype, reduce_dtype, steps, test)
+  for i, (label, dtype, reduce_dtype, seed) in enumerate(RUNS):
+    flags = stage_flags(dtype, reduce_dtype, seed, steps, test)
     workdir = os.path.join(args.workdir, f"run{i}")
-    metrics, seconds = common.run_stage(label, flags, workdir, verbose=args.verbose)
+    metrics, seconds = common.run_stage(
+      label, flags, workdir, resume=args.resume, verbose=args.verbose
+    )
     run = dict(label=label, flags=flags, metrics=metrics, seconds=seconds)
-    if dtype == "bfloat16" and not args.quick:
+    if dtype == "bfloat16" and seed == 0 and not args.quick:
       run["wire"] = wire_bytes(reduce_dtype)
     results["runs"].append(run)
   results["seconds"] = dict(total=time.perf_counter() - start)
