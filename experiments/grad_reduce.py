@@ -16,6 +16,7 @@ final training loss, validation top-1 on Fashion-MNIST's test split and few-shot
 wall time (a shared machine: times say what a rerun costs, not which is faster). Bytes: the
 planner's compile of ViT-Ti/16's step for 2 slices of a v5e:2x2 (needs libtpu; skipped without
 it), the bytes each device sends per step between the slices and inside them, by element type.
+Writes results.json, table.md (accuracy) and wire.md (bytes) to --out.
 """
 
 import argparse
@@ -99,6 +100,7 @@ def wire_bytes(reduce_dtype: str) -> dict | None:
 
 
 def table(results: dict) -> str:
+  """The accuracy runs (table.md)."""
   lines = [
     "| run | final training loss | validation top-1 | few-shot top-1 (10-shot Animal-MNIST / "
     "MNIST-5k) | wall time |",
@@ -111,25 +113,30 @@ def table(results: dict) -> str:
       f"| {100 * m['fewshot_animal_mnist/10shot']:.1f}% / {100 * m['fewshot_mnist_5k/10shot']:.1f}% "
       f"| {common.fmt_seconds(r['seconds'])} |"
     )
+  return "\n".join(lines)
+
+
+def wire_table(results: dict) -> str:
+  """The bytes of the compiled multi-slice step (wire.md); empty without them."""
   wires = [(r["label"], r["wire"]) for r in results["runs"] if r.get("wire")]
-  if wires:
-    lines += [
-      "",
-      "| ViT-Ti/16 step on 2 × v5e:2x2, per device | MiB sent between slices (DCN) | of which "
-      "bf16 / f32 | MiB inside a slice (ICI) | of which bf16 / f32 | total HBM |",
-      "|---|---|---|---|---|---|",
-    ]
-    for label, w in wires:
+  if not wires:
+    return ""
+  lines = [
+    "| ViT-Ti/16 step on 2 × v5e:2x2, per device | MiB sent between slices (DCN) | of which "
+    "bf16 / f32 | MiB inside a slice (ICI) | of which bf16 / f32 | total HBM |",
+    "|---|---|---|---|---|---|",
+  ]
+  for label, w in wires:
 
-      def split(kind, w=w):
-        by = w[f"{kind}_dtypes"]
-        whole = w[f"{kind}_bytes"] or 1.0
-        return f"{100 * by.get('bf16', 0) / whole:.1f}% / {100 * by.get('f32', 0) / whole:.1f}%"
+    def split(kind, w=w):
+      by = w[f"{kind}_dtypes"]
+      whole = w[f"{kind}_bytes"] or 1.0
+      return f"{100 * by.get('bf16', 0) / whole:.1f}% / {100 * by.get('f32', 0) / whole:.1f}%"
 
-      lines.append(
-        f"| {label.split(', ')[1]} | {w['dcn_bytes'] / 2**20:.2f} | {split('dcn')} "
-        f"| {w['ici_bytes'] / 2**20:.2f} | {split('ici')} | {w['total'] / 2**30:.2f} GiB |"
-      )
+    lines.append(
+      f"| {label.split(', ')[1]} | {w['dcn_bytes'] / 2**20:.2f} | {split('dcn')} "
+      f"| {w['ici_bytes'] / 2**20:.2f} | {split('ici')} | {w['total'] / 2**30:.2f} GiB |"
+    )
   return "\n".join(lines)
 
 
@@ -167,9 +174,12 @@ def main(argv: list[str] | None = None) -> None:
     results["runs"].append(run)
   results["seconds"] = dict(total=time.perf_counter() - start)
   common.write_results(os.path.join(out, "results.json"), results)
-  text = table(results)
-  print(text)
+  text, wires = table(results), wire_table(results)
+  print(text + ("\n\n" + wires if wires else ""))
   common.finish_report(results, text, out)
+  if wires:
+    with open(os.path.join(out, "wire.md"), "w") as f:
+      f.write(wires + "\n")
 
 
 if __name__ == "__main__":
