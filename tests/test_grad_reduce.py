@@ -120,6 +120,7 @@ def test_an_unknown_reduction_dtype_is_one_line():
     models.get_model("testing", 10, grad_reduce_dtype="float8")
 
 
+@pytest.mark.slow  # two multi-slice compiles, about 20 CPU seconds
 @libtpu_test
 def test_the_bytes_between_slices_follow_the_reduction_dtype():
   """The trainer's bf16 step on 2 slices of a v5e:2x2 (the TPU compiler): the gradients cross
