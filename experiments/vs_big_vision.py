@@ -37,7 +37,6 @@ import glob
 import gzip
 import hashlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -170,7 +169,7 @@ def _compile(lower, state, shardings, batch, devices, start) -> dict[str, Any]:
 
   from vit_jax.cost import compiled_stats  # noqa: PLC0415
 
-  compile_start = time.perf_counter()
+  compile_start, compile_cpu = time.perf_counter(), time.process_time()
   refused = ""
   try:
     compiled = lower().compile()
@@ -178,13 +177,13 @@ def _compile(lower, state, shardings, batch, devices, start) -> dict[str, Any]:
     temp = compiled_stats.temporaries_refused(str(e))
     if temp is None:
       raise
-    seconds = time.perf_counter() - compile_start
+    seconds, cpu = time.perf_counter() - compile_start, time.process_time() - compile_cpu
     refused = str(e).strip().splitlines()[0]
     stats = compiled_stats.refused_step_stats(state, shardings, batch, temp)
   else:
-    seconds = time.perf_counter() - compile_start
+    seconds, cpu = time.perf_counter() - compile_start, time.process_time() - compile_cpu
     stats = compiled_stats.step_stats(compiled, state, shardings, batch)
-  return _result(stats, refused, seconds, devices, start)
+  return dict(_result(stats, refused, seconds, devices, start), compile_cpu_seconds=cpu)
 
 
 def _result(stats, refused: str, compile_seconds: float, devices, start: float) -> dict:
@@ -308,9 +307,13 @@ def candidates_between(lo: int, hi: int) -> list[int]:
 def largest_batch(measure, start: int, hbm: int, limit: int = 4096) -> tuple[int, list[int]]:
   """The largest per-device batch whose step fits (0 if not even 1), and the batches compiled.
 
-  `measure(batch)` returns a compile's result. Each next batch is where a straight line through
-  the two nearest measured totals (or through one and the batch-independent bytes) meets the
-  HBM, moved inside the bracket of the largest fitting and smallest refused batch so far.
+  `measure(batch)` returns a compile's result. Above the largest fitting batch so far and no
+  refused one yet, the next batch is where a straight line through the two nearest measured
+  totals (or through one and the batch-independent bytes) meets the HBM, at most twice the
+  batch; inside a bracket of a fitting and a refused batch, that guess and the bracket's middle
+  take turns, so the bracket halves at least every two compiles. (Near the HBM the TPU compiler
+  rematerialises to fit, so memory stops growing with the batch and a straight line alone can
+  point far off.)
   """
   points: dict[int, dict] = {}
 
@@ -318,36 +321,42 @@ def largest_batch(measure, start: int, hbm: int, limit: int = 4096) -> tuple[int
     points[b] = measure(b)
     return points[b]["fits"]
 
-  lo, hi = (start, limit + 1) if fit(start) else (0, start)
+  lo, hi = (start, None) if fit(start) else (0, start)
+  turn = 0
   while True:
-    inside = candidates_between(lo, hi)
+    top = min(2 * max(lo, 1), limit) + 1 if hi is None else hi
+    inside = candidates_between(lo, top)
     if not inside:
       return lo, sorted(points)
     guess = _predict(points, hbm)
     below = [b for b in inside if b <= guess]
     b = below[-1] if below else inside[0]
-    if b == lo or b in points:
-      b = inside[0]
+    if hi is not None and turn % 2:
+      b = inside[len(inside) // 2]
+    turn += 1
+    if b in points:
+      b = next(c for c in inside if c not in points)
     if fit(b):
       lo = b
     else:
       hi = b
+    if hi is None and lo >= limit:
+      return lo, sorted(points)
 
 
 def _predict(points: dict[int, dict], hbm: int) -> float:
-  """The batch at which the line through the measured totals reaches `hbm`."""
+  """The batch at which the line through the measured totals reaches `hbm` (inf if flat)."""
   xs = sorted(points)
   totals = {b: points[b]["stats"]["total"] for b in xs}
   if len(xs) >= 2:
-    near = sorted(xs, key=lambda b: abs(totals[b] - hbm))[:2]
-    (b0, b1) = sorted(near)
+    b0, b1 = sorted(sorted(xs, key=lambda b: abs(totals[b] - hbm))[:2])
     slope = (totals[b1] - totals[b0]) / (b1 - b0)
     base = totals[b0] - slope * b0
   else:
     s = points[xs[0]]["stats"]
     base = s["params"] + s["opt_state"] + s["gradients"] + s["code"]
     slope = (s["total"] - base) / xs[0]
-  return (hbm - base) / slope if slope > 0 else math.inf
+  return (hbm - base) / slope if slope > 0 else float("inf")
 
 
 # --------------------------------------------------------------------------------------------------
