@@ -70,16 +70,19 @@ def test_a_row_and_its_table():
 
   def compile_(side, model, topology, batch):
     calls.append((side, batch))
-    return _fake_result(batch, per_example=0.1 if side == "vit_jax" else 0.2)
+    per_example = {"vit_jax": 0.1, "big_vision": 0.2, vs_big_vision.SAME_STATE: 0.09}[side]
+    return _fake_result(batch, per_example=per_example)
 
   row = vs_big_vision.run_row(compile_, "B/16", "v3:2x2", start=64)
   assert row["sides"]["vit_jax"]["largest_batch"] == 128
   assert row["sides"]["big_vision"]["largest_batch"] == 64
+  assert (vs_big_vision.SAME_STATE, 64) in calls  # at the first batch only
   text = vs_big_vision.table([row])
   line = text.splitlines()[2]
-  assert line.startswith("| B/16 | v3:2x2 | 64 | ")
-  assert "| 9.40 / 15.80 of 16 GiB | 0.595 |" in line  # totals and their ratio
-  assert line.endswith("| 60 / 60 | 128 / 64 |")
+  assert line.startswith("| B/16 | v3:2x2 | 64 | 6.40 GiB / 12.80 GiB | ")
+  # totals, their ratio, and with vit_jax's Adam state as big_vision's
+  assert "| 9.40 / 15.80 of 16 GiB | 0.595 | 0.554 | 64,000 / 64,000 | 1.000 |" in line
+  assert line.endswith("| 60 / 60 | 128 (+0.0%) / 64 (+0.0%) |")
 
 
 class _StandInVit(nn.Module):
