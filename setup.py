@@ -14,10 +14,8 @@ INSTALL_REQUIRES = [
   "jax>=0.10.2,<0.11",
   "matplotlib>=3.11,<3.12",  # figures of vit_jax.analysis and the experiments (Agg backend)
   "ml-collections>=1.1,<2",
-  # Not imported by this package itself: JAX and TensorFlow need it. 0.7.0 takes a second to import
-  # (0.98 s against 0.016 s for 0.6.0, measured on a 2-core Xeon with numpy 2.4; perf: its module
-  # init spends it in numpy's PyUFunc_AddLoop, comparing each loop it adds with those added
-  # before), and every command and test process pays that at its start.
+  # Not imported by this package itself: JAX and TensorFlow need it. Below 0.7, whose import is
+  # far slower and paid by every command and test process at its start (docs/process.md).
   "ml-dtypes>=0.5.1,<0.7",
   "numpy>=2.0,<3",
   "optax>=0.2.8,<0.3",

@@ -162,10 +162,24 @@ def mesh_config(
 def checkpoint_config(
   every_steps: int = 1000, keep: int = 3, asynchronous: bool = True
 ) -> ml_collections.ConfigDict:
-  """Orbax checkpointing: save every N steps and at the end, keep the latest K, async writes."""
+  """Orbax checkpointing: save every N steps and at the end, keep the latest K, async writes.
+
+  `local`: the local tier (vit_jax.checkpoint.local_tier), off while `local.dir` is '': each
+  process also saves its own shards to `<local.dir>/process_<i>` (local SSD or /dev/shm) every
+  `local.every_steps` steps or `local.every_minutes` minutes (0: not by that), keeping
+  `local.keep` steps.
+  """
+  local = dict(dir="", every_steps=0, every_minutes=0.0, keep=2)
   return ml_collections.ConfigDict(
-    dict(every_steps=every_steps, keep=keep, asynchronous=asynchronous)
+    dict(every_steps=every_steps, keep=keep, asynchronous=asynchronous, local=local)
   )
+
+
+def profile_config() -> ml_collections.ConfigDict:
+  """Traces of chosen steps (vit_jax.runtime.profiling): `num_steps` steps from `first_step`
+  (0: none) on the processes `processes` ('0', '0,3' or 'all'); a request file in the workdir
+  traces a running run."""
+  return ml_collections.ConfigDict(dict(first_step=0, num_steps=3, processes="0"))
 
 
 def dataset_config(**overrides: Any) -> ml_collections.ConfigDict:
@@ -190,7 +204,7 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
     optimizer, schedule, grad_clip_norm: see vit_jax.optim.
     ema_decay: 0 (off) or the decay of Polyak averaging of the parameters (vit_jax.ema); when on,
       the average is what the evaluators see and what the checkpoint exports.
-    mesh: see mesh_config; checkpoint: see checkpoint_config.
+    mesh: see mesh_config; checkpoint: see checkpoint_config; profile: see profile_config.
     log_every_steps: metrics (and the non-finite-loss check) every N steps.
     evals, eval_batch_size: periodic evaluators (see vit_jax.evaluators).
   """
@@ -207,6 +221,7 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
   config.ema_decay = 0.0
   config.mesh = mesh_config()
   config.checkpoint = checkpoint_config()
+  config.profile = profile_config()
   config.log_every_steps = 50
   config.eval_batch_size = 512
   config.evals = ml_collections.ConfigDict()

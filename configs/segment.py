@@ -2,7 +2,7 @@ r"""Semantic segmentation (the paper's open question, §5) from a pretrained enc
 
 Arguments (`configs/segment.py:key=value,...`, see configs/common.py):
   dataset    animal_mnist_seg | fashion_mnist_seg | mnist_seg (offline synthetic tasks, 48px
-             canvases of 1-3 bundled objects, vit_jax/input_pipeline/segmentation.py) |
+             canvases of 1-3 bundled objects, vit_jax/input_pipeline/segmentation_synthetic.py) |
              folder (your data: --config.dataset.data_dir=<dir> holding
              <split>/images/*.png|jpg, <split>/masks/*.png and classes.txt) |
              shards (TFRecord shards of either, local or gs://, written by
@@ -37,10 +37,10 @@ docs/segmentation.md (experiments/segmentation.py).
 import ml_collections
 
 from vit_jax.configs import common
-from vit_jax.input_pipeline import segmentation as seg_data
+from vit_jax.input_pipeline import segmentation_synthetic
 from vit_jax.models import segmentation as seg_models
 
-DATASETS = (*seg_data.SYNTHETIC, "folder", "shards")
+DATASETS = (*segmentation_synthetic.SYNTHETIC, "folder", "shards")
 # The sources of the datasets that are not a synthetic task; theirs is 'seg_builtin'.
 _SOURCES = {"folder": "seg_folder", "shards": "seg_shards"}
 

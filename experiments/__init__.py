@@ -10,6 +10,11 @@ Each runs from the repository root as `python -m experiments.<name> [--help]`:
   benchmark_model, ablate_step,      throughput against timm, what each part of the step costs,
   bench_trainer, bench_input_pipeline  the trainer and the input pipeline (docs/benchmarks.md)
 
+Each is a command like the package's (vit_jax.runtime.cli): its process set up first, its absl
+flags in `define_flags`, `main(argv, flags)`, `cli.run` under `__main__`; a test or a notebook
+runs one with `cli.call(module, argv)` (benchmark_model parses with absl's app.run itself: its
+measuring processes import no vit_jax before they know which tree's they run).
+
 What several of them share is in `common` (the demo's model and budgets, running
 `python -m vit_jax.main` stages, a train step; the raw-pixel baselines live in vit_jax.baselines);
 an experiment imports only `experiments.common` and vit_jax, never another experiment

@@ -25,13 +25,21 @@ or `ops.layer_norm` run that part on the XLA path. A removed part also changes t
 numbers are costs, not a model anyone would train.
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import dataclasses
 import statistics
 import time
+import types
 from collections.abc import Callable
 
+from absl import flags
+
 from experiments import common
+from vit_jax.runtime import cli
 
 
 def _plain_attention(q, k, v):
@@ -135,35 +143,52 @@ def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classe
   return run, run()
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument(
-    "--model", default="Ti/16", help="Model preset or alias, or 'demo' (32px, 10 classes)."
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    model=flags.DEFINE_string(
+      "model", "Ti/16", "Model preset or alias, or 'demo' (32px, 10 classes).", flag_values=values
+    ),
+    batch=flags.DEFINE_integer("batch", 32, "Batch size.", flag_values=values),
+    dtype=flags.DEFINE_enum(
+      "dtype", "float32", ["float32", "bfloat16"], "Computation dtype.", flag_values=values
+    ),
+    mode=flags.DEFINE_enum(
+      "mode",
+      "train",
+      ["train", "forward"],
+      "The train step or the forward pass.",
+      flag_values=values,
+    ),
+    image_size=flags.DEFINE_integer(
+      "image_size", None, "Default 224 (demo: 32).", flag_values=values
+    ),
+    num_classes=flags.DEFINE_integer(
+      "num_classes", None, "Default 1000 (demo: 10).", flag_values=values
+    ),
+    variants=flags.DEFINE_string(
+      "variants",
+      "full,no_attention,no_layernorm,no_gelu",
+      f"Comma-separated, from {sorted(VARIANTS)}; 'full' is always added first.",
+      flag_values=values,
+    ),
+    rounds=flags.DEFINE_integer("rounds", 6, "Timed rounds per variant.", flag_values=values),
+    iters=flags.DEFINE_integer("iters", 1, "Steps per timed round.", flag_values=values),
   )
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-  parser.add_argument("--mode", default="train", choices=["train", "forward"])
-  parser.add_argument("--image_size", type=int, default=None, help="Default 224 (demo: 32).")
-  parser.add_argument("--num_classes", type=int, default=None, help="Default 1000 (demo: 10).")
-  parser.add_argument(
-    "--variants",
-    default="full,no_attention,no_layernorm,no_gelu",
-    help=f"Comma-separated, from {sorted(VARIANTS)}; 'full' is always added first.",
-  )
-  parser.add_argument("--rounds", type=int, default=6, help="Timed rounds per variant.")
-  parser.add_argument("--iters", type=int, default=1, help="Steps per timed round.")
-  args = parser.parse_args(argv)
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> None:
+  args = cli.values(f)
   demo_model = args.model == "demo"
   args.image_size = args.image_size or (32 if demo_model else 224)
   args.num_classes = args.num_classes or (10 if demo_model else 1000)
   names = ["full"] + [v for v in args.variants.split(",") if v and v != "full"]
   unknown = [v for v in names if v not in VARIANTS]
   if unknown:
-    parser.error(f"unknown variant(s) {unknown}; known: {sorted(VARIANTS)}")
+    raise ValueError(f"unknown variant(s) {unknown}; known: {sorted(VARIANTS)}")
 
   import jax
 
-  import vit_jax  # noqa: F401 (its XLA:CPU defaults, as the trainer runs)
   from vit_jax import models
   from vit_jax.cost import devices, flops
 
@@ -208,4 +233,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.ablate_step", define_flags, errors=(ValueError,))

@@ -12,15 +12,23 @@ results.json to `--out` (default experiments/results/bench_export/). Timings are
 reporting from a quiet machine: the table says so.
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import json
 import os
 import platform
 import statistics
 import tempfile
 import time
+import types
 
 import numpy as np
+from absl import flags
+
+from vit_jax.runtime import cli
 
 
 def cpu_name() -> str:
@@ -69,17 +77,28 @@ def _litert_runner(litert, path: str):
   return run
 
 
-def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--checkpoint", help="a workdir or .npz; none: random weights of --model")
-  parser.add_argument(
-    "--model", default=None, help="a preset (random weights without --checkpoint)"
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    checkpoint=flags.DEFINE_string(
+      "checkpoint", None, "A workdir or .npz; none: random weights of --model.", flag_values=values
+    ),
+    model=flags.DEFINE_string(
+      "model", None, "A preset (random weights without --checkpoint).", flag_values=values
+    ),
+    image_size=flags.DEFINE_integer(
+      "image_size", 0, "Input side; 0: the checkpoint's own.", flag_values=values
+    ),
+    batch_sizes=flags.DEFINE_string(
+      "batch_sizes", "1,32", "Batch sizes timed, comma-separated.", flag_values=values
+    ),
+    repeats=flags.DEFINE_integer("repeats", 20, "Timed calls per batch size.", flag_values=values),
+    out=flags.DEFINE_string("out", None, "The results' folder.", flag_values=values),
   )
-  parser.add_argument("--image_size", type=int, default=0)
-  parser.add_argument("--batch_sizes", default="1,32")
-  parser.add_argument("--repeats", type=int, default=20)
-  parser.add_argument("--out", default=None)
-  args = parser.parse_args(argv)
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
+  args = cli.values(f)
 
   import ai_edge_litert.interpreter as litert
   import onnxruntime as ort
@@ -175,4 +194,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.bench_export", define_flags)

@@ -4,20 +4,32 @@ Writes ImageNet-like JPEG shards (photos from scikit-image, random crops with th
 300–500 px, quality 90), streams them through the training path (`source='tfrecord'`,
 `decode|inception_crop|flip_lr|value_range(-1, 1)` at 224 px) with 1, 2, ... tf.data threads, then
 times a jitted ViT-B/16 train step (forward, backward, SGD update) at 224 px and prints the ratio.
+With `--task=segmentation` the shards hold the same JPEGs with a mask each (a PNG of blocks of 8
+classes), read by `source='seg_shards'` with the segment stage's `random_crop(0.5)|flip_lr` at
+224 px.
 
   python -m experiments.bench_input_pipeline [--threads=1,2] [--batches=20] [--vit_batch=8]
+  python -m experiments.bench_input_pipeline --task=segmentation --vit_steps=0
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import os
 import tempfile
 import time
+import types
 
 import numpy as np
+from absl import flags
+
+from vit_jax.runtime import cli
 
 
-def write_jpeg_shards(directory: str, num_images: int, num_shards: int = 8) -> None:
-  """ImageNet-sized JPEG shards from scikit-image's sample photos."""
+def _photos(num_images: int):
+  """ImageNet-sized JPEG crops of scikit-image's sample photos: (bytes, height, width)."""
   import skimage.data
   import tensorflow as tf
 
@@ -28,7 +40,6 @@ def write_jpeg_shards(directory: str, num_images: int, num_shards: int = 8) -> N
     for name in ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "cat")
   ]
   rng = np.random.default_rng(0)
-  records = []
   for i in range(num_images):
     photo = photos[i % len(photos)]
     h, w = photo.shape[:2]
@@ -39,11 +50,36 @@ def write_jpeg_shards(directory: str, num_images: int, num_shards: int = 8) -> N
     scale = short / min(ch, cw)
     size = (int(ch * scale), int(cw * scale))
     image = tf.cast(tf.image.resize(crop, size, antialias=True), tf.uint8).numpy()
-    records.append(testing.example(testing.encode(image, "jpeg"), i % 1000))
+    yield testing.encode(image, "jpeg"), size[0], size[1]
+
+
+def write_jpeg_shards(directory: str, num_images: int, num_shards: int = 8) -> None:
+  """ImageNet-sized JPEG shards from scikit-image's sample photos."""
+  from vit_jax.input_pipeline import testing
+
+  records = [testing.example(jpeg, i % 1000) for i, (jpeg, _, _) in enumerate(_photos(num_images))]
   testing.write_shards(directory, "bench-train", records, num_shards)
 
 
-def pipeline_images_per_s(directory: str, threads: int, local_batch: int, batches: int) -> float:
+def write_segmentation_shards(directory: str, num_images: int, num_shards: int = 8) -> None:
+  """The same JPEGs with a mask each (8 classes in blocks of 16 px), as make_shards writes."""
+  from vit_jax.tools import make_shards
+
+  rng = np.random.default_rng(1)
+  examples = []
+  for i, (jpeg, h, w) in enumerate(_photos(num_images)):
+    blocks = rng.integers(0, 8, (h // 16 + 1, w // 16 + 1)).astype(np.uint8)
+    mask = np.kron(blocks, np.ones((16, 16), np.uint8))[:h, :w]
+    examples.append((jpeg, mask, f"{i}.jpg", i))
+  classes = [f"class{c}" for c in range(8)]
+  make_shards._write_segmentation(
+    examples, num_images, directory, "bench", "train", num_shards, classes, 3
+  )
+
+
+def pipeline_images_per_s(
+  directory: str, threads: int, local_batch: int, batches: int, task: str = "classification"
+) -> float:
   from vit_jax import input_pipeline
 
   config = input_pipeline.dataset_config(
@@ -57,6 +93,8 @@ def pipeline_images_per_s(directory: str, threads: int, local_batch: int, batche
     shuffle_buffer=1024,
     num_threads=threads,
   )
+  if task == "segmentation":
+    config.update(source="seg_shards", num_classes=None, pp_train="random_crop(0.5)|flip_lr")
   it = input_pipeline.make_train_iterator(config, global_batch_size=local_batch, seed=0)
   for _ in range(3):  # Warm-up: tracing, buffers filling.
     next(it)
@@ -108,27 +146,54 @@ def vit_b16_images_per_s(batch: int, steps: int) -> float | None:
   return steps * batch / (time.perf_counter() - start)
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--threads", default="1,2", help="tf.data thread counts to measure")
-  parser.add_argument("--batches", type=int, default=20, help="timed batches per measurement")
-  parser.add_argument("--batch", type=int, default=64, help="pipeline batch size (one host)")
-  parser.add_argument("--images", type=int, default=512, help="JPEGs written to the shards")
-  parser.add_argument("--vit_batch", type=int, default=8, help="ViT-B/16 train batch size")
-  parser.add_argument("--vit_steps", type=int, default=3, help="timed ViT-B/16 steps")
-  args = parser.parse_args(argv)
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    threads=flags.DEFINE_string(
+      "threads", "1,2", "tf.data thread counts to measure.", flag_values=values
+    ),
+    batches=flags.DEFINE_integer(
+      "batches", 20, "Timed batches per measurement.", flag_values=values
+    ),
+    batch=flags.DEFINE_integer("batch", 64, "Pipeline batch size (one host).", flag_values=values),
+    images=flags.DEFINE_integer("images", 512, "JPEGs written to the shards.", flag_values=values),
+    vit_batch=flags.DEFINE_integer(
+      "vit_batch", 8, "ViT-B/16 train batch size.", flag_values=values
+    ),
+    vit_steps=flags.DEFINE_integer(
+      "vit_steps", 3, "Timed ViT-B/16 steps (0: no ViT step, no ratio).", flag_values=values
+    ),
+    task=flags.DEFINE_enum(
+      "task",
+      "classification",
+      ["classification", "segmentation"],
+      "The shards and source: JPEGs and labels ('tfrecord'), or JPEGs and masks ('seg_shards').",
+      flag_values=values,
+    ),
+  )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> None:
+  args = cli.values(f)
 
   print(f"cores: {os.cpu_count()}")
   with tempfile.TemporaryDirectory() as directory:
-    write_jpeg_shards(directory, args.images)
+    write = write_segmentation_shards if args.task == "segmentation" else write_jpeg_shards
+    write(directory, args.images)
     mb = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)) / 2**20
-    print(f"shards: {args.images} JPEGs (shorter side 300-500 px), {mb:.1f} MiB, 8 files")
+    masks = " with masks" if args.task == "segmentation" else ""
+    print(f"shards: {args.images} JPEGs{masks} (shorter side 300-500 px), {mb:.1f} MiB, 8 files")
     rates = {}
     for threads in (int(t) for t in args.threads.split(",")):
-      rates[threads] = pipeline_images_per_s(directory, threads, args.batch, args.batches)
-      print(
-        f"pipeline, {threads} tf.data thread(s): {rates[threads]:8.1f} images/s (224 px, train pp)"
+      rates[threads] = pipeline_images_per_s(
+        directory, threads, args.batch, args.batches, args.task
       )
+      print(
+        f"pipeline{masks and ' (segmentation)'}, {threads} tf.data thread(s): "
+        f"{rates[threads]:8.1f} images/s (224 px, train pp)"
+      )
+  if args.vit_steps <= 0:
+    return
   vit = vit_b16_images_per_s(args.vit_batch, args.vit_steps)
   if vit is None:
     return
@@ -138,4 +203,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.bench_input_pipeline", define_flags)

@@ -14,10 +14,19 @@ r"""What the trainer loses around its step: trainer images/s against the bare co
 Prints both and their ratio. Run it on an otherwise idle machine.
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import statistics
 import tempfile
 import time
+import types
+
+from absl import flags
+
+from vit_jax.runtime import cli
 
 
 def demo_config(batch_size: int, steps: int, log_every: int):
@@ -91,13 +100,24 @@ def trainer(config) -> float:
   return statistics.mean(rates[1:])
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--batch_size", type=int, default=128)
-  parser.add_argument("--steps", type=int, default=250)
-  parser.add_argument("--log_every", type=int, default=50)
-  parser.add_argument("--bare_iters", type=int, default=40)
-  args = parser.parse_args(argv)
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    batch_size=flags.DEFINE_integer(
+      "batch_size", 128, "The demo's pretraining batch size.", flag_values=values
+    ),
+    steps=flags.DEFINE_integer("steps", 250, "Trainer steps.", flag_values=values),
+    log_every=flags.DEFINE_integer(
+      "log_every", 50, "Steps per log window (the meter's).", flag_values=values
+    ),
+    bare_iters=flags.DEFINE_integer(
+      "bare_iters", 40, "Timed calls of the bare step.", flag_values=values
+    ),
+  )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> None:
+  args = cli.values(f)
   config = demo_config(args.batch_size, args.steps, args.log_every)
   bare = bare_step(config, args.bare_iters)
   print(f"bare step: {bare:.1f} images/s ({args.bare_iters} steps, batch {args.batch_size})")
@@ -109,4 +129,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.bench_trainer", define_flags)

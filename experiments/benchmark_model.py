@@ -23,7 +23,6 @@ of the model's matmuls (train: 3 x forward), the same for every side; peaks: vit
 The method in detail, and the figures measured with it: docs/benchmarks.md.
 """
 
-import argparse
 import contextlib
 import dataclasses
 import functools
@@ -36,7 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable
+
+from absl import app, flags
 
 from experiments import common
 from experiments.benchmark_report import print_row, print_summary, ratio, ratio_quartiles, variant
@@ -55,46 +57,47 @@ _DEFAULT_BATCH = {
 _FALLBACK_BATCH = {"cpu": 8, "gpu": 128, "tpu": 64}
 
 
-def _csv(text: str) -> list[str]:
-  return [item.strip() for item in text.split(",") if item.strip()]
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The benchmark's flags, defined as every command's are (vit_jax.runtime.cli)."""
 
+  def define(kind, name, default, help_text, *args):
+    return getattr(flags, f"DEFINE_{kind}")(name, default, *args, help_text, flag_values=values)
 
-def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-  add = parser.add_argument
-  add("--models", type=_csv, default=["demo", "Ti/16", "B/16"], help="presets, aliases or 'demo'")
-  add("--batch_sizes", type=_csv, default=[], help="per model (empty: the backend's defaults)")
-  add("--dtypes", type=_csv, default=["float32"], help="computation dtypes")
-  add("--modes", type=_csv, default=["forward", "train"], help="forward and/or train")
-  add("--image_size", type=int, default=224, help="square input resolution (demo: 32)")
-  add("--num_classes", type=int, default=1000, help="head width (demo: 10)")
-  add("--warmup", type=int, default=2, help="untimed steps per variant after compilation")
-  add("--iters", type=int, default=3, help="back-to-back steps per timed round")
-  add("--repeats", type=int, default=3, help="timed rounds per process")
-  add("--processes", type=int, default=1, help="processes per side, started in turn, pooled")
-  add("--paired", action="store_true", help="one process per side, taking turns round by round")
-  add("--pause", type=float, default=0.2, help="--paired: idle seconds before each turn")
-  add("--optimizer", default="adamw", choices=["adamw", "sgd"], help="sgd: momentum 0.9")
-  add(
-    "--timm",
-    default="auto",
-    choices=["auto", "on", "off", "compiled"],
-    help="benchmark timm alongside (compiled: only under torch.compile, in its own process)",
+  sides = ["all", "jax", "baseline", "timm", "timm_compile"]
+  return types.SimpleNamespace(
+    models=define("list", "models", ["demo", "Ti/16", "B/16"], "presets, aliases or 'demo'"),
+    batch_sizes=define("list", "batch_sizes", [], "per model (empty: the backend's defaults)"),
+    dtypes=define("list", "dtypes", ["float32"], "computation dtypes"),
+    modes=define("list", "modes", ["forward", "train"], "forward and/or train"),
+    image_size=define("integer", "image_size", 224, "square input resolution (demo: 32)"),
+    num_classes=define("integer", "num_classes", 1000, "head width (demo: 10)"),
+    warmup=define("integer", "warmup", 2, "untimed steps per variant after compilation"),
+    iters=define("integer", "iters", 3, "back-to-back steps per timed round"),
+    repeats=define("integer", "repeats", 3, "timed rounds per process"),
+    processes=define("integer", "processes", 1, "processes per side, started in turn, pooled"),
+    paired=define("bool", "paired", False, "one process per side, taking turns round by round"),
+    pause=define("float", "pause", 0.2, "--paired: idle seconds before each turn"),
+    optimizer=define("enum", "optimizer", "adamw", "sgd: momentum 0.9", ["adamw", "sgd"]),
+    timm=define(
+      "enum",
+      "timm",
+      "auto",
+      "benchmark timm alongside (compiled: only under torch.compile)",
+      ["auto", "on", "off", "compiled"],
+    ),
+    timm_compile=define("bool", "timm_compile", False, "also timm under torch.compile"),
+    attention_kernel=define(
+      "enum", "attention_kernel", "auto", "JAX's core", ["auto", "xla", "cudnn"]
+    ),
+    torch_threads=define("integer", "torch_threads", 0, "0: the CPUs this process may use"),
+    baseline_rev=define("string", "baseline_rev", None, "a git revision whose vit_jax is 'before'"),
+    baseline_dir=define("string", "baseline_dir", None, "or a tree whose vit_jax is 'before'"),
+    xla_flags=define("string", "xla_flags", "", "appended to XLA_FLAGS (every process)"),
+    peak_tflops=define("float", "peak_tflops", None, "the device's peak instead of devices'"),
+    process=define(
+      "enum", "process", "all", "all: run and compare the sides; else be that side", sides
+    ),
   )
-  add("--timm_compile", action="store_true", help="also timm under torch.compile (own process)")
-  add("--attention_kernel", default="auto", choices=["auto", "xla", "cudnn"], help="JAX's core")
-  add("--torch_threads", type=int, default=0, help="0: the CPUs this process may use")
-  add("--baseline_rev", help="a git revision of this checkout whose vit_jax runs as 'before'")
-  add("--baseline_dir", help="or a tree whose vit_jax package runs as 'before'")
-  add("--xla_flags", default="", help="appended to XLA_FLAGS before jax starts (every process)")
-  add("--peak_tflops", type=float, help="the device's peak instead of vit_jax.cost.devices'")
-  add(
-    "--process",
-    default="all",
-    choices=["all", "jax", "baseline", "timm", "timm_compile"],
-    help="all: run and compare the sides; otherwise be that side's process (used by all)",
-  )
-  return parser
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,10 +548,8 @@ def _compare(argv: list[str], args, env: dict) -> None:
     f"JAX attention_kernel {args.attention_kernel}, optimizer {args.optimizer}, "
     f"warmup {args.warmup}, {how}"
   )
-  timm = []
-  if _want_timm(args):
-    compiled = ["timm_compile"] if args.timm_compile or args.timm == "compiled" else []
-    timm = compiled if args.timm == "compiled" else ["timm", *compiled]
+  compiled = ["timm_compile"] if args.timm_compile or args.timm == "compiled" else []
+  timm = (compiled if args.timm == "compiled" else ["timm", *compiled]) if _want_timm(args) else []
   impls = ["jax"] + (["baseline"] if _baseline_label(args) else []) + timm
   with _baseline_tree(args) as tree:
     measured = _measure(impls, argv, env, tree, args)
@@ -581,12 +582,13 @@ def _compare(argv: list[str], args, env: dict) -> None:
   print_summary(rows, args.paired)
 
 
-def main(argv: list[str] | None = None) -> None:
-  argv = sys.argv[1:] if argv is None else list(argv)
-  parser = _parser()
-  args = parser.parse_args(argv)
+def main(argv: list[str], f: types.SimpleNamespace) -> None:
+  # As vit_jax.runtime.cli.values and .given do: this driver imports no vit_jax before a side
+  # knows which tree's it runs (a baseline's).
+  args = types.SimpleNamespace(**{name: h.value for name, h in vars(f).items()})
+  argv = [h.serialize() for h in vars(f).values() if h.present]  # every side's flags
   if args.baseline_rev and args.baseline_dir:
-    parser.error("--baseline_rev and --baseline_dir: one baseline at a time")
+    raise app.UsageError("--baseline_rev and --baseline_dir: one baseline at a time")
   if args.baseline_rev and args.process == "all":
     _check_baseline_rev(args.baseline_rev)  # before anything is printed or started
   # What every measured process starts from: the environment as given, before --xla_flags and
@@ -603,10 +605,22 @@ def main(argv: list[str] | None = None) -> None:
     ]
   if args.xla_flags:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
-  import vit_jax  # noqa: F401 (adds its XLA:CPU defaults to XLA_FLAGS before JAX starts)
-
+  _configure_process()
   _serve(args.process, args)
 
 
+def _configure_process() -> None:
+  """This side's process set up as a command's, before JAX starts: by its vit_jax's
+  `runtime.process.configure()`, or, in a tree from before that existed, by `import vit_jax`."""
+  try:
+    from vit_jax.runtime import process
+  except ImportError:
+    import vit_jax  # noqa: F401 (such a tree set its allocator and XLA flags on import)
+  else:
+    process.configure()
+
+
 if __name__ == "__main__":
-  main()
+  # absl's own app.run rather than vit_jax.runtime.cli.run, for the reason main() gives.
+  _flags = define_flags()
+  app.run(lambda argv: main(argv, _flags))

@@ -1,6 +1,6 @@
 """What several experiments share; the one module they import besides vit_jax.
 
-  parse_args                        the flags of a stage-running experiment
+  define_stage_flags                the flags of a stage-running experiment
   run_stage, fmt_seconds            `python -m vit_jax.main` stages, run in this process
   train_step_fn                     a softmax cross-entropy step with one optax update
   results_dir, out_dir, write_json  where an experiment's outputs go: experiments/results/<name>/
@@ -16,12 +16,13 @@ returned. Every accuracy of the experiments stands next to the raw-pixel baselin
 scored on the same test split.
 """
 
-import argparse
 import json
 import os
 import shutil
 import time
 from typing import Any
+
+from absl import flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,15 +45,20 @@ def out_dir(out: str | None, experiment: str, workdir: str, quick: bool = False)
   return os.path.join(workdir, "results") if quick else results_dir(experiment)
 
 
-def parse_args(argv, doc: str, workdir: str, quick_help: str) -> argparse.Namespace:
-  """The flags every stage-running experiment takes: --workdir (default `workdir`), --out,
-  --quick (its tiny profile) and --verbose (every log line of the stages)."""
-  parser = argparse.ArgumentParser(description=doc.split("\n")[0])
-  parser.add_argument("--workdir", default=workdir)
-  parser.add_argument("--out", help="results' folder (default: see the module docstring)")
-  parser.add_argument("--quick", action="store_true", help=quick_help)
-  parser.add_argument("--verbose", action="store_true", help="show every log line of the stages")
-  return parser.parse_args(argv)
+def define_stage_flags(values: flags.FlagValues, workdir: str, quick_help: str) -> dict[str, Any]:
+  """The flags every stage-running experiment takes, defined in `values` (the holders, by name):
+  --workdir (default `workdir`), --out, --quick (its tiny profile) and --verbose (every log line
+  of the stages)."""
+  return dict(
+    workdir=flags.DEFINE_string("workdir", workdir, "Workdirs of the stages.", flag_values=values),
+    out=flags.DEFINE_string(
+      "out", None, "Results' folder (default: see the module docstring).", flag_values=values
+    ),
+    quick=flags.DEFINE_bool("quick", False, quick_help, flag_values=values),
+    verbose=flags.DEFINE_bool(
+      "verbose", False, "Show every log line of the stages.", flag_values=values
+    ),
+  )
 
 
 def finish_report(results: dict, text: str, out: str) -> None:
@@ -147,7 +153,7 @@ def run_stage(
   from absl import logging as absl_logging
 
   from vit_jax import config_files, stages
-  from vit_jax.runtime import console
+  from vit_jax.runtime import console, startup
   from vit_jax.runtime import workdir as workdir_lib
 
   done = os.path.join(workdir, DONE)
@@ -171,6 +177,7 @@ def run_stage(
     if not verbose:
       log = console.setup(workdir)
     config = config_files.from_flags(args)
+    startup.import_module(stages.module_name(config.stage))  # as the command imports it
     metrics = stages.run(config, workdir)
   except Exception as e:  # noqa: BLE001 - the stage's one line, as the command ends
     console.fail(e, log)

@@ -28,12 +28,21 @@ from scratch. Outputs go to `--out` (default experiments/results/demo/; with --q
 <workdir>/results/).
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import dataclasses
 import os
 import time
+import types
+
+from absl import flags
 
 from experiments import common
 from vit_jax import baselines
+from vit_jax.runtime import cli
 
 DOWNSTREAM = "animal_mnist"  # 9,000 training images in 10 classes, 1,000 test images
 
@@ -141,8 +150,15 @@ def probe_flags(profile: Profile, n: int | None, pretrained: str) -> list[str]:
   ]
 
 
-def main(argv: list[str] | None = None) -> dict:
-  args = common.parse_args(argv, __doc__, "/tmp/vit_demo", "tiny budgets (~1 minute, for CI)")
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    **common.define_stage_flags(values, "/tmp/vit_demo", "tiny budgets (~1 minute, for CI)")
+  )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
+  args = cli.values(f)
   profile = QUICK if args.quick else FULL
   os.makedirs(args.workdir, exist_ok=True)
   total_start = time.perf_counter()
@@ -279,4 +295,4 @@ def _plot(results: dict, path: str) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.demo", define_flags)

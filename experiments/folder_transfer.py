@@ -24,17 +24,24 @@ The runs' workdirs live under `--workdir` (default /tmp/vit_folder_transfer); re
 `--out` (default experiments/results/folder_transfer/; with --quick, <workdir>/results/).
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import dataclasses
 import json
 import os
 import shutil
 import time
+import types
 
 import numpy as np
+from absl import flags
 
 from experiments import common
 from vit_jax import baselines
+from vit_jax.runtime import cli
 from vit_jax.tools import make_folder
 
 NO_FLIP = "decode|resize|value_range(-1, 1)"
@@ -69,10 +76,10 @@ def read_folder(root: str, split: str, image_size: int) -> tuple[np.ndarray, np.
   from PIL import Image
 
   from vit_jax import inference
-  from vit_jax.input_pipeline import sources
+  from vit_jax.input_pipeline import indexed
 
-  extensions = sources.IMAGE_EXTENSIONS  # what the `folder` source reads
-  classes = sources.folder_class_names(root)
+  extensions = indexed.IMAGE_EXTENSIONS  # what the `folder` source reads
+  classes = indexed.folder_class_names(root)
   label_of = {}
   split_dir = os.path.join(root, split)
   for label, name in enumerate(classes):
@@ -95,20 +102,44 @@ def read_folder(root: str, split: str, image_size: int) -> tuple[np.ndarray, np.
   return np.stack([np.asarray(image) for image in images]), np.asarray(labels)
 
 
-def main(argv: list[str] | None = None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--folder", help="<folder>/{train,test}/<class>/*; default: --builtin's")
-  parser.add_argument(
-    "--builtin", default="digits", help="without --folder: the bundled dataset written as one"
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    folder=flags.DEFINE_string(
+      "folder", None, "<folder>/{train,test}/<class>/*; default: --builtin's.", flag_values=values
+    ),
+    builtin=flags.DEFINE_string(
+      "builtin",
+      "digits",
+      "Without --folder: the bundled dataset written as one.",
+      flag_values=values,
+    ),
+    pretrained=flags.DEFINE_string(
+      "pretrained", "/tmp/vit_demo/pretrain", "The pretrain workdir.", flag_values=values
+    ),
+    workdir=flags.DEFINE_string(
+      "workdir", "/tmp/vit_folder_transfer", "Workdirs of the stages.", flag_values=values
+    ),
+    out=flags.DEFINE_string(
+      "out", None, "results.json's folder (default: see the module docstring).", flag_values=values
+    ),
+    pp_train=flags.DEFINE_string(
+      "pp_train", NO_FLIP, "Training preprocessing.", flag_values=values
+    ),
+    no_scratch=flags.DEFINE_bool(
+      "no_scratch", False, "Skip the from-scratch run.", flag_values=values
+    ),
+    quick=flags.DEFINE_bool(
+      "quick", False, "Tiny budgets (~1 minute, for CI).", flag_values=values
+    ),
+    verbose=flags.DEFINE_bool(
+      "verbose", False, "Show every log line of the stages.", flag_values=values
+    ),
   )
-  parser.add_argument("--pretrained", default="/tmp/vit_demo/pretrain")
-  parser.add_argument("--workdir", default="/tmp/vit_folder_transfer")
-  parser.add_argument("--out", help="results.json's folder (default: see the module docstring)")
-  parser.add_argument("--pp_train", default=NO_FLIP, help="training preprocessing")
-  parser.add_argument("--no_scratch", action="store_true", help="skip the from-scratch run")
-  parser.add_argument("--quick", action="store_true", help="tiny budgets (~1 minute, for CI)")
-  parser.add_argument("--verbose", action="store_true", help="show every log line of the stages")
-  args = parser.parse_args(argv)
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
+  args = cli.values(f)
   if not os.path.isfile(os.path.join(args.pretrained, "config.json")):
     raise SystemExit(
       f"--pretrained={args.pretrained} is not a pretrain workdir (no config.json); run "
@@ -206,4 +237,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.folder_transfer", define_flags)

@@ -19,14 +19,22 @@ it), the bytes each device sends per step between the slices and inside them, by
 Writes results.json, table.md (accuracy) and wire.md (bytes) to --out.
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import json
 import os
 import subprocess
 import sys
 import time
+import types
+
+from absl import flags
 
 from experiments import common
+from vit_jax.runtime import cli
 
 DEVICES = 8
 # (label, model dtype, grad_reduce_dtype, seed): the two bf16 runs again with another seed, for
@@ -140,19 +148,21 @@ def wire_table(results: dict) -> str:
   return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workdir", default="/tmp/vit_grad_reduce")
-  parser.add_argument("--out", help="results' folder (default experiments/results/grad_reduce/)")
-  parser.add_argument("--quick", action="store_true", help="tiny budgets, to check that it runs")
-  parser.add_argument("--verbose", action="store_true", help="every log line of the stages")
-  parser.add_argument(
-    "--resume", action="store_true", help="keep the runs that finished in --workdir before"
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    **common.define_stage_flags(values, "/tmp/vit_grad_reduce", "Tiny budgets, to check it runs."),
+    resume=flags.DEFINE_bool(
+      "resume", False, "Keep the runs that finished in --workdir before.", flag_values=values
+    ),
   )
-  args = parser.parse_args(argv)
-  flags = os.environ.get("XLA_FLAGS", "")
-  if f"device_count={DEVICES}" not in flags:  # before JAX starts in this process
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={DEVICES}".strip()
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> None:
+  args = cli.values(f)
+  given = os.environ.get("XLA_FLAGS", "")
+  if f"device_count={DEVICES}" not in given:  # before JAX's backend starts in this process
+    os.environ["XLA_FLAGS"] = f"{given} --xla_force_host_platform_device_count={DEVICES}".strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # no libtpu probe in the training runs
   import jax  # noqa: PLC0415
 
@@ -163,12 +173,12 @@ def main(argv: list[str] | None = None) -> None:
   start = time.perf_counter()
   results = dict(quick=args.quick, steps=steps, devices=DEVICES, runs=[])
   for i, (label, dtype, reduce_dtype, seed) in enumerate(RUNS):
-    flags = stage_flags(dtype, reduce_dtype, seed, steps, test)
+    stage = stage_flags(dtype, reduce_dtype, seed, steps, test)
     workdir = os.path.join(args.workdir, f"run{i}")
     metrics, seconds = common.run_stage(
-      label, flags, workdir, resume=args.resume, verbose=args.verbose
+      label, stage, workdir, resume=args.resume, verbose=args.verbose
     )
-    run = dict(label=label, flags=flags, metrics=metrics, seconds=seconds)
+    run = dict(label=label, flags=stage, metrics=metrics, seconds=seconds)
     if dtype == "bfloat16" and seed == 0 and not args.quick:
       run["wire"] = wire_bytes(reduce_dtype)
     results["runs"].append(run)
@@ -183,4 +193,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.grad_reduce", define_flags)

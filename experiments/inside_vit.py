@@ -13,17 +13,23 @@ No photographs: the demo's model reads 32x32 inputs, where a photograph is a few
 a checkpoint of 224px or more, pass photos to `python -m vit_jax.analysis` directly.
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import os
 import shutil
-import sys
 import tempfile
 import time
+import types
 
 import numpy as np
+from absl import flags
 from PIL import Image
 
 from experiments import common
+from vit_jax.runtime import cli
 
 FIGURES = ("filters_pca", "posemb_similarity", "attention_distance", "attention_rollout")
 
@@ -47,13 +53,26 @@ def export_fashion_mnist(folder: str, count: int) -> list[str]:
   return paths
 
 
-def main(argv: list[str] | None = None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workdir", default="/tmp/vit_demo/pretrain", help="a pretrain workdir")
-  parser.add_argument("--out", default=common.results_dir("inside_vit"))
-  parser.add_argument("--num_images", type=int, default=1000)
-  parser.add_argument("--batch_size", type=int, default=64)
-  args = parser.parse_args(argv)
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    workdir=flags.DEFINE_string(
+      "workdir", "/tmp/vit_demo/pretrain", "A pretrain workdir.", flag_values=values
+    ),
+    out=flags.DEFINE_string(
+      "out", common.results_dir("inside_vit"), "The figures' folder.", flag_values=values
+    ),
+    num_images=flags.DEFINE_integer(
+      "num_images", 1000, "Fashion-MNIST test images analysed.", flag_values=values
+    ),
+    batch_size=flags.DEFINE_integer(
+      "batch_size", 64, "Images per forward pass.", flag_values=values
+    ),
+  )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
+  args = cli.values(f)
   if not os.path.exists(args.workdir):
     raise SystemExit(
       f"no workdir {args.workdir}: run experiments/demo.py (or the pretrain command in "
@@ -79,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
       shutil.copy(os.path.join(tmp, "out", f"{name}.png"), args.out)
   result["figures"] = {name: f"{name}.png" for name in FIGURES}
   result["checkpoint"] = args.workdir
-  result["command"] = "python -m experiments.inside_vit " + " ".join(argv or sys.argv[1:])
+  result["command"] = " ".join(["python -m experiments.inside_vit", *cli.given(f)])
   common.write_results(os.path.join(args.out, "analysis.json"), result)
 
   distance = np.asarray(result["mean_attention_distance"])
@@ -107,4 +126,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.inside_vit", define_flags)

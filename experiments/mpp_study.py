@@ -21,14 +21,22 @@ results.json, table.md (markdown) and plot.png (a bar plot). Stage workdirs live
 runs in this process through vit_jax.train.run, on all local devices.
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import dataclasses
 import os
 import shutil
 import time
+import types
+
+from absl import flags
 
 from experiments import common
 from vit_jax import baselines
+from vit_jax.runtime import cli
 
 DOWNSTREAM = ("animal_mnist", "mnist_5k")
 INITS = ("scratch", "mpp", "supervised")  # each but scratch is pretrained first
@@ -185,12 +193,21 @@ def _plot(results: dict, path: str) -> None:
   plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--quick", action="store_true", help="tiny budgets (CI)")
-  parser.add_argument("--workdir", default="/tmp/vit_mpp_study")
-  parser.add_argument("--out", help="the results' folder (default: see the module docstring)")
-  args = parser.parse_args(argv)
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    quick=flags.DEFINE_bool("quick", False, "Tiny budgets (CI).", flag_values=values),
+    workdir=flags.DEFINE_string(
+      "workdir", "/tmp/vit_mpp_study", "Workdirs of the runs.", flag_values=values
+    ),
+    out=flags.DEFINE_string(
+      "out", None, "The results' folder (default: see the module docstring).", flag_values=values
+    ),
+  )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
+  args = cli.values(f)
   profile = QUICK if args.quick else FULL
   out = common.out_dir(args.out, "mpp_study", args.workdir, args.quick)
 
@@ -237,4 +254,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.mpp_study", define_flags)

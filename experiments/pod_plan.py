@@ -14,12 +14,21 @@ that would reproduce the paper's TPUv3-core-days (ViT paper Table 2: H/14 2.5k, 
 JFT-300M), for the epochs assumed below.
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.quiet_libtpu()  # before JAX loads: the planner needs no local accelerator
+  process.configure()
+
 import os
 import time
+import types
+
+from absl import flags
 
 from experiments import common
-from vit_jax.tools import plan as planner  # sets the libtpu environment before JAX loads
+from vit_jax.runtime import cli
+from vit_jax.tools import plan as planner
 
 JFT_IMAGES = 303_000_000
 # Epochs of the paper's JFT-300M pretraining runs behind Table 2 (as we read App. B, Table 6).
@@ -32,7 +41,7 @@ RUNS = [(model, topology) for topology in TOPOLOGIES for model in ("B/16", "L/16
 
 
 def run_one(model: str, topology: str, efficiency: float, max_trials: int) -> dict:
-  from vit_jax.configs import pretrain  # noqa: PLC0415 (imports JAX: after the planner's environment)
+  from vit_jax.configs import pretrain  # noqa: PLC0415 (imports JAX: after the command's quiet_libtpu)
 
   config = pretrain.get_config(f"dataset=jft,model={model}")
   # Scanned blocks: the same step, with one block compiled instead of 12-32 (about a minute per
@@ -99,24 +108,29 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument(
-    "--out_dir", default=common.results_dir("pod_plan"), help="results.json, table.md"
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    out_dir=flags.DEFINE_string(
+      "out_dir", common.results_dir("pod_plan"), "results.json, table.md.", flag_values=values
+    ),
+    efficiency=flags.DEFINE_float(
+      "efficiency",
+      0.5,
+      "Assumed fraction of peak FLOP/s for the implied step time and core-days.",
+      flag_values=values,
+    ),
+    max_trials=flags.DEFINE_integer(
+      "max_trials",
+      4,
+      "At most this many compilations when a configuration does not fit.",
+      flag_values=values,
+    ),
   )
-  parser.add_argument(
-    "--efficiency",
-    type=float,
-    default=0.5,
-    help="Assumed fraction of peak FLOP/s for the implied step time and core-days.",
-  )
-  parser.add_argument(
-    "--max_trials",
-    type=int,
-    default=4,
-    help="At most this many compilations when a configuration does not fit.",
-  )
-  args = parser.parse_args(argv)
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> None:
+  args = cli.values(f)
   if not planner.libtpu_available():
     raise SystemExit(planner.install_hint())
   rows = []
@@ -129,4 +143,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.pod_plan", define_flags)

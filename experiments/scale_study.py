@@ -30,15 +30,23 @@ resumable: a finished run leaves `metrics.json` in its workdir and is skipped on
 interrupted training stage resumes from its last checkpoint.
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import dataclasses
 import json
 import os
 import time
+import types
 from typing import Any
+
+from absl import flags
 
 from experiments import common
 from vit_jax import baselines
+from vit_jax.runtime import cli
 
 UPSTREAM = "fashion_mnist"
 UPSTREAM_TRAIN = 60_000
@@ -497,12 +505,21 @@ def plot(results: dict[str, Any], out: str) -> list[str]:
   return paths
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workdir", default="/tmp/vit_scale_study")
-  parser.add_argument("--out", help="the results' folder (default: see the module docstring)")
-  parser.add_argument("--quick", action="store_true", help="tiny budgets (tests, CI)")
-  args = parser.parse_args(argv)
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    workdir=flags.DEFINE_string(
+      "workdir", "/tmp/vit_scale_study", "Workdirs of the runs.", flag_values=values
+    ),
+    out=flags.DEFINE_string(
+      "out", None, "The results' folder (default: see the module docstring).", flag_values=values
+    ),
+    quick=flags.DEFINE_bool("quick", False, "Tiny budgets (tests, CI).", flag_values=values),
+  )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict[str, Any]:
+  args = cli.values(f)
   profile = QUICK if args.quick else FULL
   out = common.out_dir(args.out, "scale_study", args.workdir, args.quick)
   start = time.perf_counter()
@@ -521,4 +538,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.scale_study", define_flags)

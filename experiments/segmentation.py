@@ -27,13 +27,21 @@ then <encoder>_<head>/) are removed first. Outputs go to `--out` (default
 experiments/results/segmentation/; with --quick, <workdir>/results/).
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import dataclasses
 import os
 import time
+import types
 
 import numpy as np
+from absl import flags
 
 from experiments import common
+from vit_jax.runtime import cli
 
 DATASET = "animal_mnist_seg"
 HEADS = ("linear", "progressive")
@@ -211,8 +219,15 @@ def pixel_baselines(profile: Profile, num_classes: int, class_names: list[str]) 
 # The run.
 
 
-def main(argv: list[str] | None = None) -> dict:
-  args = common.parse_args(argv, __doc__, "/tmp/vit_segmentation", "tiny budgets (seconds, for CI)")
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+  return types.SimpleNamespace(
+    **common.define_stage_flags(values, "/tmp/vit_segmentation", "tiny budgets (seconds, for CI)")
+  )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
+  args = cli.values(f)
   profile = QUICK if args.quick else FULL
   os.makedirs(args.workdir, exist_ok=True)
   total_start = time.perf_counter()
@@ -235,9 +250,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     runs[name] = {k[len("test/") :]: v for k, v in metrics.items() if k.startswith("test/")}
     runs[name].update(loss=metrics.get("loss"), train_pixel_accuracy=metrics.get("accuracy"))
-  from vit_jax.input_pipeline import segmentation as seg_data
+  from vit_jax.input_pipeline import segmentation_synthetic
 
-  class_names = seg_data.synthetic_class_names(DATASET)
+  class_names = segmentation_synthetic.synthetic_class_names(DATASET)
   start = time.perf_counter()
   baselines = pixel_baselines(profile, len(class_names), class_names)
   seconds["baselines"] = time.perf_counter() - start
@@ -323,4 +338,4 @@ def _plot(results: dict, path: str) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.segmentation", define_flags)

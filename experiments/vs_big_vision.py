@@ -20,7 +20,7 @@ its first moment in bfloat16, as configs/vit_i21k.py sets it; big_vision has no 
 config, and its ImageNet-21k recipe is used for every row). Both sides data-parallel over every
 device of the slice.
 
-Each compile runs in a process of its own (libtpu: tests/libtpu_process.py), one at a time; run
+Each compile runs in a process of its own (libtpu holds one per process), one at a time; run
 the command under `nice` on a shared machine. Figures per device: temporaries, total HBM (the
 compiler's memory_analysis: arguments + outputs not donated + temporaries + code), XLA's FLOPs
 (cost analysis), the bytes each collective kind sends (vit_jax.cost.compiled_stats), compile
@@ -32,7 +32,12 @@ temporaries it asked for). Every compile's result is kept in --cache (default
 rerun compiles only what changed.
 """
 
-import argparse
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.quiet_libtpu()  # before JAX loads: the compiles need no local accelerator
+  process.configure()
+
 import glob
 import gzip
 import hashlib
@@ -43,10 +48,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from typing import Any
 
+from absl import flags
+
 from experiments import common
-from vit_jax.tools import plan as planner  # sets the libtpu environment before JAX loads
+from vit_jax.runtime import cli
+from vit_jax.tools import plan as planner
 
 GiB, MiB = 2**30, 2**20
 SIDES = ("vit_jax", "big_vision")
@@ -470,16 +479,27 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--big_vision_dir", required=True, help="a big_vision checkout")
-  parser.add_argument("--out_dir", default=common.results_dir("vs_big_vision"))
-  parser.add_argument("--cache", help="compile results (default <out_dir>/compiles.json)")
-  parser.add_argument("--models", default=",".join(RUNS))
-  parser.add_argument("--topologies", default=",".join(TOPOLOGIES))
-  parser.add_argument("--dump_dir", help="keep XLA's memory report and optimized HLO here")
-  parser.add_argument("--compile_one", help=argparse.SUPPRESS)  # a child's one compile (JSON)
-  args = parser.parse_args(argv)
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+  """The experiment's flags (vit_jax.runtime.cli)."""
+
+  def define(kind, name, default, help_text):
+    return getattr(flags, f"DEFINE_{kind}")(name, default, help_text, flag_values=values)
+
+  return types.SimpleNamespace(
+    big_vision_dir=define("string", "big_vision_dir", None, "A big_vision checkout (required)."),
+    out_dir=define("string", "out_dir", common.results_dir("vs_big_vision"), "Results' folder."),
+    cache=define("string", "cache", None, "Compile results (default <out_dir>/compiles.json)."),
+    models=define("string", "models", ",".join(RUNS), "Rows' models."),
+    topologies=define("string", "topologies", ",".join(TOPOLOGIES), "Rows' TPU slices."),
+    dump_dir=define("string", "dump_dir", None, "Keep XLA's memory report and optimized HLO."),
+    compile_one=define("string", "compile_one", None, "A child's one compile (JSON; internal)."),
+  )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> None:
+  args = cli.values(f)
+  if not args.big_vision_dir:
+    raise SystemExit("vs_big_vision: --big_vision_dir is required (a big_vision checkout)")
   if not planner.libtpu_available():
     raise SystemExit(planner.install_hint())
   if args.compile_one:
@@ -503,4 +523,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, "experiments.vs_big_vision", define_flags)

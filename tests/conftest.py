@@ -12,19 +12,19 @@ import xla_env  # tests/
 
 # Collection imports every test module, and with them TensorFlow, JAX and the rest: without the
 # cyclic garbage collector walking the growing heap over and over (pytest_collection_finish
-# turns it back on and freezes what the imports made; vit_jax.runtime.startup does the same for
-# a command's stage). Measured on 2 cores: `pytest --collect-only` 11.6-12.5 → 5.5-6.8 CPU-s.
+# turns it back on and freezes what the imports made, as vit_jax.runtime.startup does for a
+# command's stage; measured: docs/process.md).
 gc.disable()
 
-# Must happen before jax is imported anywhere in the test process: eight devices, and the
-# suite's compiler settings (tests/xla_env.py), which child processes inherit.
+# Must happen before jax is imported anywhere in the test process: eight devices, the suite's
+# compiler settings and the XLA:CPU flags a command sets (tests/xla_env.py), which child
+# processes inherit. Importing vit_jax sets nothing (vit_jax.runtime.process).
 os.environ["XLA_FLAGS"] = xla_env.flags(devices=8)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # One BLAS thread per process (numpy's and scipy's OpenBLAS: the float64 references, the pixel
 # baselines' scikit-learn fits): `pytest -n 2` already runs one process per core, and OpenBLAS's
 # threads spin while they wait, so two of them per worker fight XLA's threads and the other
-# worker's for the cores (measured on 2 cores under load: a 200-image logistic regression 11.2 s
-# with the default threads, 0.24 s with one).
+# worker's for the cores (measured: docs/process.md).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # One directory for the run, made by the controller and removed at its end, holding

@@ -45,14 +45,14 @@ def main(config_fn: str, workdir: str) -> None:
   """In a JAX_ENABLE_X64 process: trains `config_fn`'s config in float64 into `workdir`."""
   import jax.numpy as jnp
 
-  from vit_jax import models
+  from vit_jax.models import build
   from vit_jax.runtime import startup
 
   train = startup.import_module("vit_jax.train")  # as a command imports it
 
   assert jax.config.jax_enable_x64, "run under JAX_ENABLE_X64=1"
   # The trainer's configs name dtypes by string; float64 is no training dtype, only this one.
-  models._DTYPES.setdefault("float64", jnp.float64)
+  build._DTYPES.setdefault("float64", jnp.float64)
 
   bernoulli = jax.random.bernoulli
 

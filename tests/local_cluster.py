@@ -69,6 +69,7 @@ def launch(
   timeout: float = 600,
   grace: float = 60,
   attempts: int = 3,
+  ended: list[float | None] | None = None,
   **popen_kwargs,
 ) -> list[tuple[int, str]]:
   """Runs `command(port, process_id)` for each process; returns [(returncode, output)].
@@ -76,11 +77,16 @@ def launch(
   Output is stdout and stderr together. Once a process fails, the others get `grace` seconds
   to end on their own (they may be blocked on the failed one) and are then killed. The whole
   launch is retried on another port when process 0 reports that the coordinator could not bind.
+  `ended`, if given, receives each process's time of exit (time.monotonic(), seen within 0.2 s;
+  None for a process the launcher killed).
   """
   failed = set()
   for attempt in range(attempts):
     with reserved_port(frozenset(failed)) as port:
-      results = _run_once(command, port, num_processes, timeout, grace, popen_kwargs)
+      times: list[float | None] = [None] * num_processes
+      results = _run_once(command, port, num_processes, timeout, grace, popen_kwargs, times)
+      if ended is not None:
+        ended[:] = times
     coordinator_output = results[0][1]
     if results[0][0] != 0 and any(m in coordinator_output for m in _BIND_FAILURES):
       failed.add(port)
@@ -90,7 +96,7 @@ def launch(
   raise AssertionError("unreachable")
 
 
-def _run_once(command, port, num_processes, timeout, grace, popen_kwargs):
+def _run_once(command, port, num_processes, timeout, grace, popen_kwargs, ended):
   with contextlib.ExitStack() as stack:
     logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(num_processes)]
     procs = [
@@ -102,8 +108,11 @@ def _run_once(command, port, num_processes, timeout, grace, popen_kwargs):
     deadline = time.monotonic() + timeout
     failed_at = None
     try:
-      while any(p.poll() is None for p in procs):
+      while None in [p.poll() for p in procs]:  # every process polled: `ended` is accurate
         now = time.monotonic()
+        for i, p in enumerate(procs):
+          if ended[i] is None and p.returncode is not None:
+            ended[i] = now
         if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
           failed_at = now
         if now > deadline or (failed_at is not None and now > failed_at + grace):
@@ -112,6 +121,8 @@ def _run_once(command, port, num_processes, timeout, grace, popen_kwargs):
     finally:
       killed = set()
       for i, p in enumerate(procs):
+        if ended[i] is None and p.poll() is not None:
+          ended[i] = time.monotonic()
         if p.poll() is None:
           os.kill(p.pid, signal.SIGKILL)
           p.wait()

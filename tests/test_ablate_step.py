@@ -5,6 +5,7 @@ import re
 import pytest
 
 from experiments import ablate_step
+from vit_jax.runtime import cli
 
 
 @pytest.mark.long
@@ -12,7 +13,8 @@ def test_variants_patch_the_step_and_restore_the_model(capsys):
   from vit_jax.models import ops
 
   originals = {n: getattr(ops, n) for n in ("attention", "layer_norm", "gelu_tanh")}
-  ablate_step.main(
+  cli.call(
+    ablate_step,
     [
       "--model=testing",
       "--batch=4",
@@ -20,7 +22,7 @@ def test_variants_patch_the_step_and_restore_the_model(capsys):
       "--num_classes=10",
       "--rounds=1",
       "--variants=" + ",".join(ablate_step.VARIANTS),
-    ]
+    ],
   )
   out = capsys.readouterr().out
   first = {

@@ -17,6 +17,7 @@ from experiments import inside_vit
 from vit_jax import checkpoint, models
 from vit_jax.analysis import capture, metrics, report
 from vit_jax.checkpoint import train_state
+from vit_jax.runtime import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -365,8 +366,9 @@ def test_inside_vit_experiment_writes_the_readme_figures(tmp_path):
   params = model.init(jax.random.key(3), jnp.zeros((1, 32, 32, 3)), train=False)["params"]
   _orbax_workdir(tmp_path / "pretrain", params, config, image_size=32)
   out = tmp_path / "figures"
-  result = inside_vit.main(
-    [f"--workdir={tmp_path / 'pretrain'}", f"--out={out}", "--num_images=12", "--batch_size=8"]
+  result = cli.call(
+    inside_vit,
+    [f"--workdir={tmp_path / 'pretrain'}", f"--out={out}", "--num_images=12", "--batch_size=8"],
   )
   assert sorted(p.name for p in out.iterdir()) == sorted(
     [f"{name}.png" for name in inside_vit.FIGURES] + ["analysis.json"]

@@ -13,6 +13,7 @@ import pytest
 
 from experiments import benchmark_model, benchmark_report
 from vit_jax.cost import devices
+from vit_jax.runtime import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -166,7 +167,7 @@ def test_baseline_rev_outside_a_git_checkout_is_one_line(tmp_path, monkeypatch, 
   tree.mkdir()
   monkeypatch.setattr(benchmark_model.common, "REPO", str(tree))
   with pytest.raises(SystemExit) as exit_info:
-    benchmark_model.main(["--baseline_rev=HEAD", "--timm=off"])
+    cli.call(benchmark_model, ["--baseline_rev=HEAD", "--timm=off"])
   message = str(exit_info.value)
   assert message.startswith(f"--baseline_rev=HEAD: {tree} is not a git checkout; ")
   assert "--baseline_dir" in message and "\n" not in message

@@ -7,7 +7,7 @@ import re
 import ml_collections
 import pytest
 
-from vit_jax import models
+from vit_jax import model_init, models
 from vit_jax.configs import common, pretrain
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -53,7 +53,12 @@ ARGS = {
 CASES = [(name, arg) for name, args in ARGS.items() for arg in args]
 
 # Top-level fields of a trained stage's config and where each is read (no field nothing reads).
-TRAIN_SOURCES = ("vit_jax/train.py", "vit_jax/main.py", "vit_jax/objectives/__init__.py")
+TRAIN_SOURCES = (
+  "vit_jax/train.py",
+  "vit_jax/main.py",
+  "vit_jax/model_init.py",
+  "vit_jax/objectives/__init__.py",
+)
 
 
 def _config_files():
@@ -260,7 +265,7 @@ def test_runlocal_keeps_the_architecture_of_model_init(tmp_path):
   import jax
   import jax.numpy as jnp
 
-  from vit_jax import checkpoint, train
+  from vit_jax import checkpoint
 
   demo = models.get_model_config("demo")
   model = models.get_model(demo, num_classes=10)
@@ -270,7 +275,7 @@ def test_runlocal_keeps_the_architecture_of_model_init(tmp_path):
   assert config.model.name == "ViT-testing" and config.model_from_init
   config.model_init = str(tmp_path / "demo.npz")
   config.model.dropout_rate = 0.25
-  got = train._with_init_architecture(config)
+  got = model_init.with_init_architecture(config)
   for key in ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers", "classifier"):
     assert got.model[key] == demo[key], key
   assert got.model.dropout_rate == 0.25

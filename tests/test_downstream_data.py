@@ -13,7 +13,7 @@ import xla_env  # tests/
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
 from vit_jax import evaluators
-from vit_jax.input_pipeline import sources
+from vit_jax.input_pipeline import source, tfds_source
 from vit_jax.tools import make_shards
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,13 +61,13 @@ def test_pretraining_evaluators_read_downstream_sets_from_tfds(tmp_path, monkeyp
 
   config = _config(_jft_shards(tmp_path / "shards"))
   opened = []
-  builder = sources._tfds_builder
+  builder = tfds_source.tfds_builder
 
   def spy(dataset):
     opened.append((dataset.name, dataset.data_dir))
     return builder(dataset)
 
-  monkeypatch.setattr(sources, "_tfds_builder", spy)
+  monkeypatch.setattr(tfds_source, "tfds_builder", spy)
   model = models.get_model(config.model, 10)
   size = config.dataset.image_size
   params = model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)["params"]
@@ -159,14 +159,14 @@ def test_runlocal_leaves_out_downstream_sets_that_are_not_there(tmp_path, caplog
   # Without runlocal's mark the run stops; switched off, an evaluator's data is never opened.
   caplog.clear()
   config.evals.fewshot_pets.skip_if_missing = False
-  with pytest.raises(sources.MissingDataError, match=r"^evals\.fewshot_pets has no data: "):
+  with pytest.raises(source.MissingDataError, match=r"^evals\.fewshot_pets has no data: "):
     _build(config, caplog)
   config.evals.fewshot_pets.every_steps = -1
   assert _build(config, caplog) == ["val"]
   assert "fewshot_pets" not in caplog.text
   # The stage's own evaluator is never left out: its split not there is the stage's mistake.
   config.dataset.eval_split = "val"
-  with pytest.raises(sources.MissingDataError, match=r"--config\.dataset\.eval_split / data_dir"):
+  with pytest.raises(source.MissingDataError, match=r"--config\.dataset\.eval_split / data_dir"):
     _build(config, caplog)
 
 

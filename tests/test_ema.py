@@ -10,7 +10,7 @@ import pytest
 import random_weights  # tests/
 import test_train  # tests/: the SIGKILL-resume harness and the small pretrain config
 
-from vit_jax import checkpoint, ema, evaluators, sharding, train
+from vit_jax import checkpoint, ema, evaluators, model_init, sharding, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune
 
@@ -178,7 +178,7 @@ def test_finetuning_starts_the_average_at_the_pretrained_weights(finetuned):
   # raw parameters), with its own new head.
   head = random_init["head"]
   loaded = _host(
-    train._load_init_params(
+    model_init.load_init_params(
       later, built.abstract_state["params"], head, built.state_shardings["params"]
     )
   )

@@ -29,8 +29,10 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from absl import flags
 
 from vit_jax.checkpoint import train_state
+from vit_jax.runtime import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,7 +78,7 @@ def test_scale_study_quick_profile_runs_main(tmp_path, in_process, monkeypatch):
     scale_study, "_dataset", lambda *a: dict(dataset(*a), eval_split="test[:100]")
   )
   out = tmp_path / "out"
-  results = scale_study.main(["--quick", f"--workdir={tmp_path}", f"--out={out}"])
+  results = cli.call(scale_study, ["--quick", f"--workdir={tmp_path}", f"--out={out}"])
 
   assert set(results["runs"]) == {"ViT/1of16"}
   run = results["runs"]["ViT/1of16"]
@@ -120,7 +122,7 @@ def test_mpp_study_quick_profile_runs_main(tmp_path, in_process, monkeypatch):
   monkeypatch.setattr(mpp_study, "INITS", ("mpp",))
   monkeypatch.setattr(mpp_study, "DOWNSTREAM", ("animal_mnist",))
   out = tmp_path / "results"
-  results = mpp_study.main(["--quick", f"--workdir={tmp_path}", f"--out={out}"])
+  results = cli.call(mpp_study, ["--quick", f"--workdir={tmp_path}", f"--out={out}"])
 
   assert set(results["pretrain"]) == {"mpp"} and set(results["finetune"]["animal_mnist"]) == {"mpp"}
   base = results["baselines"]["animal_mnist"]
@@ -191,9 +193,10 @@ def test_folder_transfer_quick_profile_runs_main(tmp_path, in_process, monkeypat
   model_config.update(TINY_MODEL, representation_size=TINY_MODEL["hidden_size"])
   pretrained = _pretrained_workdir(tmp_path / "pretrain", model_config, image_size=32)
   folder = _digits_folder(tmp_path / "digits", train=100, test=50)
-  results = folder_transfer.main(
+  results = cli.call(
+    folder_transfer,
     ["--quick", "--no_scratch", f"--folder={folder}", f"--pretrained={pretrained}"]
-    + [f"--workdir={tmp_path / 'ft'}", f"--out={tmp_path / 'out'}"]
+    + [f"--workdir={tmp_path / 'ft'}", f"--out={tmp_path / 'out'}"],
   )
 
   assert set(results["runs"]) == {"pretrained"} and results["runs"]["pretrained"]["step"] == 1
@@ -228,7 +231,7 @@ def test_bench_trainer_runs_main(monkeypatch, capsys):
     sharding, "make_mesh", lambda config, devices=None: make_mesh(config, jax.devices()[:1])
   )
   meter = logging_util.Throughput.__call__
-  bench_trainer.main(["--batch_size=8", "--steps=3", "--log_every=1", "--bare_iters=1"])
+  cli.call(bench_trainer, ["--batch_size=8", "--steps=3", "--log_every=1", "--bare_iters=1"])
   out = capsys.readouterr().out
   assert re.search(r"^bare step: [\d.]+ images/s \(1 steps, batch 8\)$", out, re.M), out
   assert re.search(r"^trainer: +[\d.]+ images/s \(3 steps", out, re.M), out
@@ -245,14 +248,38 @@ def test_bench_input_pipeline_runs_main(monkeypatch, capsys):
 
   get_model = models.get_model
   monkeypatch.setattr(models, "get_model", lambda name, **kw: get_model(name, **kw, **TINY_MODEL))
-  bench_input_pipeline.main(
-    ["--threads=1", "--batches=1", "--batch=2", "--images=8", "--vit_batch=1", "--vit_steps=1"]
+  cli.call(
+    bench_input_pipeline,
+    ["--threads=1", "--batches=1", "--batch=2", "--images=8", "--vit_batch=1", "--vit_steps=1"],
   )
   out = capsys.readouterr().out
   assert "shards: 8 JPEGs" in out
   assert re.search(r"^pipeline, 1 tf.data thread\(s\): +[\d.]+ images/s", out, re.M), out
   assert re.search(r"^ViT-B/16 train step \(batch 1, 224 px\): +[\d.]+ images/s", out, re.M), out
   assert re.search(r"^ratio pipeline/train step, 1 thread\(s\): +[\d.]+x", out, re.M), out
+
+
+def test_bench_input_pipeline_reads_segmentation_shards(capsys):
+  """--task=segmentation: the JPEGs with masks, through the seg_shards source; no ViT step."""
+  from experiments import bench_input_pipeline
+
+  cli.call(
+    bench_input_pipeline,
+    [
+      "--task=segmentation",
+      "--threads=1",
+      "--batches=1",
+      "--batch=2",
+      "--images=4",
+      "--vit_steps=0",
+    ],
+  )
+  out = capsys.readouterr().out
+  assert "shards: 4 JPEGs with masks" in out
+  assert re.search(
+    r"^pipeline \(segmentation\), 1 tf.data thread\(s\): +[\d.]+ images/s", out, re.M
+  )
+  assert "ViT-B/16" not in out
 
 
 def test_pod_plan_imports_and_parses_its_arguments(tmp_path, monkeypatch, capsys):
@@ -264,16 +291,14 @@ def test_pod_plan_imports_and_parses_its_arguments(tmp_path, monkeypatch, capsys
   from experiments import pod_plan
   from vit_jax.tools import plan as planner
 
-  with pytest.raises(SystemExit) as error:
-    pod_plan.main(["--efficiency=fast"])
-  assert error.value.code == 2  # argparse: not a float
-  assert "--efficiency: invalid float value: 'fast'" in capsys.readouterr().err
+  with pytest.raises(flags.IllegalFlagValueError, match="--efficiency=fast: could not convert"):
+    cli.call(pod_plan, ["--efficiency=fast"])
   args = [f"--out_dir={tmp_path / 'pod_plan'}", "--efficiency=0.4", "--max_trials=1"]
   if not planner.libtpu_available():
     with pytest.raises(SystemExit, match=re.escape(planner.install_hint())):
-      pod_plan.main(args)
+      cli.call(pod_plan, args)
   else:
     monkeypatch.setattr(pod_plan, "RUNS", [])
-    pod_plan.main(args)
+    cli.call(pod_plan, args)
     assert capsys.readouterr().out.startswith("| model | slice | devices | settings |")
   assert not (tmp_path / "pod_plan").exists()

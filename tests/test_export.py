@@ -22,6 +22,7 @@ from PIL import Image
 
 from vit_jax import checkpoint, inference, models
 from vit_jax.export import formats as export_lib
+from vit_jax.runtime import cli
 
 tf = pytest.importorskip("tensorflow")
 ort = pytest.importorskip("onnxruntime")
@@ -388,8 +389,9 @@ def test_bench_export_runs_main(tmp_path, capsys):
   """experiments/bench_export.py's main on the testing ViT: every runtime gets a row."""
   from experiments import bench_export
 
-  result = bench_export.main(
-    ["--model=testing", "--image_size=16", "--batch_sizes=2", "--repeats=1", f"--out={tmp_path}"]
+  result = cli.call(
+    bench_export,
+    ["--model=testing", "--image_size=16", "--batch_sizes=2", "--repeats=1", f"--out={tmp_path}"],
   )
   runtimes = [row["runtime"] for row in result["rows"]]
   assert runtimes == [

@@ -1,5 +1,6 @@
-"""What a pod run meets, through the real entry point: signals, a broken latest checkpoint, a
-full disk, a second launch on the same workdir, and config mistakes.
+"""What a pod run meets, through the real entry point: signals (also inside an evaluation), a
+broken latest checkpoint, a restore error that is no evidence of one, a full disk, a second
+launch on the same workdir, and config mistakes.
 
 Each run is `python -m vit_jax.main` in a child process (a signal sent by a patched data
 iterator at a fixed batch, so the step is deterministic); the final parameters of interrupted
@@ -11,6 +12,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -193,8 +195,126 @@ def _assert_resumed_from_20(view, broken, logs_before):
   assert (moved / "state").is_dir() and kept.exists(), kept
   assert 25 not in train_state.committed_steps(view)
   (log,) = set((view / "logs").glob("*.log")) - logs_before
-  assert "checkpoint step 25 does not restore" in log.read_text()
-  assert "resuming from step 20" in log.read_text()
+  text = log.read_text()
+  assert "checkpoint step 25 does not restore (a file of the step is truncated or missing: " in text
+  assert re.search(rf"; moved aside to \S*/{train_state.BROKEN_DIR}/25\n", text)
+  # The warning on the terminal (and in the log) naming both steps and why.
+  assert (
+    "resuming from step 20, older than the newest step 25, which does not restore: a file of "
+    "the step is truncated or missing: OUT_OF_RANGE: " in text
+  )
+
+
+def _copy(workdir, tmp_path, name) -> pathlib.Path:
+  """A copy of a finished run's workdir (without its logs)."""
+  copy = tmp_path / name
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("logs"))
+  return copy
+
+
+def _last(lines) -> str:
+  vit_lines = [line for line in lines if line.startswith("vit_jax: ")]
+  return vit_lines[-1] if vit_lines else "\n".join(lines[-30:])
+
+
+@pytest.mark.long
+def test_only_evidence_moves_a_step_aside(env, reference, tmp_path):
+  """On a copy of the finished reference run (steps 10 to 40): an I/O error (EIO) on every read
+  of step 40 is retried, then ends the run with one line, nothing moved; on the first two reads
+  only, it is retried and the run resumes from step 40. (Evidence, a truncated array file, moves
+  a step aside: test_signals_a_broken_checkpoint_and_a_full_disk_resume_exactly.)"""
+  workdir = _copy(reference, tmp_path, "run")
+  steps = train_state.committed_steps(workdir)
+  assert steps == [10, 20, 30, 40]
+  moved = workdir / train_state.BROKEN_DIR
+
+  code, lines = _run(env, workdir, restore_errors=100)
+  print(f"exit {code}: {_last(lines)}")
+  assert code == 1, lines[-30:]
+  assert _last(lines).startswith(
+    f"vit_jax: error: CheckpointRestoreError: restoring checkpoint step 40 from {workdir}/"
+    "checkpoints failed 4 times, without evidence that the step is broken: OSError: [Errno 5] "
+    "injected read error: "
+  ), _last(lines)
+  assert "nothing was moved" in _last(lines)
+  assert train_state.committed_steps(workdir) == steps and not moved.exists()
+
+  logs = set((workdir / "logs").glob("*.log"))
+  code, lines = _run(env, workdir, restore_errors=2)
+  print(f"exit {code}: {_last(lines)}")
+  assert code == 0, lines[-30:]
+  retries = [line for line in lines if "restoring checkpoint step 40 from" in line]
+  assert len(retries) == 2 and all("retrying in 0.1 s" in line for line in retries), lines
+  (log,) = set((workdir / "logs").glob("*.log")) - logs
+  assert f"checkpoint: restored step 40 from {workdir}/checkpoints" in log.read_text()
+  assert train_state.committed_steps(workdir) == steps and not moved.exists()
+
+
+def _run_timed(env, workdir, args, **fault) -> tuple[int, list[str], float]:
+  """`_run` with `args`, and the seconds from the fault's marker line to the process's exit."""
+  proc = subprocess.Popen(
+    fault_injection.command(*args, f"--workdir={workdir}"),
+    env=fault_injection.child_env(env, **fault),
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  lines, signalled = [], None
+  for line in proc.stdout:
+    if line.startswith("[fault: "):
+      signalled = time.monotonic()
+    if line.strip():
+      lines.append(line.rstrip("\n"))
+  proc.wait(timeout=600)
+  assert signalled is not None, lines[-30:]
+  return proc.returncode, lines, time.monotonic() - signalled
+
+
+# An evaluation every 15 steps of 400 examples in batches of 8: 50 batches.
+_SLOW_EVAL = [
+  *ARGS,
+  "--config.evals.val.every_steps=15",
+  "--config.evals.val.max_examples=400",
+  "--config.eval_batch_size=8",
+]
+
+
+@pytest.mark.long
+def test_sigterm_inside_an_evaluation_stops_within_seconds(env, reference, tmp_path):
+  """SIGTERM at the 3rd batch of step 15's evaluation, each batch made 0.5 s slower (the other
+  47 batches would take 23.5 s more): the evaluation is abandoned, step 15 saved, exit 143
+  within 15 s of the signal (measured: 3.6 s, under a load of 5 on 2 cores). The same command
+  then finishes, bitwise as the uninterrupted run."""
+  workdir = tmp_path / "run"
+  code, lines, seconds = _run_timed(env, workdir, _SLOW_EVAL, eval_at=3, eval_delay=0.5)
+  print(f"exit {code} {seconds:.1f} s after the signal: {_last(lines)}")
+  assert code == 143, lines[-30:]
+  assert _last(lines) == (
+    f"vit_jax: stopped by SIGTERM at step 15 of {TOTAL}; saved to {workdir}/checkpoints. The "
+    "same command continues from step 15."
+  )
+  assert seconds <= 15, f"exited {seconds:.1f} s after the signal"
+  assert train_state.committed_steps(workdir) == [10, 15]
+  code, last = _main(env, workdir)
+  assert code == 0, last
+  _assert_same_params(workdir, reference)
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_restore_stops_once_it_returns(env, reference, tmp_path):
+  """SIGTERM while step 40 is being read: the run stops as the restore returns, before any
+  compile or step, with nothing new to save."""
+  workdir = _copy(reference, tmp_path, "run")
+  code, lines = _run(env, workdir, [f"--config.total_steps={TOTAL + 10}"], restore_at=1)
+  print(f"exit {code}: {_last(lines)}")
+  assert code == 143, lines[-30:]
+  assert _last(lines) == (
+    f"vit_jax: stopped by SIGTERM at step 40 of {TOTAL + 10}; saved to {workdir}/checkpoints. "
+    "The same command continues from step 40."
+  )
+  assert not [line for line in lines if f"/{TOTAL + 10} (" in line]  # no step trained
+  assert train_state.committed_steps(workdir) == [10, 20, 30, 40]
 
 
 # A wider model saving every 2 steps asynchronously: several of Orbax's background writes are in

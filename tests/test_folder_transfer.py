@@ -11,7 +11,8 @@ import pytest
 import xla_env  # tests/
 
 from experiments import folder_transfer
-from vit_jax.input_pipeline import builtin, sources
+from vit_jax.input_pipeline import builtin, indexed
+from vit_jax.runtime import cli
 from vit_jax.tools import make_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_digits_folder_reads_back_as_the_builtin_split(tmp_path):
   root = make_folder.write_classification("digits", str(tmp_path / "digits"))
-  assert sources.folder_class_names(root) == list(builtin.DIGIT_CLASSES)
+  assert indexed.folder_class_names(root) == list(builtin.DIGIT_CLASSES)
   for split in ("train", "test"):
     images, labels = folder_transfer.read_folder(root, split, image_size=32)
     want_images, want_labels = builtin.get_split("digits", split)
@@ -61,7 +62,7 @@ def test_an_unreadable_image_is_skipped_with_one_warning(tmp_path, caplog):
 
 def test_missing_pretrained_workdir_is_one_clear_line(tmp_path):
   with pytest.raises(SystemExit, match="--pretrained=.*nowhere is not a pretrain workdir"):
-    folder_transfer.main([f"--pretrained={tmp_path / 'nowhere'}", f"--workdir={tmp_path}"])
+    cli.call(folder_transfer, [f"--pretrained={tmp_path / 'nowhere'}", f"--workdir={tmp_path}"])
   assert not os.listdir(tmp_path)  # nothing written
 
 

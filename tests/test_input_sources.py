@@ -158,14 +158,14 @@ def test_image_folder(tmp_path):
 
 
 def test_image_folder_takes_slices_as_the_builtin_datasets_do(tmp_path):
-  from vit_jax.input_pipeline import sources
+  from vit_jax.input_pipeline import indexed
 
   classes = ["ant", "bee", "cat", "dog"]
   testing.write_image_folder(str(tmp_path), "train", classes, per_class=25)
   config = input_pipeline.dataset_config(source="folder", data_dir=str(tmp_path))
 
   def files(split):
-    return [p.decode() for p in sources.FolderSource(config, split, 0, 1).paths.numpy()]
+    return [p.decode() for p in indexed.FolderSource(config, split, 0, 1).paths.numpy()]
 
   everything = files("train")
   head, tail = files("train[:98%]"), files("train[98%:]")
@@ -333,9 +333,9 @@ def test_make_shards_never_leaves_two_sets_and_the_reader_checks_its_listing(tmp
   assert len(labels) == 179  # one set, read once
   # A stale shard beside the listed ones (a copy from elsewhere, a crashed rewrite).
   (tmp_path / "digits-test.tfrecord-00003-of-00004").write_bytes(b"")
-  from vit_jax.input_pipeline import sources
-
-  with pytest.raises(sources.DataMismatchError, match="1 not listed .digits-test.tfrecord-00003"):
+  with pytest.raises(
+    input_pipeline.DataMismatchError, match="1 not listed .digits-test.tfrecord-00003"
+  ):
     _eval_examples(config, batch=32)
 
 

@@ -6,19 +6,19 @@ import sys
 import numpy as np
 import pytest
 
-from vit_jax.input_pipeline import builtin, segmentation
+from vit_jax.input_pipeline import builtin, segmentation, segmentation_synthetic
 from vit_jax.tools import make_folder
 
 
 def test_segmentation_folder_reads_back_as_the_synthetic_split(tmp_path):
   root = str(tmp_path / "seg")
   make_folder.write_segmentation("animal_mnist_seg", root, ["val"], max_examples=3)
-  want = segmentation.synthetic_split("animal_mnist_seg", "val")
+  want = segmentation_synthetic.synthetic_split("animal_mnist_seg", "val")
   names = segmentation.folder_listing(root, "val")
   # Three canvases spread over the split: its first, middle and last.
   last = len(want.masks) - 1
   assert names == [f"{i:05d}.png" for i in (0, round(last / 2), last)]
-  assert segmentation.folder_class_names(root) == segmentation.synthetic_class_names(
+  assert segmentation.folder_class_names(root) == segmentation_synthetic.synthetic_class_names(
     "animal_mnist_seg"
   )
   for name in names:

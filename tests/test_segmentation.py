@@ -13,6 +13,8 @@ from vit_jax import config_files, input_pipeline, predict, stages
 from vit_jax.checkpoint import train_state
 from vit_jax.evaluators import segmentation as seg_eval
 from vit_jax.input_pipeline import segmentation as seg_data
+from vit_jax.input_pipeline import segmentation_synthetic as synthetic
+from vit_jax.input_pipeline import splits
 from vit_jax.objectives import segmentation as seg_obj
 
 IGNORE = seg_data.IGNORE_LABEL
@@ -27,16 +29,16 @@ def test_synthetic_canvases_label_exactly_the_bright_object_pixels():
   # showing 200 is class 4 + 1, every one showing 70 is an edge pixel (ignored), and the
   # background (grey < 60) is 0.
   objects = np.stack([np.full((28, 28, 1), 200, np.uint8), np.full((28, 28, 1), 70, np.uint8)])
-  images, masks = seg_data.make_synthetic(objects, np.array([4, 7]), num=20, seed=5)
+  images, masks = synthetic.make_synthetic(objects, np.array([4, 7]), num=20, seed=5)
   assert images.shape == (20, 48, 48, 1) and masks.shape == (20, 48, 48)
   image = images[..., 0]
   np.testing.assert_array_equal(masks == 5, image == 200)
   np.testing.assert_array_equal(masks == IGNORE, image == 70)
   assert set(np.unique(masks)) == {0, 5, IGNORE}
   assert image[masks == 0].max() < 60
-  again = seg_data.make_synthetic(objects, np.array([4, 7]), num=20, seed=5)
+  again = synthetic.make_synthetic(objects, np.array([4, 7]), num=20, seed=5)
   np.testing.assert_array_equal(again[1], masks)
-  assert not np.array_equal(seg_data.make_synthetic(objects, np.array([4, 7]), 20, 6)[1], masks)
+  assert not np.array_equal(synthetic.make_synthetic(objects, np.array([4, 7]), 20, 6)[1], masks)
 
 
 def test_builtin_task_splits_and_classes():
@@ -45,11 +47,11 @@ def test_builtin_task_splits_and_classes():
   )
   info = input_pipeline.get_dataset_info(config)
   assert info.num_classes == 11 and info.class_names[0] == "background"
-  assert info.num_examples == {"train[:50]": 50, "val": seg_data.SPLIT_SIZES["val"]}
-  val = seg_data.load_split(config, "val")
-  train = seg_data.load_split(config, "train")
+  assert info.num_examples == {"train[:50]": 50, "val": synthetic.SPLIT_SIZES["val"]}
+  val = synthetic.synthetic_split("mnist_seg", "val")
+  train = synthetic.synthetic_split("mnist_seg", "train")
   assert not any(np.array_equal(val.images[0], t) for t in train.images[:200])
-  labels = np.unique(np.stack(train.masks))
+  labels = np.unique(train.masks)
   assert set(labels) <= set(range(11)) | {IGNORE} and len(labels) == 12
 
 
@@ -106,29 +108,38 @@ def _write_folder(root, masks_mode="P", size_mismatch=False, bad_label=False, dr
   (root / "classes.txt").write_text("\n".join(f"c{i}" for i in range(6)) + "\n")
 
 
+def _folder_config(root, **kw):
+  return input_pipeline.dataset_config(
+    source="seg_folder", data_dir=str(root), train_split="train", eval_split="train",
+    image_size=48, pp_train="flip_lr", pp_eval="", **kw,
+  )  # fmt: skip
+
+
 @pytest.mark.parametrize("mode", ["P", "L"])
 def test_folder_source_reads_palette_and_grey_masks(tmp_path, mode):
   _write_folder(tmp_path, mode)
-  config = input_pipeline.dataset_config(
-    source="seg_folder", data_dir=str(tmp_path), train_split="train", eval_split="train"
-  )
+  config = _folder_config(tmp_path)
   assert input_pipeline.get_dataset_info(config).num_classes == 6
-  data = seg_data.load_split(config, "train")
+  # Evaluated at the images' own size, in the folder's order: the masks as written.
+  (batch,) = input_pipeline.make_eval_iterator(config, global_batch_size=3)
   for i in range(3):
-    np.testing.assert_array_equal(data.masks[i], _block_pair(i)[1])
-  assert data.names == ["im0.png", "im1.png", "im2.png"]
+    np.testing.assert_array_equal(batch["label"][i], _block_pair(i)[1])
+    rgb = np.repeat(_block_pair(i)[0], 3, axis=2).astype(np.float32)
+    np.testing.assert_array_equal(batch["image"][i], rgb / 127.5 - 1.0)
 
 
 @pytest.mark.parametrize(
   "kind, message",
   [
-    ("size_mismatch", r"mask .*im1.png is 48x40 but its image is 48x48"),
-    ("bad_label", r"mask .*im1.png: label 9 outside \[0, 6\)"),
-    ("drop_mask", r"image .*im2.png has no mask"),
+    ("size_mismatch", r"^mask .*masks/im1.png is 48x40 but its image is 48x48$"),
+    ("bad_label", r"^mask .*masks/im1.png: label 9 outside \[0, 6\) \(and not the ignore label"),
+    ("drop_mask", r"^image .*im2.png has no mask .*masks/im2.png$"),
     ("no_masks", r"no masks/ directory"),
   ],
 )
 def test_bad_folders_are_one_line_naming_the_culprit(tmp_path, kind, message):
+  """A folder's layout is checked as it is listed; a mask when its record is read (the folder
+  is streamed), by the evaluation and the training iterators alike."""
   if kind == "no_masks":
     _write_folder(tmp_path)
     for f in os.listdir(tmp_path / "train" / "masks"):
@@ -136,11 +147,15 @@ def test_bad_folders_are_one_line_naming_the_culprit(tmp_path, kind, message):
     os.rmdir(tmp_path / "train" / "masks")
   else:
     _write_folder(tmp_path, **{kind: True})
-  seg_data._folder_data.cache_clear()
-  config = input_pipeline.dataset_config(source="seg_folder", data_dir=str(tmp_path))
+  config = _folder_config(tmp_path)
   with pytest.raises((ValueError, FileNotFoundError), match=message) as e:
-    seg_data.load_split(config, "train")
+    list(input_pipeline.make_eval_iterator(config, global_batch_size=3))
   assert "\n" not in str(e.value)
+  if kind in ("size_mismatch", "bad_label"):  # not a skipped example: the run stops
+    it = input_pipeline.make_train_iterator(config, global_batch_size=3)
+    with pytest.raises(ValueError, match=message):
+      next(it)
+    it.close()
 
 
 def test_train_iterator_resumes_exactly_and_eval_pads_with_mask_zero():
@@ -176,6 +191,31 @@ def test_train_iterator_resumes_exactly_and_eval_pads_with_mask_zero():
   assert len(ev) == 3
   np.testing.assert_array_equal(np.concatenate([b["mask"] for b in ev]), [1] * 10 + [0] * 2)
   assert np.all(ev[-1]["label"][2:] == IGNORE)
+
+
+def test_the_synthetic_stream_is_numpys_permutation_and_augmentation():
+  """Row r of global batch b is stream position p = b·B + r: the canvas at place p mod N of
+  epoch p div N in numpy's `default_rng([seed, epoch]).permutation(N)`, augmented with numpy's
+  `default_rng([seed, 1, p])` — the stream the segment stage had when it kept its split in
+  memory, and still has through tf.data, so the recorded runs' examples are the same."""
+  ops = "random_crop(0.5)|flip_lr"
+  config = input_pipeline.dataset_config(
+    source="seg_builtin", name="mnist_seg", image_size=24, train_split="train[:20]", pp_train=ops
+  )
+  data = synthetic.synthetic_split("mnist_seg", "train")
+  rows = splits.slice_rows("train[:20]", len(data.masks), "train")
+  images, masks = data.images[rows], data.masks[rows]
+  it = input_pipeline.make_train_iterator(config, global_batch_size=8, seed=5)
+  for b in range(4):  # 32 positions: over the epoch boundary at 20
+    batch = next(it)
+    for r in range(8):
+      p = 8 * b + r
+      i = np.random.default_rng([5, p // 20]).permutation(20)[p % 20]
+      rng = np.random.default_rng([5, 1, p])
+      image, label = seg_data.augment(images[i], masks[i], seg_data.parse_ops(ops), 24, rng)
+      np.testing.assert_array_equal(batch["image"][r], image)
+      np.testing.assert_array_equal(batch["label"][r], label)
+  it.close()
 
 
 def _state_after(config, batches):
@@ -275,9 +315,10 @@ def test_segment_stage_resumes_bitwise_and_predict_scores_its_miou(tmp_path, tra
 
   # predict: the masks it writes for the test canvases (PNG files, read back) score the mIoU
   # the trainer's evaluator reported, through another path (PIL preprocessing, numpy counts).
-  test = seg_data.load_split(_config(tmp_path, 6).dataset, "test[:16]")
+  test = synthetic.synthetic_split("mnist_seg", "test")
+  rows = splits.slice_rows("test[:16]", len(test.masks), "test")
   files = []
-  for i, image in enumerate(test.images):
+  for i, image in enumerate(test.images[rows]):
     files.append(str(tmp_path / f"canvas{i}.png"))
     Image.fromarray(image[..., 0]).save(files[-1])
   flag = lambda v: types.SimpleNamespace(value=v)  # noqa: E731
@@ -290,7 +331,7 @@ def test_segment_stage_resumes_bitwise_and_predict_scores_its_miou(tmp_path, tra
   written = [np.asarray(Image.open(tmp_path / "masks" / f"canvas{i}_mask.png")) for i in range(16)]
   assert Image.open(tmp_path / "masks" / "canvas0_mask.png").mode == "P"
   assert (tmp_path / "masks" / "canvas0_overlay.png").exists()
-  labels = np.stack(test.masks)
+  labels = test.masks[rows]
   matrix = seg_eval.confusion(np.stack(written), labels, np.ones(labels.shape), 11)
   ours = seg_eval.metrics_from_confusion(np.asarray(matrix))
   assert ours["miou"] == pytest.approx(straight["test/miou"], abs=1e-6)

@@ -12,11 +12,12 @@ import pytest
 
 from experiments import segmentation
 from vit_jax import input_pipeline
+from vit_jax.runtime import cli
 
 
 @pytest.mark.long
 def test_quick_segmentation_experiment(tmp_path, capsys, trainer_on_one_device):
-  results = segmentation.main(["--quick", f"--workdir={tmp_path}"])
+  results = cli.call(segmentation, ["--quick", f"--workdir={tmp_path}"])
   printed = capsys.readouterr().out
   # Each stage's command is printed before it runs, so that a reader can rerun it.
   assert "python -m vit_jax.main --config=configs/pretrain.py:dataset=fashion_mnist" in printed

@@ -1,5 +1,6 @@
-"""vit_jax.runtime.startup: a stage's first import runs without the cyclic garbage collector,
-which is on again afterwards, with what the import made frozen out of its reach."""
+"""vit_jax.runtime.startup: a stage's first import in a command runs without the cyclic garbage
+collector, which is on again afterwards, with what the import made frozen out of its reach; the
+library (vit_jax.stages) imports without touching the collector."""
 
 import gc
 import sys
@@ -57,24 +58,43 @@ def test_a_failing_import_turns_the_collector_back_on(module_dir):
   assert freezes == []
 
 
-def test_stages_import_their_module_through_it(monkeypatch, tmp_path):
-  """stages.run imports the trainer (or the linear probe) through startup.import_module."""
+def test_the_library_imports_a_stage_without_touching_the_collector(
+  module_dir, monkeypatch, tmp_path
+):
+  """stages.run imports the trainer (or the linear probe) as any import: nothing frozen."""
   from vit_jax.configs import pretrain
 
-  imported = []
-
-  class Stage:
-    @staticmethod
-    def run(config, workdir):
-      return {"stage": config.stage}
-
-  def fake_import(name):
-    imported.append(name)
-    return Stage
-
-  monkeypatch.setattr(startup, "import_module", fake_import)
+  directory, freezes = module_dir
+  (directory / "startup_probe.py").write_text(_MODULE + "def run(config, workdir):\n  return {}\n")
   config = pretrain.get_config("dataset=fashion_mnist,runlocal")
-  assert stages.run(config, str(tmp_path / "w")) == {"stage": "pretrain"}
-  config.stage = "linear_probe"
-  stages.run(config, str(tmp_path / "w"))
-  assert imported == ["vit_jax.train", "vit_jax.linear_probe"]
+  assert stages.module_name("pretrain") == "vit_jax.train"
+  assert stages.module_name("linear_probe") == "vit_jax.linear_probe"
+  with pytest.raises(ValueError, match="config.stage='nothing'"):
+    stages.module_name("nothing")
+  monkeypatch.setattr(stages, "module_name", lambda stage: "startup_probe")
+  assert stages.run(config, str(tmp_path / "w")) == {}
+  assert sys.modules["startup_probe"].COLLECTOR_ON is True
+  assert freezes == []
+
+
+def test_the_command_imports_the_stage_through_it(monkeypatch, tmp_path):
+  """`python -m vit_jax.main` imports the stage's module through startup.import_module."""
+  import types
+
+  from vit_jax import main
+  from vit_jax.configs import linear_probe
+
+  imported, ran = [], []
+  monkeypatch.setattr(startup, "import_module", imported.append)
+  monkeypatch.setattr(stages, "run_and_record", lambda config, workdir: ran.append(config.stage))
+  monkeypatch.setattr(main.cli, "run_stages", lambda body, *args, **kwargs: body())
+  value = types.SimpleNamespace
+  f = value(
+    config=value(value=linear_probe.get_config("dataset=fashion_mnist,runlocal")),
+    workdir=value(value=str(tmp_path / "w")),
+    distributed=None,
+    verbose=value(value=True),
+    break_lock=value(value=False),
+  )
+  main.main(["vit_jax.main"], f)
+  assert imported == ["vit_jax.linear_probe"] and ran == ["linear_probe"]

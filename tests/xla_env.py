@@ -2,22 +2,25 @@
 
 The suite's programs are tiny (a 20k-parameter ViT, batches of 16): compiling them costs far
 more than running them, and most of that is LLVM's optimisation of the generated code. So the
-suite compiles at XLA's backend optimisation level 0 (measured on 2 cores: tests/test_models.py
-131 → 56 CPU-seconds), with XLA:CPU's legacy fusion emitters instead of its MLIR ones, which take
-twice as long to compile (the trainer's step of the 'testing' ViT: 3.4 → 1.5 CPU-seconds; four
-test modules 310 → 238). What the tests check holds with either: float32 results are held to
+suite compiles at XLA's backend optimisation level 0, with XLA:CPU's legacy fusion emitters
+instead of its MLIR ones, which take longer to compile (measured: docs/process.md, "The test
+suite's process settings"). What the tests check holds with either: float32 results are held to
 float64 references with bounds that do not depend on how XLA orders its sums, and bitwise checks
 compare runs compiled with the same flags. Where the code XLA generates is itself measured (the
 tests of the CPU kernels that compare with XLA's own code, tests/test_cpu_kernels.py, and the
 tanh GELU's absolute error, tests/test_models.py: the legacy emitters' tanh at level 0 is less
 accurate), a child runs with XLA's defaults, as users' programs are compiled.
 
-A user's own XLA_FLAGS are kept (their optimisation level, if they set one, wins); only a device
-count of theirs is replaced by the one a test asks for.
+Every process also gets the XLA:CPU flags a command sets (vit_jax.kernels.xla_cpu_flags), which
+importing vit_jax does not: the tests compile what the commands run. A user's own XLA_FLAGS are
+kept (their optimisation level, if they set one, wins); only a device count of theirs is
+replaced by the one a test asks for.
 """
 
 import os
 import re
+
+from vit_jax.kernels import xla_cpu_flags
 
 DEVICE_COUNT = "--xla_force_host_platform_device_count"
 OPT_LEVEL = "--xla_backend_optimization_level"
@@ -27,14 +30,15 @@ SUITE = (f"{OPT_LEVEL}=0", f"{FUSION_EMITTERS}=false")
 
 def flags(devices: int | None = None, environ=None, optimize: bool = False) -> str:
   """XLA_FLAGS for a process of the suite: the user's flags without their device count, the
-  suite's (unless `optimize`: XLA's defaults), and `devices` simulated CPU devices (None: one,
-  as a user's process has)."""
+  suite's (unless `optimize`: XLA's defaults), a command's, and `devices` simulated CPU devices
+  (None: one, as a user's process has)."""
   given = (os.environ if environ is None else environ).get("XLA_FLAGS", "")
   kept = re.sub(rf"{DEVICE_COUNT}=\S*", "", given).split()
   if optimize:
     kept = [f for f in kept if not f.startswith((f"{OPT_LEVEL}=", f"{FUSION_EMITTERS}="))]
   else:
     kept += [f for f in SUITE if f.split("=")[0] not in given]
+  kept += [f for f in xla_cpu_flags.DEFAULTS if f.split("=")[0] not in given]
   if devices is not None:
     kept.append(f"{DEVICE_COUNT}={devices}")
   return " ".join(kept)

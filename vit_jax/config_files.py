@@ -157,12 +157,19 @@ class _Parser(flags.ArgumentParser):
     return config
 
 
-def define_flag(name: str = "config") -> flags.FlagHolder:
-  """Defines `--<name>` (and its `--<name>.<field>` overrides) with `load` and `check_overrides`."""
+def define_flag(
+  name: str = "config", flag_values: flags.FlagValues = flags.FLAGS
+) -> flags.FlagHolder:
+  """Defines `--<name>` (and its `--<name>.<field>` overrides) with `load` and `check_overrides`
+  in `flag_values`."""
   holder = config_flags.DEFINE_config_file(
-    name, None, "Stage config: configs/<stage>.py:<key=value,...>.", lock_config=True
+    name,
+    None,
+    "Stage config: configs/<stage>.py:<key=value,...>.",
+    flag_values=flag_values,
+    lock_config=True,
   )
-  flags.FLAGS[name].parser = _Parser(name)
+  flag_values[name].parser = _Parser(name)
   return holder
 
 

@@ -13,7 +13,9 @@ ends with one line saying what went wrong. `--verbose` shows everything on the t
 
 Multi-host: on a multi-host TPU VM slice `jax.distributed.initialize()` runs automatically
 (`--distributed=auto`); elsewhere (CPU or GPU clusters) pass `--coordinator_address=host:port
---num_processes=N --process_id=i` on every process. Every process runs the same command.
+--num_processes=N --process_id=i` on every process. Every process runs the same command. A
+process silent for `--lost_process_timeout` seconds (default 30) ends the others, with a line
+naming it (vit_jax.runtime.liveness).
 
 A workdir has one writer: its lock is a lease (vit_jax.runtime.workdir_lock), taken over by a
 restart once its holder has stopped renewing it; `--break_lock` removes it at once.
@@ -24,6 +26,11 @@ Examples:
       --config.model_init=gs://vit_models/imagenet21k/ViT-B_16.npz --workdir=gs://bucket/ft
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import types
 
 from absl import app, flags, logging
@@ -32,23 +39,29 @@ from vit_jax import config_files
 from vit_jax.runtime import cli
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
-    config=config_files.define_flag(),
-    workdir=flags.DEFINE_string("workdir", None, "Checkpoints, metrics and logs go here."),
-    distributed=cli.DistributedFlags.define(),
+    config=config_files.define_flag(flag_values=values),
+    workdir=flags.DEFINE_string(
+      "workdir", None, "Checkpoints, metrics and logs go here.", flag_values=values
+    ),
+    distributed=cli.DistributedFlags.define(values),
     verbose=flags.DEFINE_bool(
-      "verbose", False, "Every log line on the terminal (default: to the log file in the workdir)."
+      "verbose",
+      False,
+      "Every log line on the terminal (default: to the log file in the workdir).",
+      flag_values=values,
     ),
     break_lock=flags.DEFINE_bool(
       "break_lock",
       False,
       "Remove the workdir's lock whoever holds it, then run (for a run known to be gone whose "
       "lease has not expired yet; a live run's lock is never taken over without it).",
+      flag_values=values,
     ),
   )
-  flags.mark_flags_as_required(["config", "workdir"])
+  flags.mark_flags_as_required(["config", "workdir"], flag_values=values)
   return f
 
 
@@ -58,8 +71,11 @@ def main(argv, f: types.SimpleNamespace):
 
   def stage():
     from vit_jax import stages
+    from vit_jax.runtime import startup
 
     config = f.config.value
+    # TensorFlow and the rest, imported without the garbage collector (vit_jax.runtime.startup).
+    startup.import_module(stages.module_name(config.stage))
     import jax
 
     if f.break_lock.value and jax.process_index() == 0:

@@ -24,6 +24,11 @@ into the image), and the classes found are printed with their share of the pixel
   python -m vit_jax.predict --checkpoint=/tmp/seg --masks_dir=/tmp/masks canvas.png
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import os
 import types
 from collections.abc import Sequence
@@ -35,28 +40,47 @@ from vit_jax import inference
 from vit_jax.runtime import cli
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
     checkpoint=flags.DEFINE_string(
-      "checkpoint", None, "Workdir, step directory or .npz of a trained classifier."
+      "checkpoint",
+      None,
+      "Workdir, step directory or .npz of a trained classifier.",
+      flag_values=values,
     ),
     class_names=flags.DEFINE_string(
-      "class_names", None, "Text file with one class name a line (overrides the dataset's)."
+      "class_names",
+      None,
+      "Text file with one class name a line (overrides the dataset's).",
+      flag_values=values,
     ),
     image_size=flags.DEFINE_integer(
-      "image_size", 0, "Input resolution; 0: from config.json or the position embeddings."
+      "image_size",
+      0,
+      "Input resolution; 0: from config.json or the position embeddings.",
+      flag_values=values,
     ),
     model=flags.DEFINE_string(
-      "model", None, "A vit_jax.models preset (e.g. B/16) for an .npz without config.json."
+      "model",
+      None,
+      "A vit_jax.models preset (e.g. B/16) for an .npz without config.json.",
+      flag_values=values,
     ),
-    top_k=flags.DEFINE_integer("top_k", 5, "How many classes to print per image."),
-    batch_size=flags.DEFINE_integer("batch_size", 32, "Images per forward pass."),
+    top_k=flags.DEFINE_integer(
+      "top_k", 5, "How many classes to print per image.", flag_values=values
+    ),
+    batch_size=flags.DEFINE_integer(
+      "batch_size", 32, "Images per forward pass.", flag_values=values
+    ),
     masks_dir=flags.DEFINE_string(
-      "masks_dir", None, "Segmentation checkpoints: where to write the masks (PNG)."
+      "masks_dir",
+      None,
+      "Segmentation checkpoints: where to write the masks (PNG).",
+      flag_values=values,
     ),
   )
-  flags.mark_flag_as_required("checkpoint")
+  flags.mark_flag_as_required("checkpoint", flag_values=values)
   return f
 
 

@@ -8,6 +8,7 @@ read). For programs that run stages themselves (vit_jax.tools.transfer, experime
 This file must not import TensorFlow (the stages import what they need when they run).
 """
 
+import importlib
 from typing import Any
 
 import jax
@@ -15,17 +16,20 @@ import jax
 STAGES = ("pretrain", "finetune", "segment", "linear_probe")
 
 
+def module_name(stage: str) -> str:
+  """The module whose `run(config, workdir)` runs `stage`."""
+  if stage not in STAGES:
+    raise ValueError(f"config.stage={stage!r}; expected one of {STAGES}")
+  return "vit_jax.linear_probe" if stage == "linear_probe" else "vit_jax.train"
+
+
 def run(config, workdir: str) -> dict[str, Any]:
   """Runs the stage `config.stage` holding the workdir's lock; returns its final metrics."""
-  from vit_jax.runtime import startup
   from vit_jax.runtime import workdir as workdir_lib
 
-  if config.stage not in STAGES:
-    raise ValueError(f"config.stage={config.stage!r}; expected one of {STAGES}")
+  name = module_name(config.stage)
   with workdir_lib.lock(workdir):
-    # TensorFlow and the rest, imported without the garbage collector (vit_jax.runtime.startup).
-    module = "linear_probe" if config.stage == "linear_probe" else "train"
-    return startup.import_module(f"vit_jax.{module}").run(config, workdir)
+    return importlib.import_module(name).run(config, workdir)
 
 
 def run_and_record(config, workdir: str) -> dict[str, Any]:

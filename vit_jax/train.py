@@ -34,14 +34,16 @@ checkpoint, so a bad step stops the run (FloatingPointError naming the step) and
 
 Stopping: SIGTERM or SIGINT (vit_jax.runtime.stopping), and on TPU VMs (with jax.distributed) a
 preemption notice, make every process save the same step and raise `stopping.Stopped`; the rerun
-resumes there without replaying a step. A second signal exits at once. Killed without notice, a
-run resumes from the latest complete checkpoint and replays the same steps; a latest checkpoint
-that does not restore is moved aside and the one before it used (vit_jax.checkpoint.train_state).
+resumes there without replaying a step. A signal is acted on after the step it arrives in,
+between two evaluation batches (the evaluation is abandoned), or once the restore or the first
+compile returns. A second signal stops without saving (a command exits at once;
+vit_jax.runtime.stopping). Killed without notice, a run resumes from the latest complete
+checkpoint and replays the same steps; a latest checkpoint with evidence of damage is moved aside
+and the one before it used (vit_jax.checkpoint.train_state).
 A run restarted after its last step runs its evaluators on the final state and returns their
 metrics (what vit_jax.main records).
 """
 
-import copy
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -51,23 +53,23 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vit_jax import (
-  checkpoint,
   ema,
   evaluators,
   input_pipeline,
   mixup,
+  model_init,
   objectives,
   optim,
   sharding,
 )
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint import local_tier, train_state
 from vit_jax.cost import compiled_stats, flops
-from vit_jax.runtime import logging_util, stopping
+from vit_jax.input_pipeline import host_states
+from vit_jax.runtime import goodput, logging_util, profiling, stopping
 from vit_jax.runtime import workdir as workdir_lib
 
 # step int32 [], params, opt_state, rng uint32 [2]; with config.ema_decay also ema (like params).
@@ -205,53 +207,6 @@ def _check_finite(window: Window, checkpointer: train_state.Checkpointer) -> Non
     )
 
 
-def _to_global(tree: Any, shardings: Any) -> Any:
-  """Host numpy tree (the same on every process) → global arrays with `shardings`."""
-  return jax.tree_util.tree_map(
-    lambda x, s: jax.make_array_from_callback(x.shape, s, lambda idx, x=x: x[idx]), tree, shardings
-  )
-
-
-def _load_init_params(config, abstract_params, head, param_shardings) -> Any:
-  """The pretrained parameters named by `config.model_init`, adapted to this model.
-
-  The new head comes from `head` (this model's initialisation), position embeddings are resized
-  and `pre_logits` dropped or kept by vit_jax.checkpoint.load_pretrained. Every process reads
-  the whole file (host memory), then keeps its shards.
-  """
-  expected = dict(abstract_params)
-  expected["head"] = head
-  path = str(config.model_init)
-  # A published `.npz` (or timm / HF `.safetensors`) is read by load_pretrained itself; an Orbax
-  # workdir of a pretrain run is restored first and adapted in memory.
-  source = path if checkpoint.is_params_file(path) else train_state.restore_params(path)
-  params = checkpoint.load_pretrained(source, expected, config.model)
-  logging.info("initialised from %s", path)
-  return _to_global(params, param_shardings)
-
-
-# What `model_from_init` keeps of the stage's own model config (the rest is the checkpoint's).
-_STAGE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "head_bias_init")
-
-
-def _with_init_architecture(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of `config` whose model is the architecture of `config.model_init` (its saved
-  config, else its parameter shapes), with the stage's dropout, dtype, head initialisation and
-  choice of a representation layer."""
-  stage_model = config.model
-  model_config, _, _ = checkpoint.load_backbone(str(config.model_init))
-  for key in _STAGE_MODEL_FIELDS:
-    if key in stage_model and key in model_config:
-      model_config[key] = stage_model[key]
-  if "representation_size" in model_config and stage_model.get("representation_size") is None:
-    model_config.representation_size = None
-  new = copy.deepcopy(config)
-  with new.unlocked():
-    new.model = model_config
-  logging.info("model_from_init: the architecture of %s: %s", config.model_init, model_config)
-  return new
-
-
 class TrainStep(NamedTuple):
   """The train step of a config on a mesh, before any data or state value exists (see `build`)."""
 
@@ -365,11 +320,11 @@ def run(
     workdir: checkpoints, `config.json` and TensorBoard files; a run resumes from it.
     devices: the devices of the mesh (default: all of them).
   """
-  with stopping.StopOnSignal() as stop:
-    return _run(config, workdir, devices, stop)
+  with goodput.Account(workdir) as account, stopping.StopOnSignal() as stop:
+    return _run(config, workdir, devices, stop, account)
 
 
-def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, float]:
+def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, float]:
   # ----------------------------------------------------------------------------------------------
   # Setup.
   starts_from_checkpoint = config.stage in ("finetune", "segment")
@@ -380,7 +335,7 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       "--config.init_from_scratch=true to do that on purpose"
     )
   if config.model_from_init and config.model_init:
-    config = _with_init_architecture(config)
+    config = model_init.with_init_architecture(config)
   if train_state.committed_steps(workdir):
     workdir_lib.check_config(workdir, config)
   mesh = sharding.make_mesh(config.mesh, devices)
@@ -396,8 +351,6 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
   # ----------------------------------------------------------------------------------------------
   # Model, optimizer, the state's shapes and shardings, the step function.
   built = build(config, mesh, num_classes)
-  model, tx, init_params, init_state = built.model, built.tx, built.init_params, built.init_state
-  init_key, abstract, state_shardings = built.init_key, built.abstract_state, built.state_shardings
   replicated = sharding.replicated(mesh)
 
   # ----------------------------------------------------------------------------------------------
@@ -408,42 +361,45 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
     keep=config.checkpoint.keep,
     asynchronous=config.checkpoint.asynchronous,
   )
-  restored = checkpointer.restore_latest(train_state.abstract_tree(abstract, state_shardings))
+  local = local_tier.LocalTier(config.checkpoint.local, workdir, mesh, config)
+  account.enter("restore")
+  abstract_state = train_state.abstract_tree(built.abstract_state, built.state_shardings)
+  restored, resume = local_tier.restore_latest(
+    checkpointer, local, abstract_state, stop_requested=stop.requested
+  )
   data_state = None
   if restored is not None:
     _, state, data_state = restored
   else:
-    state = jax.jit(init_state, out_shardings=state_shardings)(init_key)
-    if config.model_init:
-      if not built.objective.accepts_model_init:
-        raise ValueError(
-          f"config.model_init with loss={config.loss!r}: this objective starts from scratch"
-        )
-      head = jax.jit(lambda k: init_params(k)["head"], out_shardings=replicated)(init_key)
-      head = jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), head)
-      params = _load_init_params(config, abstract["params"], head, state_shardings["params"])
-      opt_state = jax.jit(tx.init, out_shardings=state_shardings["opt_state"])(params)
-      state = dict(state, params=params, opt_state=opt_state)
-      if "ema" in state:  # the average starts at the pretrained weights
-        state["ema"] = jax.tree_util.tree_map(jnp.copy, params)
+    state = model_init.initial_state(config, built)
   start_step = int(jax.device_get(state["step"]))
+  account.resumed(start_step, resume.source, resume.newest_committed)
+  account.enter("startup")
+  # Where the state the run starts from is saved (None: initialised), for a stop before step 1.
+  saved_in = str(local.root) if resume.source == "local" else None
+  saved_in = str(checkpointer.directory) if resume.source == "persistent" else saved_in
+  if stop.poll():  # a signal during the restore or initialisation: nothing new to save
+    _close(True, checkpointer.close, local.close)
+    raise stop.stopped(start_step, total_steps, saved_in)
   logging_util.log_parameter_overview(state["params"])
   writer = logging_util.create_writer(workdir)
   if jax.process_index() == 0:
     # The stage config travels with the checkpoints: the linear probe and predict read the
     # architecture and preprocessing from it.
     workdir_lib.save_config(workdir, config)
-    writer.write_hparams(_flat_hparams(config))
+    writer.write_hparams(logging_util.flat_hparams(config))
 
   # ----------------------------------------------------------------------------------------------
   # Evaluators.
   evals = evaluators.build(
     config.evals,
-    model=model,
+    model=built.model,
     dataset=config.dataset,
     batch_size=config.eval_batch_size,
     mesh=mesh,
     data_axes=sharding.BATCH_AXES,
+    # A signal ends an evaluation between two batches (vit_jax.runtime.stopping).
+    make_data=stop.checked_data(evaluators.input_pipeline_data(mesh, sharding.BATCH_AXES)),
   )
 
   # ----------------------------------------------------------------------------------------------
@@ -454,10 +410,11 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
     mesh=mesh,
     data_axes=sharding.BATCH_AXES,
     seed=config.seed,
-    state=_local_data_state(data_state),
+    state=host_states.local(data_state),
   )
   # ----------------------------------------------------------------------------------------------
   # Loop.
+  profiler = profiling.Profiler(config.profile, workdir, account)
   window = jax.device_put(empty_window(), replicated)
   compiled = None
   progress = logging_util.Progress(total_steps, start_step)
@@ -470,15 +427,22 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       # the final state is evaluated again, so the run still returns its final metrics.
       metrics["step"] = float(start_step)
       for evaluator in evals:
-        metrics.update(evaluator.run(state.get("ema", state["params"])))
+        with account.phase("eval"):
+          metrics.update(evaluator.run(state.get("ema", state["params"])))
     for step in range(start_step + 1, total_steps + 1):
+      profiler.step(step, state)
       with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        account.enter("data_wait")
         batch = _select(next(train_iter))
         if compiled is None:
           # Compiled ahead of time once: XLA's cost analysis gives the FLOPs for the MFU.
+          account.enter("compile")
           compiled = built.jit_step(batch).lower(state, batch, window).compile()
           throughput = _report_compiled(compiled, state, built, batch, batch_size)
           throughput(step - 1)
+          if stop.poll():  # a signal during the data's warm-up or the compile: nothing new
+            raise stop.stopped(step - 1, total_steps, saved_in)
+        account.enter("step")
         state, window, learning_rate = compiled(state, batch, window)
 
       if step % config.log_every_steps == 0 or step == total_steps:
@@ -487,20 +451,26 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
         metrics["learning_rate"] = float(learning_rate)
         metrics.update(throughput(step))
         metrics["skipped_examples_this_host"] = float(train_iter.num_skipped)
-        writer.write_scalars(step, dict(metrics))  # a copy: the writer is asynchronous
-        progress.step(step, metrics)
+        shares = account.scalars(step)
+        writer.write_scalars(step, {**metrics, **shares})  # a copy: the writer is asynchronous
+        progress.step(step, {**metrics, **shares})
         metrics["step"] = float(step)
         window = jax.device_put(empty_window(), replicated)
+        profiler.poll(step)
 
       stopped = stop.reached(step)
       preempted = checkpointer.reached_preemption(step)
-      if step == total_steps or stopped or preempted or checkpointer.should_save(step):
+      force = step == total_steps or stopped or preempted
+      # The workdir's tier at its steps and when forced, else the local tier at its own.
+      tier = checkpointer if force or checkpointer.should_save(step) else local
+      if tier is checkpointer or local.due(step, step % config.log_every_steps == 0):
         _check_finite(window, checkpointer)
-        data_state = _gather_data_state(train_iter.get_state())
-        with throughput.paused(window):
-          force = step == total_steps or stopped or preempted
-          checkpointer.save(step, state, data_state, force=force)
+        data_state = host_states.gather(train_iter.get_state())
+        with throughput.paused(window), account.phase("checkpoint"):
+          if tier.save(step, state, data_state, force=force):
+            account.saved(step)
       if (stopped or preempted) and step < total_steps:
+        account.enter("checkpoint")
         checkpointer.wait()
         reason = stop.signal_name if stopped else "a preemption notice"
         raise stopping.Stopped(
@@ -510,12 +480,25 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
       for evaluator in evals:
         if (evaluator.every_steps and step % evaluator.every_steps == 0) or step == total_steps:
           results = {}
-          with progress.evaluation(step, evaluator.name, results), throughput.paused(window):
-            # With Polyak averaging the averaged weights are the ones evaluated (and exported).
-            results.update(evaluator.run(state.get("ema", state["params"])))
+          try:
+            with progress.evaluation(step, evaluator.name, results), throughput.paused(window):
+              # With Polyak averaging the averaged weights are the ones evaluated (and exported).
+              with account.phase("eval"):
+                results.update(evaluator.run(state.get("ema", state["params"])))
+          except stopping.StopRequested:  # abandoned: this step is saved, unless it was above
+            if not (step == total_steps or checkpointer.should_save(step)):
+              _check_finite(window, checkpointer)
+              data_state = host_states.gather(train_iter.get_state())
+              with account.phase("checkpoint"):
+                checkpointer.save(step, state, data_state, force=True)
+            raise
           writer.write_scalars(step, results)
           metrics.update(results)
     failed = False
+  except stopping.StopRequested:  # a signal inside an evaluation
+    account.enter("checkpoint")
+    checkpointer.wait()
+    raise stop.stopped(step, total_steps, str(checkpointer.directory)) from None
   except Exception as e:
     if train_state.out_of_space(e) and not isinstance(e, train_state.CheckpointSaveError):
       # The metrics writer (or anything else writing to the workdir) met a full disk first.
@@ -523,7 +506,9 @@ def _run(config, workdir, devices, stop: stopping.StopOnSignal) -> dict[str, flo
     raise
   finally:
     # A failed run still completes the saves it started (the last good checkpoint stays whole).
-    _close(failed, checkpointer.wait, checkpointer.close, train_iter.close, writer.flush)
+    account.enter("checkpoint")
+    closers = (checkpointer.wait, checkpointer.close, local.wait, local.close, train_iter.close)
+    _close(failed, lambda: profiler.close(state), *closers, writer.flush)
   return metrics
 
 
@@ -552,41 +537,6 @@ def _report_compiled(compiled, state, built: TrainStep, batch, batch_size: int):
   return logging_util.Throughput(batch_size, per_example * batch_size / built.mesh.devices.size)
 
 
-def _gather_data_state(local: dict[str, int]) -> dict[str, Any]:
-  """The input iterators' states of all processes (they differ in per-host counters)."""
-  if jax.process_count() == 1:
-    return {"process_states": [local]}
-  keys = sorted(local)
-  values = np.asarray([int(local[k]) for k in keys], np.int64)
-  gathered = np.asarray(multihost_utils.process_allgather(values))  # [processes, fields]
-  return {"process_states": [dict(zip(keys, map(int, row), strict=True)) for row in gathered]}
-
-
-def _local_data_state(saved: dict[str, Any] | None) -> dict[str, int] | None:
-  """This process's iterator state out of `_gather_data_state`'s (None: start of the data).
-
-  Every process saved the same stream position, from which any number of processes resumes
-  (input_pipeline.TrainIterator); on another number, process 0 carries the old processes'
-  skipped-example counts, summed, and the others start theirs at 0.
-  """
-  if not saved:
-    return None
-  states = saved["process_states"]
-  if len(states) == jax.process_count():
-    return states[jax.process_index()]
-  skipped = sum(int(s["num_skipped"]) for s in states) if jax.process_index() == 0 else 0
-  return dict(states[0], num_skipped=skipped)
-
-
 def _select(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
   """The fields of a batch the step reads (the step is compiled for exactly these)."""
   return {k: batch[k] for k in ("image", "label", "mask")}
-
-
-def _flat_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The config's fields as TensorBoard hparams: scalars as they are, anything else as text."""
-  return {
-    k: v if isinstance(v, bool | int | float | str) else str(v)
-    for k, v in workdir_lib.flatten(config.to_dict()).items()
-    if v is not None
-  }

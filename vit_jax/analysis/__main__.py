@@ -12,6 +12,11 @@ evaluation (vit_jax.inference), in batches; unreadable ones are skipped and name
 Large models: `--fsdp=N` / `--model_parallel=N` shard the parameters over local devices.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import types
 from collections.abc import Sequence
 
@@ -22,28 +27,53 @@ from vit_jax.analysis import report
 from vit_jax.runtime import cli
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
-    checkpoint=flags.DEFINE_string("checkpoint", None, "Workdir, step directory or .npz."),
+    checkpoint=flags.DEFINE_string(
+      "checkpoint", None, "Workdir, step directory or .npz.", flag_values=values
+    ),
     model=flags.DEFINE_string(
-      "model", None, "A vit_jax.models preset (e.g. B/16) for an .npz without config.json."
+      "model",
+      None,
+      "A vit_jax.models preset (e.g. B/16) for an .npz without config.json.",
+      flag_values=values,
     ),
-    images=flags.DEFINE_list("images", [], "Image files and folders (comma-separated)."),
-    out=flags.DEFINE_string("out", None, "Folder for the figures and analysis.json."),
-    image_size=flags.DEFINE_integer("image_size", 0, "Input side; 0: the checkpoint's own."),
-    batch_size=flags.DEFINE_integer("batch_size", 32, "Images per forward pass."),
+    images=flags.DEFINE_list(
+      "images", [], "Image files and folders (comma-separated).", flag_values=values
+    ),
+    out=flags.DEFINE_string(
+      "out", None, "Folder for the figures and analysis.json.", flag_values=values
+    ),
+    image_size=flags.DEFINE_integer(
+      "image_size", 0, "Input side; 0: the checkpoint's own.", flag_values=values
+    ),
+    batch_size=flags.DEFINE_integer(
+      "batch_size", 32, "Images per forward pass.", flag_values=values
+    ),
     residual_weight=flags.DEFINE_float(
-      "residual_weight", 0.5, "Attention rollout: A' = (1 - w) A + w I per layer."
+      "residual_weight",
+      0.5,
+      "Attention rollout: A' = (1 - w) A + w I per layer.",
+      flag_values=values,
     ),
-    num_components=flags.DEFINE_integer("num_components", 28, "Filter principal components shown."),
+    num_components=flags.DEFINE_integer(
+      "num_components", 28, "Filter principal components shown.", flag_values=values
+    ),
     max_rollout_images=flags.DEFINE_integer(
-      "max_rollout_images", 64, "Per-image rollout figures written (the first images)."
+      "max_rollout_images",
+      64,
+      "Per-image rollout figures written (the first images).",
+      flag_values=values,
     ),
-    fsdp=flags.DEFINE_integer("fsdp", 1, "Mesh 'fsdp' axis: devices sharding the parameters."),
-    model_parallel=flags.DEFINE_integer("model_parallel", 1, "Mesh 'model' axis size."),
+    fsdp=flags.DEFINE_integer(
+      "fsdp", 1, "Mesh 'fsdp' axis: devices sharding the parameters.", flag_values=values
+    ),
+    model_parallel=flags.DEFINE_integer(
+      "model_parallel", 1, "Mesh 'model' axis size.", flag_values=values
+    ),
   )
-  flags.mark_flags_as_required(["checkpoint", "out"])
+  flags.mark_flags_as_required(["checkpoint", "out"], flag_values=values)
   return f
 
 

@@ -9,10 +9,13 @@ any moment leaves only complete steps behind; `latest_step` ignores the rest.
 Restoring takes an abstract state (`jax.ShapeDtypeStruct`s carrying the target shardings), so
 a checkpoint written on one mesh restores onto any other.
 
-Faults: a step that does not restore (a truncated or missing data file) is named with the file
-and moved aside to `<workdir>/broken_checkpoints/<step>` (never deleted) once an older step
-restores, so that it is not picked again; a save that fails ends the run with one line, and a
-full disk also removes the unfinished step directory and says how much space a step takes.
+Faults: a step is moved aside to `<workdir>/broken_checkpoints/<step>` (never deleted) only on
+evidence that it is broken (a missing or truncated file, metadata that does not parse or does
+not match its arrays: vit_jax.checkpoint.restore_faults), once an older step restores, and the
+resume from that older step is a warning naming both. Any other restore error (a storage or
+memory error, a library's) is retried, then ends the run with one line, nothing moved; a step
+that does not fit the model ends it at once. A save that fails ends the run with one line, and
+a full disk also removes the unfinished step directory and says how much space a step takes.
 
 This file must not import TensorFlow (`.npz` paths with a scheme go through vit_jax.checkpoint).
 """
@@ -23,6 +26,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,7 +35,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from vit_jax.checkpoint import npz
+from vit_jax.checkpoint import npz, restore_faults
 from vit_jax.runtime import gcs
 
 _STATE, _DATA = "state", "data"
@@ -45,6 +49,10 @@ _TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step (or item) still 
 # Arrays whose slice would be under this size are written whole by one replica; larger ones
 # (e.g. ViT-B's 768x3072 MLP kernels, 9 MiB, over up to 144 replicas) are still spread.
 MIN_REPLICA_SLICE_BYTES = 64 * 1024
+# A restore's outcome on one process; the gravest on any process decides (restore_latest).
+_OK, _RETRY, _BROKEN, _MISMATCH = range(4)
+# The barrier Orbax's Checkpointer.restore ends with (before its key prefix: see _failed).
+_ORBAX_RESTORE_BARRIER = "Checkpointer:restore"
 
 
 class CheckpointSaveError(OSError):
@@ -69,6 +77,7 @@ class Checkpointer:
       cleanup_tmp_directories=True,
     )
     self.every_steps = max(int(every_steps), 1)
+    self._asynchronous = asynchronous
     self.workdir = _absolute(workdir)
     self.directory = self.workdir / CHECKPOINT_DIR
     self._writing: int | None = None  # the step of the save in flight
@@ -168,42 +177,160 @@ class Checkpointer:
       path.rmtree(missing_ok=True)
     return bool(unfinished)
 
-  def restore_latest(self, abstract_state: Any) -> tuple[int, Any, Any] | None:
+  def restore_latest(
+    self, abstract_state: Any, stop_requested: Callable[[], bool] = lambda: False
+  ) -> tuple[int, Any, Any] | None:
     """(step, state, data_state) of the newest step that restores, or None without any step.
 
-    A newer step that fails to restore on any process is named with the failure and, once an
-    older one restores, moved aside to `<workdir>/broken_checkpoints/` (not deleted).
+    A step is moved aside to `<workdir>/broken_checkpoints/` (never deleted) only on evidence
+    that it is broken (vit_jax.checkpoint.restore_faults), once an older step restores; resuming
+    from an older step than the newest is said in a warning naming both. Every process acts on
+    the same verdict: the gravest of theirs.
+
+    `stop_requested()` True (a stop signal) cuts the waits between retries short.
 
     Raises:
+      CheckpointRestoreError: a step failed to restore, without evidence that it is broken,
+        after retries, or before one when a stop was requested (nothing moved).
+      CheckpointMismatch: a step does not fit the model (nothing moved).
       RuntimeError: there are steps and none of them restores (all left in place).
     """
+    steps = sorted(self.all_steps(), reverse=True)
     broken: list[tuple[int, str]] = []
-    for step in sorted(self.all_steps(), reverse=True):
-      try:
-        state, data_state = self.restore(step, abstract_state)
-        reason = ""
-      except Exception as e:  # noqa: BLE001 - named, then the previous step is tried
-        state = data_state = None
-        reason = _first_line(e)
-      if _on_every_process(not reason):
-        for bad, why in broken:
-          where = self._move_aside(bad)
-          logging.warning(
-            "checkpoint step %d does not restore (%s); moved aside to %s, resuming from step %d",
-            bad,
-            why,
-            where,
-            step,
-          )
-        if broken:
-          self._manager.reload()
-        return step, state, data_state
-      broken.append((step, reason or "another process could not read its part"))
-      logging.warning("checkpoint step %d in %s does not restore: %s", step, self.directory, reason)
+    for step in steps:
+      restored = self._restore_retrying(step, abstract_state, stop_requested)
+      if isinstance(restored, str):  # evidence that the step is broken: try the one before
+        broken.append((step, restored))
+        logging.warning(
+          "checkpoint step %d in %s does not restore: %s", step, self.directory, restored
+        )
+        continue
+      for bad, why in broken:
+        where = self._move_aside(bad)
+        logging.warning(
+          "checkpoint step %d does not restore (%s); moved aside to %s", bad, why, where
+        )
+      if broken:
+        self._manager.reload()
+        logging.warning(
+          "resuming from step %d, older than the newest step %d, which does not restore: %s",
+          step,
+          steps[0],
+          broken[0][1],
+        )
+      else:
+        self._warn_if_newer_moved_aside(step)
+      return step, *restored
     if broken:
       step, why = broken[0]
       raise RuntimeError(f"no checkpoint in {self.directory} restores; step {step}: {why}")
     return None
+
+  def _restore_retrying(
+    self, step: int, abstract_state: Any, stop_requested: Callable[[], bool]
+  ) -> tuple[Any, Any] | str:
+    """(state, data_state) of `step`, or the evidence that it is broken; retries a failure
+    without evidence after each of restore_faults.RETRY_DELAYS_S.
+
+    Raises:
+      CheckpointRestoreError: it still failed after the retries.
+      CheckpointMismatch: the step does not fit the model.
+    """
+    delays = restore_faults.RETRY_DELAYS_S
+    for attempt in range(len(delays) + 1):
+      outcome, value = self._attempt(step, abstract_state)
+      agreed = _gravest_on_every_process(outcome)
+      if agreed == _OK:
+        return value
+      why = value if outcome == agreed else "another process could not restore (its log says why)"
+      value = None  # a state restored here, while another process failed: not kept for the retry
+      if agreed == _MISMATCH:
+        raise restore_faults.CheckpointMismatch(
+          f"checkpoint step {step} in {self.directory} does not fit the model: {why}; nothing "
+          f"was moved (a config other than the one of the run that saved it?)"
+        )
+      if agreed == _BROKEN:
+        return why
+      if attempt == len(delays):
+        raise restore_faults.CheckpointRestoreError(
+          f"restoring checkpoint step {step} from {self.directory} failed {attempt + 1} times, "
+          f"without evidence that the step is broken: {why}; nothing was moved. Rerun the same "
+          f"command once the cause is gone"
+        )
+      logging.warning(
+        "restoring checkpoint step %d from %s failed (%s); retrying in %g s (retry %d of %d)",
+        step,
+        self.directory,
+        why,
+        delays[attempt],
+        attempt + 1,
+        len(delays),
+      )
+      wake = time.monotonic() + delays[attempt]
+      while time.monotonic() < wake and not stop_requested():
+        time.sleep(min(0.1, delays[attempt]))
+      if stop_requested():  # on every process (the notice reaches all): no more retries
+        raise restore_faults.CheckpointRestoreError(
+          f"restoring checkpoint step {step} from {self.directory} failed {attempt + 1} times, "
+          f"without evidence that the step is broken: {why}; a stop was requested before the "
+          f"next retry; nothing was moved"
+        )
+    raise AssertionError("unreachable")
+
+  def _attempt(self, step: int, abstract_state: Any) -> tuple[int, Any]:
+    """One restore of `step` on this process: (_OK, (state, data_state)), or (_BROKEN, evidence),
+    (_MISMATCH, how) or (_RETRY, the cause)."""
+    step_dir = self.directory / str(step)
+    fits = False
+    try:
+      saved = self._manager.item_metadata(step)[_STATE]
+      if saved is None:  # Orbax's answer for a missing metadata file
+        metadata = step_dir / _STATE / restore_faults.METADATA_FILE
+        if not metadata.exists():
+          return self._failed(_BROKEN, f"its metadata file {metadata} is missing")
+        return self._failed(_RETRY, f"its metadata file {metadata} could not be read")
+      why = restore_faults.mismatch(saved, abstract_state)
+      if why:
+        return self._failed(_MISMATCH, why)
+      fits = True
+      return _OK, self.restore(step, abstract_state)
+    except Exception as e:  # noqa: BLE001 - classified: evidence, or retried
+      why = restore_faults.evidence(e, step_dir, metadata_fits=fits)
+      if why:
+        return self._failed(_BROKEN, why)
+      return self._failed(_RETRY, f"{type(e).__name__}: {_first_line(e)}")
+
+  def _failed(self, outcome: int, why: str) -> tuple[int, str]:
+    """(outcome, why) of a restore that did not reach the barrier Orbax's restore ends with, once
+    this process has passed it: on several processes the others may wait in it."""
+    if jax.process_count() > 1:
+      # The key's prefix as Orbax's checkpointer makes it: None for the synchronous one, '' for
+      # the asynchronous one (its barrier is then '_Checkpointer:restore').
+      prefix = getattr(
+        self._manager._checkpointer,  # noqa: SLF001 - the barrier is Orbax's own
+        "_barrier_sync_key_prefix",
+        "" if self._asynchronous else None,
+      )
+      ocp.multihost.sync_global_processes(
+        ocp.multihost.unique_barrier_key(_ORBAX_RESTORE_BARRIER, prefix=prefix)
+      )
+    return outcome, why
+
+  def _warn_if_newer_moved_aside(self, step: int) -> None:
+    """A warning when an earlier run moved aside steps newer than `step`."""
+    moved = self.workdir / BROKEN_DIR
+    if not moved.is_dir():
+      return
+    names = (re.match(r"\d+", p.name) for p in moved.iterdir())  # "25" or "25-<time>"
+    newer = sorted({int(m[0]) for m in names if m and int(m[0]) > step})
+    if newer:
+      logging.warning(
+        "resuming from step %d; %s holds newer step(s) %s, moved aside by an earlier run (they "
+        "did not restore)",
+        step,
+        moved,
+        ", ".join(map(str, newer)),
+      )
 
   def _move_aside(self, step: int) -> epath.Path:
     """Moves step directory `step` to `<workdir>/broken_checkpoints/` (process 0); the target."""
@@ -298,6 +425,15 @@ def _free_bytes(path: epath.Path) -> int | None:
 
 def _megabytes(n: int | None) -> str:
   return "an unknown amount" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def _gravest_on_every_process(outcome: int) -> int:
+  """The gravest of every process's restore outcome (_OK < _RETRY < _BROKEN < _MISMATCH)."""
+  if jax.process_count() == 1:
+    return outcome
+  from jax.experimental import multihost_utils
+
+  return int(np.max(multihost_utils.process_allgather(np.int32(outcome))))
 
 
 def _on_every_process(ok: bool) -> bool:

@@ -21,19 +21,21 @@ Usage (what the trainer calls):
   # 'image': float32 [B, H, W, 3] in [-1, 1] (pp_train decides the range)
   # 'label': int32 [B]; float32 multi-hot [B, K] if multi_label (mixup is the trainer's);
   #          int32 [B, H, W] per pixel for the segmentation sources 'seg_builtin', 'seg_folder'
-  #          and 'seg_shards' (vit_jax.input_pipeline.segmentation: numpy, in memory, the same
-  #          iterator interface)
-  # 'mask':  float32 [B], 0 for a bad example (undecodable image, unreadable record): never count it
+  #          and 'seg_shards' (255: a pixel that does not count; vit_jax.input_pipeline.
+  #          segmentation). Every source (the table: vit_jax.input_pipeline.sources) is read by
+  #          the same iterators, whatever its task.
+  # 'mask':  float32 [B], 0 for a skipped example (undecodable, too large, lost): never count it
   # With a mesh: global jax.Arrays sharded over the batch on data_axes (each host passes its
   # global_batch_size / process_count rows to jax.make_array_from_process_local_data).
   # mesh=None: numpy arrays of this host's rows.
   # Row r of global batch b is position b·B + r of the run's stream, on any number of hosts and
-  # any mesh; its augmentations are a function of (seed, position). For in-memory sources
-  # (builtin, folder) the example at a position depends on the seed alone.
+  # any mesh; its augmentations are a function of (seed, position). For the sources addressed
+  # by index (builtin, folder, seg_builtin, seg_folder) the example at a position depends on
+  # the seed alone.
 
   state = train_iter.get_state()   # {'num_records', 'num_skipped', 'seed', 'process_count'}: ints
   # Save it with the checkpoint; state=... continues the exact example order (same seed and
-  # global batch size required), for in-memory sources on any number of hosts.
+  # global batch size required), for the sources addressed by index on any number of hosts.
   train_iter.num_skipped           # bad examples skipped by this host so far (also in the state);
                                    # per step, sum(1 - batch['mask']) counts them over all hosts.
 
@@ -46,10 +48,16 @@ Usage (what the trainer calls):
 `process_index` / `process_count` can be passed to both iterators to simulate hosts in one process
 (defaults: jax.process_index() / jax.process_count()).
 
-Bad data: an undecodable image or unreadable/truncated TFRecord becomes a mask-0 example and is
-counted; a label outside [0, num_classes) raises ValueError naming the file and record; an empty
-glob, a missing split or an unprepared tfds dataset raises MissingDataError (a ValueError) naming
-the pattern or the data_dir; `check_readable` asks that of a split without reading it.
+Bad data (vit_jax.input_pipeline.bad_data): an undecodable image, an image whose header declares
+more than `max_image_pixels`, and each record a damaged TFRecord file lost become mask-0 examples,
+counted and named in the log; past `max_skipped_fraction` of a host's reads the iterator raises
+TooManySkippedError; an evaluation pass that skipped one raises IncompleteEvaluationError; a file
+that cannot be read raises DataReadError after the retries; shards that disagree with their
+dataset_info.json raise DataMismatchError. A label outside [0, num_classes) raises ValueError
+naming the file and record (for segmentation also a mask of another size than its image, or no
+palette or grey PNG); an empty glob, a missing split or an unprepared tfds dataset raises
+MissingDataError (a ValueError) naming the pattern or the data_dir; `check_readable` asks that of
+a split without reading it. Each is one line.
 """
 
 import importlib
@@ -66,8 +74,12 @@ if TYPE_CHECKING:
 _LAZY = {
   "EvalIterable": "pipeline",
   "TrainIterator": "pipeline",
-  "DatasetInfo": "sources",
-  "MissingDataError": "sources",
+  "DataMismatchError": "bad_data",
+  "DataReadError": "bad_data",
+  "DatasetInfo": "source",
+  "IncompleteEvaluationError": "bad_data",
+  "MissingDataError": "source",
+  "TooManySkippedError": "bad_data",
   "check_readable": "sources",
   "get_dataset_info": "sources",
 }
@@ -81,9 +93,13 @@ def __getattr__(name: str):
 
 
 __all__ = [
+  "DataMismatchError",
+  "DataReadError",
   "DatasetInfo",
   "EvalIterable",
+  "IncompleteEvaluationError",
   "MissingDataError",
+  "TooManySkippedError",
   "TrainIterator",
   "check_readable",
   "dataset_config",
@@ -91,10 +107,6 @@ __all__ = [
   "make_eval_iterator",
   "make_train_iterator",
 ]
-
-
-# Per-pixel label sources (vit_jax.input_pipeline.segmentation: numpy, in memory).
-_SEGMENTATION_SOURCES = ("seg_builtin", "seg_folder", "seg_shards")
 
 
 def make_train_iterator(
@@ -123,10 +135,7 @@ def make_train_iterator(
   Returns:
     A TrainIterator (iterator of dicts, plus get_state(), num_skipped, close()).
   """
-  if dataset_config.source in _SEGMENTATION_SOURCES:
-    from vit_jax.input_pipeline.segmentation import TrainIterator
-  else:
-    from vit_jax.input_pipeline.pipeline import TrainIterator
+  from vit_jax.input_pipeline.pipeline import TrainIterator
 
   return TrainIterator(
     dataset_config,
@@ -154,10 +163,7 @@ def make_eval_iterator(dataset_config, split: str | None = None, **kwargs) -> "E
   Returns:
     An EvalIterable (len() = batches per pass; .num_examples).
   """
-  if dataset_config.source in _SEGMENTATION_SOURCES:
-    from vit_jax.input_pipeline.segmentation import EvalIterable
-  else:
-    from vit_jax.input_pipeline.pipeline import EvalIterable
+  from vit_jax.input_pipeline.pipeline import EvalIterable
 
   mesh = kwargs.get("mesh")
   if mesh is not None:

@@ -1,16 +1,24 @@
-"""Per-host batches → global jax.Arrays: the train and eval iterators.
+"""Per-host batches → global jax.Arrays: the train and eval iterators of every source.
+
+Every source of the one table (sources.py), classification and segmentation alike, is read by
+these iterators: the source gives raw records (source.py), its task turns each into an example
+(examples.py), and everything else — hosts, positions, resume, bad data, prefetching, the global
+batch on the mesh — is the same code.
 
 The run's stream: every record becomes exactly one example (a record that cannot be parsed,
-decoded or preprocessed becomes a zero image with mask 0 instead of being dropped), so batch
-boundaries are fixed in the raw-record stream. Global batch b holds stream positions
+decoded or preprocessed, an image declaring more than `max_image_pixels`, or a record a damaged
+file lost becomes a zero image with mask 0 instead of being dropped), so batch boundaries are
+fixed in the raw-record stream. What is skipped, what ends the run, and the limit on the share
+skipped: vit_jax.input_pipeline.bad_data; reading a file is outside the per-record sandbox, so an
+I/O error is never a skipped example. Global batch b holds stream positions
 b·B .. b·B + B − 1, position b·B + r in row r of the global jax.Array: each host reads the
 positions of the rows that jax.make_array_from_process_local_data gives its devices
 (`layout.host_rows`), so the global batch is laid out the same on any number of hosts and devices and
 any mesh. An example's augmentations are drawn from a stateless seed of (seed, its position).
 
 Which record sits at a position: for sources with a global order (`source.global_order`: the
-in-memory ones, a seeded permutation per epoch) it is a function of the seed alone, so the whole
-trajectory of examples is the same on any topology. Sources read per host (TFRecord shards, tfds)
+ones addressed by index, a seeded permutation per epoch) it is a function of the seed alone, so
+the whole trajectory of examples is the same on any topology. Sources read per host (shards, tfds)
 give host h its own records (`source.epoch(e)` chained without end) in the positions of its rows;
 their examples depend on the number of hosts.
 
@@ -26,7 +34,6 @@ import atexit
 import math
 import os
 import queue
-import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,14 +42,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from vit_jax.input_pipeline import layout, preprocess, sources
+from vit_jax.input_pipeline import bad_data, examples, layout, sources
+from vit_jax.input_pipeline import source as source_lib
 
-_ERROR_MARK = "vit_jax.input_pipeline error: "
-
-# Every function traced by tf.data here is plain graph code: AutoGraph conversion (which re-parses
-# the Python source with `ast`) buys nothing and is a hazard on CPython 3.11.7, whose `ast.parse`
-# can fail with "AST constructor recursion depth mismatch" while other threads parse too.
-graph_fn = tf.autograph.experimental.do_not_convert
+graph_fn = examples.graph_fn
 
 
 def _options(config) -> tf.data.Options:
@@ -53,122 +56,35 @@ def _options(config) -> tf.data.Options:
   return options
 
 
-def _example_fns(config, source: sources.Source, num_classes: int, pp_spec: str):
-  """Returns (per-record fn, label check for `map`).
-
-  The per-record fn of a source whose records may fail to parse or decode returns a one-element
-  dataset (for `interleave`) holding the example, or a zero image with mask 0 if it failed; for
-  in-memory arrays (`source.may_fail` False) it returns the example itself, for a plain `map`.
-  """
-  size = config.image_size
-  pp_fn = preprocess.get_preprocess_fn(pp_spec, size)
-  multi = bool(config.multi_label)
-  label_spec = tf.zeros([num_classes], tf.float32) if multi else tf.zeros([], tf.int32)
-
-  @graph_fn
-  def process(raw, rng):
-    image, labels = source.parse(raw)
-    labels = tf.reshape(labels, [-1])
-    in_range = (labels >= 0) & (labels < num_classes)
-    bad_label = tf.pad(tf.boolean_mask(labels, ~in_range), [[0, 1]], constant_values=-1)[0]
-    if multi:
-      label = tf.minimum(tf.reduce_sum(tf.one_hot(labels, num_classes), axis=0), 1.0)
-      count_ok = tf.constant(True)
-    else:
-      label = tf.cast(tf.pad(labels, [[0, 1]])[0], tf.int32)
-      count_ok = tf.equal(tf.size(labels), 1)
-    error = tf.where(tf.reduce_all(in_range), tf.where(count_ok, 0, 2), 1)
-    return {
-      "image": pp_fn(image, rng),
-      "label": label,
-      "mask": tf.constant(1.0),
-      "error": error,
-      "bad_label": bad_label,
-      "num_labels": tf.size(labels),
-    }
-
-  @graph_fn
-  def check(ex):
-    message = tf.strings.join(
-      [
-        _ERROR_MARK,
-        tf.where(
-          ex["error"] == 1,
-          tf.strings.join(
-            ["label ", tf.strings.as_string(ex["bad_label"]), f" outside [0, {num_classes}) in "]
-          ),
-          tf.strings.join(
-            [
-              tf.strings.as_string(ex["num_labels"]),
-              " labels (single-label data needs exactly one; set dataset.multi_label=True for "
-              "lists of labels) in ",
-            ]
-          ),
-        ),
-        ex["where"],
-      ]
-    )
-    assertion = tf.debugging.Assert(tf.equal(ex["error"], 0), [message], summarize=1)
-    with tf.control_dependencies([assertion]):
-      return {
-        "image": tf.identity(ex["image"]),
-        "label": ex["label"],
-        "mask": ex["mask"],
-      }
-
-  if not source.may_fail:
-    # Nothing to catch: a plain map, without a nested dataset per record.
-    @graph_fn
-    def direct(raw, rng):
-      return {**process(raw, rng), "where": source.where(raw)}
-
-    return direct, check
-
-  @graph_fn
-  def sandboxed(raw, rng):
-    where = source.where(raw)
-    fallback = {
-      "image": tf.zeros([size, size, 3], tf.float32),
-      "label": label_spec,
-      "mask": tf.constant(0.0),
-      "error": tf.constant(0),
-      "bad_label": tf.constant(-1, tf.int64),
-      "num_labels": tf.constant(0),
-    }
-    good = tf.data.Dataset.from_tensors((raw, rng)).map(process).ignore_errors()
-    out = good.concatenate(tf.data.Dataset.from_tensors(fallback)).take(1)
-    return out.map(graph_fn(lambda ex: {**ex, "where": where}))
-
-  return sandboxed, check
-
-
 def _process(
-  ds: tf.data.Dataset, per_record, check, may_fail: bool, seed_of: Callable
+  ds: tf.data.Dataset, source: source_lib.Source, task_examples, position_of: Callable
 ) -> tf.data.Dataset:
-  """(raw, index) → examples; the record's stateless seed is `seed_of(index)` (int64 [2]),
-  computed in the same per-record function, so it costs no tf.data stage of its own."""
-  if not may_fail:
+  """(raw, index) → examples (`task_examples`: examples.for_source), each record's position
+  `position_of(index)` (int64 scalar), computed in the same per-record function, so it costs no
+  tf.data stage of its own. A source that reads files per record reads them first, outside the
+  sandbox (an I/O error ends the run)."""
+  per_record = examples.record_fn(task_examples, source)
+  if source.reads_files:
+    ds = ds.map(
+      graph_fn(lambda raw, index: (source.read(raw), index)),
+      num_parallel_calls=tf.data.AUTOTUNE,
+      deterministic=True,
+    )
+  check = graph_fn(task_examples.check)
+  if not source.may_fail:
     return ds.map(
-      graph_fn(lambda raw, index: check(per_record(raw, seed_of(index)))),
+      graph_fn(lambda raw, index: check(per_record(raw, position_of(index)))),
       num_parallel_calls=tf.data.AUTOTUNE,
       deterministic=True,
     )
   ds = ds.interleave(
-    graph_fn(lambda raw, index: per_record(raw, seed_of(index))),
+    graph_fn(lambda raw, index: per_record(raw, position_of(index))),
     cycle_length=max(16, 2 * (os.cpu_count() or 1)),
     block_length=1,
     num_parallel_calls=tf.data.AUTOTUNE,
     deterministic=True,
   )
   return ds.map(check, num_parallel_calls=tf.data.AUTOTUNE)
-
-
-def _translate_error(e: tf.errors.OpError) -> Exception:
-  """Our own data errors become a ValueError with a readable message; others pass through."""
-  match = re.search(re.escape(_ERROR_MARK) + r"(.*?)(\]|\n|$)", e.message)
-  if match:
-    return ValueError(match.group(1))
-  return e
 
 
 class _Prefetcher:
@@ -245,7 +161,7 @@ def wait_for_releases() -> None:
 
 
 def _numpy_batches(ds: tf.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
-  """Iterates `ds` as numpy; our data errors become ValueErrors; the iterator dies with the generator."""
+  """Iterates `ds` as numpy; our data errors become our exceptions (bad_data.translate)."""
   it = ds.as_numpy_iterator()
   try:
     while True:
@@ -254,13 +170,18 @@ def _numpy_batches(ds: tf.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
       except StopIteration:
         return
       except tf.errors.OpError as e:
-        raise _translate_error(e) from e
+        raise bad_data.translate(e) from e
   finally:
     del it
 
 
 class TrainIterator:
-  """Endless iterator of global training batches with a resumable position (see get_state)."""
+  """Endless iterator of global training batches with a resumable position (see get_state).
+
+  It counts the records this host read and the examples it skipped (bad_data.SkipCounter, over
+  the run's resumes) and raises bad_data.TooManySkippedError once this host's share of skipped
+  examples passes `config.max_skipped_fraction`: each host holds its own reads to the limit.
+  """
 
   def __init__(
     self,
@@ -286,10 +207,33 @@ class TrainIterator:
     )
     start, self._num_skipped = self._restore(state)
     self._num_records = start
+    self._skips = bad_data.SkipCounter(
+      float(config.max_skipped_fraction),
+      int(config.max_image_pixels or 0),
+      self._min_records(),
+      skipped=self._num_skipped,
+      read=self._records_counted(state, start),
+    )
     self.num_classes = sources.get_dataset_info(config).num_classes
     ds = self._dataset(config, start)
     self._prefetcher = _Prefetcher(self._produce(ds, mesh, data_axes, start), config.prefetch)
     self._first = True
+
+  def _min_records(self) -> int:
+    """Records read before the limit on skipped examples applies: bad_data.MIN_RECORDS, or one
+    epoch of this host's data where that is fewer and known without reading the files."""
+    source = self._source
+    if not source.lengths_known:
+      return bad_data.MIN_RECORDS
+    return min(bad_data.MIN_RECORDS, source.host_length(self.process_index))
+
+  def _records_counted(self, state, start: int) -> int:
+    """The records that the restored `num_skipped` was counted over: this host's own on as many
+    hosts as before; on another number, process 0 carries all old hosts' skipped examples
+    (vit_jax.train) and so counts the whole stream position, the others start at 0."""
+    if not state or int(state["process_count"]) == self.process_count:
+      return start
+    return start * self.process_count if self.process_index == 0 else 0
 
   def _restore(self, state) -> tuple[int, int]:
     if not state:
@@ -319,12 +263,11 @@ class TrainIterator:
   def _dataset(self, config, start: int) -> tf.data.Dataset:
     source, seed, host = self._source, self.seed, self.process_index
     batch, local = self.global_batch_size, self.local_batch_size
-    rng_base = tf.constant(seed * 1_000_003 + 1_000, tf.int64)
     if source.global_order:
       ds = source.stream(start // local * batch, self._rows, batch, seed)
-      ds = self._examples(config, ds, lambda position: tf.stack([rng_base, position]))
+      ds = self._examples(config, ds, lambda position: position)
       return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
-    if not isinstance(source, sources.TFRecordSource) and source.host_length(host) == 0:
+    if source.lengths_known and source.host_length(host) == 0:
       raise ValueError(f"Host {host} has no training data in split {config.train_split!r}.")
     epoch0, offset = 0, 0
     if start:
@@ -338,24 +281,27 @@ class TrainIterator:
     ds = ds.concatenate(tf.data.Dataset.range(epoch0 + 1, 2**62).flat_map(epoch))
     rows = tf.constant(self._rows)
 
-    def seed_of(k):  # This host's k-th record fills row k mod L of global batch k div L.
-      return tf.stack([rng_base, k // local * batch + tf.gather(rows, k % local)])
+    def position_of(k):  # This host's k-th record fills row k mod L of global batch k div L.
+      return k // local * batch + tf.gather(rows, k % local)
 
-    ds = self._examples(config, tf.data.Dataset.zip(ds, tf.data.Dataset.counter(start)), seed_of)
+    ds = tf.data.Dataset.zip(ds, tf.data.Dataset.counter(start))
+    ds = self._examples(config, ds, position_of)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
 
-  def _examples(self, config, ds: tf.data.Dataset, seed_of: Callable) -> tf.data.Dataset:
-    """(raw, index) → local batches, each record's seed `seed_of(index)`."""
-    per_record, check = _example_fns(config, self._source, self.num_classes, config.pp_train)
-    ds = _process(ds, per_record, check, self._source.may_fail, seed_of)
+  def _examples(self, config, ds: tf.data.Dataset, position_of: Callable) -> tf.data.Dataset:
+    """(raw, index) → local batches, each record at stream position `position_of(index)`."""
+    task_examples = examples.for_source(
+      config, self._source, self.num_classes, config.pp_train, self.seed
+    )
+    ds = _process(ds, self._source, task_examples, position_of)
     return ds.batch(self.local_batch_size, drop_remainder=True)
 
   def _produce(self, ds, mesh, data_axes, start):
     records = start
     for batch in _numpy_batches(ds):
       records += self.local_batch_size
-      skipped = int(np.sum(batch["mask"] == 0))
-      yield layout.to_global(batch, mesh, data_axes), records, skipped
+      host = {k: batch.pop(k) for k in examples.HOST_FIELDS}
+      yield layout.to_global(batch, mesh, data_axes), records, host
 
   def __iter__(self):
     return self
@@ -365,19 +311,17 @@ class TrainIterator:
 
     Row r of global batch b is the example at stream position b·B + r.
     """
-    batch, self._num_records, skipped = self._prefetcher.get()
-    if skipped:
-      self._num_skipped += skipped
-      logging.log_every_n_seconds(
-        logging.WARNING, "Input pipeline: %d bad examples skipped so far.", 60, self._num_skipped
-      )
+    batch, self._num_records, host = self._prefetcher.get()
+    skipped = self._skips.add(host)
+    self._num_skipped += skipped
     if self._first:
       self._first = False
       if skipped == self.local_batch_size:
         raise ValueError(
           "Every example of the first training batch failed to decode or preprocess: check "
-          "dataset.pp_train and the data."
+          f"dataset.pp_train and the data ({self._skips.culprit()})."
         )
+    self._skips.check()
     return batch
 
   @property
@@ -404,6 +348,10 @@ class TrainIterator:
 
 class EvalIterable:
   """Re-iterable eval batches: every example of the split exactly once over all hosts.
+
+  A pass that skipped an example (undecodable, too large, lost with a damaged file) raises
+  bad_data.IncompleteEvaluationError at its end, naming the count and the most recent culprit;
+  a complete pass logs the number of examples this host read.
 
   Attributes:
     num_examples: examples in the split (all hosts).
@@ -433,43 +381,50 @@ class EvalIterable:
     self.num_classes = sources.get_dataset_info(config).num_classes
 
   def _dataset(self) -> tf.data.Dataset:
-    config, size = self._config, self._config.image_size
+    config = self._config
     ds = self._source.epoch(tf.constant(0, tf.int64), False, 0).take(self._host_length)
     ds = tf.data.Dataset.zip(ds, tf.data.Dataset.counter())
-    per_record, check = _example_fns(config, self._source, self.num_classes, config.pp_eval)
-    ds = _process(
-      ds,
-      per_record,
-      check,
-      self._source.may_fail,
-      lambda i: tf.stack([tf.constant(0, tf.int64), i]),
+    task_examples = examples.for_source(
+      config, self._source, self.num_classes, config.pp_eval, None
     )
-    pad = {
-      "image": tf.zeros([size, size, 3], tf.float32),
-      "label": tf.zeros([self.num_classes], tf.float32)
-      if config.multi_label
-      else tf.constant(0, tf.int32),
-      "mask": tf.constant(0.0),
-    }
+    ds = _process(ds, self._source, task_examples, lambda i: i)
     total = self.num_batches * self.local_batch_size
-    ds = ds.concatenate(tf.data.Dataset.from_tensors(pad).repeat()).take(total)
+    pad = tf.data.Dataset.from_tensors(task_examples.pad()).repeat()
+    ds = ds.concatenate(pad).take(total)
     ds = ds.batch(self.local_batch_size, drop_remainder=True)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
 
   def _produce(self):
     for batch in _numpy_batches(self._dataset()):
-      yield layout.to_global(batch, self._mesh, self._data_axes)
+      host = {k: batch.pop(k) for k in examples.HOST_FIELDS}
+      yield layout.to_global(batch, self._mesh, self._data_axes), host
 
   def __iter__(self) -> Iterator[dict[str, Any]]:
-    prefetcher = _Prefetcher(self._produce(), self._config.prefetch)
+    config = self._config
+    skips = bad_data.SkipCounter(1.0, int(config.max_image_pixels or 0), 0)
+    prefetcher = _Prefetcher(self._produce(), config.prefetch)
     try:
       while True:
         try:
-          yield prefetcher.get()
+          batch, host = prefetcher.get()
         except StopIteration:
-          return
+          break
+        skips.add(host)
+        yield batch
     finally:
       prefetcher.close()
+    good, expected = skips.read - skips.skipped, self._host_length
+    if good < expected:
+      skipped = f": {skips.skipped:,} skipped ({skips.summary()}); {skips.culprit()}"
+      raise bad_data.IncompleteEvaluationError(
+        f"evaluation of split {self.split!r} read {good:,} of the {expected:,} examples of "
+        f"this host{skipped if skips.skipped else ''}; an evaluation needs every example of "
+        "its split"
+      )
+    logging.info(
+      "input pipeline: evaluation of split %r read all %s examples of this host (%s on %d hosts)",
+      self.split, f"{good:,}", f"{self.num_examples:,}", self.process_count,
+    )  # fmt: skip
 
   def __len__(self) -> int:
     return self.num_batches

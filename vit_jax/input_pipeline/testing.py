@@ -6,10 +6,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from vit_jax.input_pipeline import sources
+from vit_jax.input_pipeline import shards
 
 # A serialized tf.train.Example of one image and its label(s), as the shards hold them.
-example = sources.serialize_example
+example = shards.serialize_example
 
 
 def encode(image: np.ndarray, fmt: str = "png") -> bytes:
@@ -33,7 +33,7 @@ def write_shards(
 ) -> list[str]:
   """Writes serialized records round-robin into `{prefix}.tfrecord-{i:05d}-of-{n:05d}` files."""
   os.makedirs(directory, exist_ok=True)
-  paths = [sources.shard_path(directory, prefix, i, num_shards) for i in range(num_shards)]
+  paths = [shards.shard_path(directory, prefix, i, num_shards) for i in range(num_shards)]
   writers = [tf.io.TFRecordWriter(p) for p in paths]
   for i, record in enumerate(records):
     writers[i % num_shards].write(record)
@@ -73,3 +73,18 @@ def write_image_folder(
         f.write(encode(image, fmt))
       n += 1
   return n
+
+
+def split_examples(config, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """(images, labels) of every example of `split` through the evaluation iterator (one host,
+  padding dropped), sorted by their bytes: two sources of the same examples give equal arrays,
+  whatever order each reads them in."""
+  from vit_jax import input_pipeline
+
+  images, labels = [], []
+  for batch in input_pipeline.make_eval_iterator(config, split, global_batch_size=8):
+    keep = batch["mask"] > 0
+    images += list(batch["image"][keep])
+    labels += list(batch["label"][keep])
+  order = sorted(range(len(images)), key=lambda i: (images[i].tobytes(), labels[i].tobytes()))
+  return np.stack([images[i] for i in order]), np.stack([labels[i] for i in order])

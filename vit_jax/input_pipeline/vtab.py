@@ -20,7 +20,7 @@ the 4th class; dSprites x-position (32 values) and orientation (40 values) binne
 smallNORB azimuth (18) and elevation (9). Grey images (smallNORB, dSprites) become 3 equal
 channels in the pipeline's `decode`; dSprites' 0/1 pixels are scaled to 0/255 first.
 
-The data layer uses a task through `dataset.vtab_task` (sources.TfdsSource: labels, class count,
+The data layer uses a task through `dataset.vtab_task` (tfds_source.TfdsSource: labels, class count,
 and a check of the recorded split sizes against the prepared data); configs/finetune.py offers
 each task as `dataset=vtab/<name>`. This module holds TensorFlow ops and tables only.
 """
@@ -75,7 +75,7 @@ class Task:
     )
 
   def parse(self, raw: Features) -> tuple[tf.Tensor, tf.Tensor]:
-    """(image, labels int64 [1]) of a tfds record, as sources.Source.parse returns them."""
+    """(image, labels int64 [1]) of a tfds record, as source.Source.parse returns them."""
     return self.image(raw), tf.reshape(tf.cast(self.label(raw), tf.int64), [1])
 
 

@@ -33,8 +33,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import models
-from vit_jax.models import vit
+from vit_jax.models import build, vit
 
 TARGETS = ("mean_color", "downsample4x4", "l2")
 # The parameters the model adds to the ViT's (dropped where a checkpoint is read as a plain ViT).
@@ -234,7 +233,7 @@ def get_model(
   vit_jax.models.get_model)."""
   if mpp.target not in TARGETS:
     raise ValueError(f"config.mpp.target={mpp.target!r}; expected one of {TARGETS}")
-  backbone = models.get_model(model_config, None, mesh=mesh)
+  backbone = build.get_model(model_config, None, mesh=mesh)
   if backbone.resnet is not None:
     raise ValueError("masked patch prediction needs image patches; R50 hybrids are not supported")
   fields = {

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax.models import bit, vit
+from vit_jax.models import bit, build, vit
 
 HEADS = ("linear", "progressive")
 
@@ -177,11 +177,9 @@ def get_model(
   Returns:
     A `SegmentingViT` or `SegmentingBiT`.
   """
-  from vit_jax import models  # noqa: PLC0415 - the package imports this module's siblings
-
   if head not in HEADS:
     raise ValueError(f"segmentation head {head!r}; expected one of {HEADS}")
-  base = models.get_model(model_config, num_classes, mesh=mesh)
+  base = build.get_model(model_config, num_classes, mesh=mesh)
   fields = {
     f.name: getattr(base, f.name)
     for f in dataclasses.fields(base)

@@ -7,6 +7,8 @@
   workdir       a workdir's lock, its config.json and atomic JSON writes
   gcs           gs:// specifics: the client library, bucket and credential checks, atomic create
   logging_util  metric writers, the progress line, parameter overview, MFU
+  goodput       where a run's wall time goes, accumulated over a workdir's reruns
+  profiling     jax.profiler traces of chosen steps, from the config or a request file
 
 This package must not import TensorFlow.
 """

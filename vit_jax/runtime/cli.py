@@ -1,20 +1,33 @@
-"""What the package's commands share: parsing their flags, the flags of a multi-host run, and
+"""What the commands share: defining and parsing their flags, the flags of a multi-host run, and
 how a command ends when something goes wrong: one line.
 
-Every command (`python -m vit_jax.main`, `vit_jax.predict`, `vit_jax.analysis`,
-`vit_jax.tools.<tool>`) is a module with a `define_flags()` that defines its flags and returns
-their holders, a `main(argv, flags)`, and `cli.run(main, "<name>", define_flags)` under
-`if __name__ == "__main__"`. Its flags exist only in the program that runs it, so a module that
-imports a command module (a test, or another command, for a function of it) defines no flag;
-the library code of a command lives in library modules (vit_jax.stages, vit_jax.inference, ...).
+Every command, of the package (`python -m vit_jax.main`, `vit_jax.predict`, `vit_jax.analysis`,
+`vit_jax.tools.<tool>`) or an experiment (`python -m experiments.<name>`), is a module with
+  - a first statement that sets its process up when it runs as a command
+    (vit_jax.runtime.process.configure, before anything else is imported);
+  - `define_flags(values=flags.FLAGS)`, which defines its absl flags in `values` and returns
+    their holders;
+  - `main(argv, flags)`, given the arguments left after the flags and those holders;
+  - `cli.run(main, "<name>", define_flags)` under `if __name__ == "__main__"`.
+Its flags exist only in the program that runs it, so a module that imports a command module (a
+test, or another command, for a function of it) defines no flag; `call(module, argv)` runs a
+command in a process of one's own (a test, a notebook), its flags in a FlagValues of their own.
+The library code of a command lives in library modules (vit_jax.stages, vit_jax.inference, ...).
 
   run(main, name, define_flags)  absl's app.run; a bad flag or --config value, or one of
-                        `errors` raised by `main`, ends in `<name>: error: <Kind>: <message>`
-  DistributedFlags      --distributed, --coordinator_address, --num_processes, --process_id
+                        `errors` raised by `main`, ends in `<name>: error: <Kind>: <message>`;
+                        a second SIGTERM / SIGINT during a run ends the process at once
+                        (vit_jax.runtime.stopping)
+  call(module, argv)    the command's `main` in this process; returns what it returns
+  values(holders)       the flags' values, by name (for code that reads them as attributes)
+  given(holders)        the flags the command line set, as arguments
+  DistributedFlags      --distributed, --coordinator_address, --num_processes, --process_id,
+                        --lost_process_timeout
   run_stages(...)       the body of a command that runs stages into a workdir (vit_jax.main,
                         vit_jax.tools.transfer): its log file (vit_jax.runtime.console), jax.distributed
-                        connected, a stop (SIGTERM, preemption) ending in its line and exit
-                        status, any failure in one line naming the log.
+                        connected and the other processes watched (vit_jax.runtime.liveness), a
+                        stop (SIGTERM, preemption) ending in its line and exit status, any
+                        failure in one line naming the log (or the lost process behind it).
 
 This file must not import TensorFlow.
 """
@@ -24,10 +37,11 @@ import os
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from vit_jax.runtime import distributed
 
@@ -40,10 +54,11 @@ class DistributedFlags:
   coordinator_address: flags.FlagHolder
   num_processes: flags.FlagHolder
   process_id: flags.FlagHolder
+  lost_process_timeout: flags.FlagHolder
 
   @classmethod
-  def define(cls) -> "DistributedFlags":
-    """Defines the four flags (once per program)."""
+  def define(cls, values: flags.FlagValues = flags.FLAGS) -> "DistributedFlags":
+    """Defines the five flags (once per program)."""
     return cls(
       flags.DEFINE_enum(
         "distributed",
@@ -52,20 +67,40 @@ class DistributedFlags:
         "jax.distributed.initialize: 'on' always (cluster auto-detection on TPU, SLURM, ...), "
         "'off' never, 'auto' when --coordinator_address is given or on a multi-host TPU VM "
         "slice.",
+        flag_values=values,
       ),
       flags.DEFINE_string(
-        "coordinator_address", None, "host:port of process 0 (CPU/GPU clusters)."
+        "coordinator_address",
+        None,
+        "host:port of process 0 (CPU/GPU clusters).",
+        flag_values=values,
       ),
-      flags.DEFINE_integer("num_processes", None, "Number of processes."),
-      flags.DEFINE_integer("process_id", None, "Index of this process."),
+      flags.DEFINE_integer("num_processes", None, "Number of processes.", flag_values=values),
+      flags.DEFINE_integer("process_id", None, "Index of this process.", flag_values=values),
+      flags.DEFINE_float(
+        "lost_process_timeout",
+        distributed.LOST_PROCESS_TIMEOUT_S,
+        "Seconds without a sign of life after which another process of the run counts as "
+        "gone: the others then stop, with a line naming it (vit_jax.runtime.liveness).",
+        flag_values=values,
+      ),
     )
 
-  def connect(self) -> None:
-    """Connects this process to the others of its run (nothing for a single process)."""
-    distributed.initialize(
+  def connect(self, name: str = "vit_jax") -> None:
+    """Connects this process to the others of its run and watches them (vit_jax.runtime.
+    liveness, whose lines start with `name`); nothing for a single process."""
+    timeout = self.lost_process_timeout.value
+    if distributed.initialize(
       self.mode.value, self.coordinator_address.value, self.num_processes.value,
-      self.process_id.value,
-    )  # fmt: skip
+      self.process_id.value, timeout,
+    ):  # fmt: skip
+      import jax
+      from jax._src import distributed as jax_distributed  # the client multihost_utils uses
+
+      from vit_jax.runtime import liveness
+
+      client = jax_distributed.global_state.client
+      liveness.start(client, jax.process_index(), jax.process_count(), timeout, name)
 
 
 def flag_value(argv: Sequence[str], name: str) -> str | None:
@@ -132,17 +167,21 @@ def _parser(name: str) -> Callable[[list[str]], list[str]]:
 def run(
   main: Callable[[list[str], Any], Any],
   name: str,
-  define_flags: Callable[[], Any],
+  define_flags: Callable[..., Any],
   errors: tuple[type[BaseException], ...] = (),
 ) -> None:
   """Defines the command's flags, then runs `main(argv, define_flags())` as absl's app.run does,
   a bad flag ending in one line; an exception of `errors` from `main` ends in
-  `<name>: error: <Kind>: <message>` (exit 1)."""
+  `<name>: error: <Kind>: <message>` (exit 1). The process is the command's: a second stop
+  signal during a run ends it at once (vit_jax.runtime.stopping)."""
+  from vit_jax.runtime import stopping
+
+  stopping.exit_on_second_signal()
   holders = define_flags()
 
   def guarded(argv):
     try:
-      return main(argv, holders)
+      main(argv, holders)  # what it returns (an experiment's results) is no exit status
     except errors as e:
       from vit_jax.runtime import console
 
@@ -150,6 +189,27 @@ def run(
       sys.exit(1)
 
   app.run(guarded, flags_parser=_parser(name))
+
+
+def call(command: types.ModuleType, argv: Sequence[str] = ()) -> Any:
+  """Runs the command module's `main` in this process as `python -m <module> ARGV` would run it
+  (without setting the process up), its flags defined and parsed in a FlagValues of their own,
+  so that commands run, and run again, in one process; returns what `main` returns. A bad flag
+  raises absl's flags.Error."""
+  flag_values = flags.FlagValues()
+  holders = command.define_flags(flag_values)
+  return command.main(flag_values([command.__name__, *argv]), holders)
+
+
+def values(holders: Any) -> types.SimpleNamespace:
+  """The values of a command's flag holders (as `define_flags` returns them), by name."""
+  return types.SimpleNamespace(**{k: h.value for k, h in vars(holders).items()})
+
+
+def given(holders: Any) -> list[str]:
+  """The flags of a command's holders that its command line set, as `--name=value` arguments
+  (to start the same command again, or to print how to)."""
+  return [h.serialize() for h in vars(holders).values() if h.present]
 
 
 # How long a failed run's interpreter may wait for library threads before it is ended anyway.
@@ -169,29 +229,34 @@ def run_stages(
   terminal); the processes of a multi-host run are connected; `body()` runs. A stop (SIGTERM,
   SIGINT, a TPU preemption: vit_jax.runtime.stopping.Stopped) ends in its line and exit status, any
   other failure in one line naming the log (exit 1)."""
-  from vit_jax.runtime import console, stopping
+  from vit_jax.runtime import console, liveness, stopping
+  from vit_jax.runtime import process as process_lib
 
   process = distributed_flags.process_id.value or 0
   log = None if verbose else _setup_console(workdir, process, name)
+  settings = process_lib.configured() or "not configured: glibc's and XLA's defaults"
+  logging.info("process settings: %s", settings, extra={"terminal": False})
   try:
-    distributed_flags.connect()
-    return body()
+    distributed_flags.connect(name)
+    result = body()
+    liveness.finish()
+    return result
   except stopping.Stopped as e:
+    liveness.finish()
     console.end(f"{name}: {e}")
     sys.exit(e.exit_status)
   except Exception as e:  # noqa: BLE001 - every failure ends with one line, details in the log
+    liveness.settle()  # a lost process ends this one here, naming it
     console.fail(e, log, name=name)
+    liveness.finish(failed=True)
     _exit_even_if_threads_hang(1)
     sys.exit(1)
 
 
 def _exit_even_if_threads_hang(status: int, grace_s: float = EXIT_GRACE_S) -> None:
-  """Ends the process with `status` `grace_s` seconds from now unless it has ended by then.
-
-  After a failure, a library's worker thread may wait for work that never comes: once GCS had
-  refused a checkpoint write (403), one of Orbax's save threads kept the process alive after its
-  last line (the interpreter joins such threads at exit), so a scheduler never saw it fail. A
-  daemon thread keeps running while the interpreter waits for them, and ends it."""
+  """Ends the process with `status` `grace_s` seconds from now unless it has ended by then: a
+  library's worker thread left waiting after a failure must not keep a failed run alive, unseen
+  by its scheduler (docs/process.md, "A failed command ends")."""
 
   def end():
     time.sleep(grace_s)

@@ -15,6 +15,7 @@ from absl import logging
 from clu import metric_writers, parameter_overview
 
 from vit_jax.cost import devices
+from vit_jax.runtime import workdir
 
 
 def create_writer(workdir: str) -> metric_writers.MetricWriter:
@@ -86,8 +87,8 @@ def _duration(seconds: float) -> str:
 class Progress:
   """The line a user watches, one per log step, and one per evaluation:
 
-    step 200/1000 (20%) | loss 0.5123 | accuracy 81.25% | 1,234.5 img/s | ETA 3m12s
-    step 200/1000 | val: accuracy 84.10%, loss 0.4421 (12s)
+    step 200/1000 (20%) | loss 0.5123 | accuracy 81.25% | 1,234.5 img/s | goodput 87% | ETA 3m12s
+    step 200/1000 | val: accuracy 84.10%, loss 0.4421, num_examples 10,000 (12s)
 
   The ETA is the remaining steps at the pace since this run (or resume) started, evaluations
   and checkpoint saves included. Logged on process 0 only.
@@ -110,6 +111,8 @@ class Progress:
       parts.append(f"accuracy {100 * metrics['accuracy']:.2f}%")
     if "images_per_sec" in metrics:
       parts.append(f"{metrics['images_per_sec']:,.1f} img/s")
+    if "goodput/share" in metrics:  # vit_jax.runtime.goodput: the workdir's, all reruns included
+      parts.append(f"goodput {100 * metrics['goodput/share']:.0f}%")
     done = step - self._start
     if done > 0 and step < self._total:
       pace = (time.perf_counter() - self._t0) / done
@@ -134,5 +137,17 @@ class Progress:
       if "/" in label:
         continue
       percent = "accuracy" in label or "shot" in label
-      shown.append(f"{label} {100 * value:.2f}%" if percent else f"{label} {value:.4g}")
+      if label.startswith("num_"):  # a count (the examples an evaluation read): all its digits
+        shown.append(f"{label} {int(value):,}")
+      else:
+        shown.append(f"{label} {100 * value:.2f}%" if percent else f"{label} {value:.4g}")
     self._log(f"step {step}/{self._total} | {name}: {', '.join(shown)} ({_duration(seconds)})")
+
+
+def flat_hparams(config: Any) -> dict[str, Any]:
+  """A config's fields as TensorBoard hparams: scalars as they are, anything else as text."""
+  return {
+    k: v if isinstance(v, bool | int | float | str) else str(v)
+    for k, v in workdir.flatten(config.to_dict()).items()
+    if v is not None
+  }

@@ -30,21 +30,23 @@ CONFIG_FILE = "config.json"
 FINAL_METRICS_FILE = "final_metrics.json"
 
 # Fields (dotted paths, regular expressions matched in full) that may change when a run is
-# resumed: how long it runs, how often it logs, evaluates and saves, evaluator settings, the
-# mesh (checkpoints restore onto any mesh) and gradient accumulation (the same trajectory, see
-# vit_jax.train), where the data lives and how it is read, and rematerialisation (same
-# parameters and numbers). Everything else is part of what was trained.
+# resumed: how long it runs, how often it logs, evaluates and saves (the local checkpoint tier
+# included), evaluator settings, profiling, the mesh (checkpoints restore onto any mesh) and
+# gradient accumulation (the same trajectory, see vit_jax.train), where the data lives and how
+# it is read (the limits on bad data too: a run they stopped continues with them raised), and
+# rematerialisation (same parameters and numbers). Everything else is part of what was trained.
 RESUMABLE_FIELDS = (
   r"total_steps",
   r"log_every_steps",
   r"accum_steps",
   r"eval_batch_size",
   r"evals(\..*)?",
-  r"checkpoint\.(every_steps|keep|asynchronous)",
+  r"checkpoint\.(every_steps|keep|asynchronous|local\..*)",
+  r"profile\..*",
   r"mesh\..*",
   r"model_init",
   r"init_from_scratch",
-  r"dataset\.(data_dir|num_threads|prefetch)",
+  r"dataset\.(data_dir|num_threads|prefetch|max_skipped_fraction|max_image_pixels)",
   r"model\.remat",
 )
 

@@ -23,6 +23,11 @@ vit_jax's default tanh approximation is written as timm's `gelu_tanh` / transfor
 safetensors' numpy API are used: no torch.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import json
 import os
 import types
@@ -39,24 +44,31 @@ FORMATS = ("timm", "hf", "npz")
 WEIGHTS = {"timm": "model.safetensors", "hf": "model.safetensors", "npz": "model.npz"}
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
     input=flags.DEFINE_string(
-      "in", None, "Input: .npz, .safetensors, a model directory or a workdir."
+      "in", None, "Input: .npz, .safetensors, a model directory or a workdir.", flag_values=values
     ),
-    out=flags.DEFINE_string("out", None, "Output directory (created)."),
+    out=flags.DEFINE_string("out", None, "Output directory (created).", flag_values=values),
     to=flags.DEFINE_enum(
-      "to", None, FORMATS, "Output layout; default npz for timm/HF inputs, else timm."
+      "to",
+      None,
+      FORMATS,
+      "Output layout; default npz for timm/HF inputs, else timm.",
+      flag_values=values,
     ),
     model=flags.DEFINE_string(
-      "model", None, "A vit_jax.models preset (e.g. B/16) for the architecture."
+      "model", None, "A vit_jax.models preset (e.g. B/16) for the architecture.", flag_values=values
     ),
     num_heads=flags.DEFINE_integer(
-      "num_heads", None, "Attention heads of a .safetensors without config.json."
+      "num_heads",
+      None,
+      "Attention heads of a .safetensors without config.json.",
+      flag_values=values,
     ),
   )
-  flags.mark_flags_as_required(["in", "out"])
+  flags.mark_flags_as_required(["in", "out"], flag_values=values)
   return f
 
 

@@ -14,6 +14,11 @@ preprocessing and class names). What each format holds: vit_jax/export/formats.p
 docs/export.md. Bad input ends with one line naming the culprit, and nothing is written.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import types
 from collections.abc import Sequence
 
@@ -24,30 +29,42 @@ from vit_jax.export import formats
 from vit_jax.runtime import cli
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
     checkpoint=flags.DEFINE_string(
-      "checkpoint", None, "Workdir, step directory or .npz (local or gs://)."
+      "checkpoint", None, "Workdir, step directory or .npz (local or gs://).", flag_values=values
     ),
-    format=flags.DEFINE_string("format", None, f"One of {', '.join(formats.FORMATS)}."),
+    format=flags.DEFINE_string(
+      "format", None, f"One of {', '.join(formats.FORMATS)}.", flag_values=values
+    ),
     quantize=flags.DEFINE_string(
-      "quantize", "none", f"One of {', '.join(formats.QUANTIZATIONS)} (tflite)."
+      "quantize", "none", f"One of {', '.join(formats.QUANTIZATIONS)} (tflite).", flag_values=values
     ),
-    out=flags.DEFINE_string("out", None, "A new (or empty) output directory."),
+    out=flags.DEFINE_string("out", None, "A new (or empty) output directory.", flag_values=values),
     model=flags.DEFINE_string(
-      "model", None, "A vit_jax.models preset for an .npz without config.json."
+      "model", None, "A vit_jax.models preset for an .npz without config.json.", flag_values=values
     ),
     image_size=flags.DEFINE_integer(
-      "image_size", 0, "Input resolution; 0: the training's, or the checkpoint's."
+      "image_size",
+      0,
+      "Input resolution; 0: the training's, or the checkpoint's.",
+      flag_values=values,
     ),
-    class_names=flags.DEFINE_string("class_names", None, "Text file with one class name a line."),
-    top_k=flags.DEFINE_integer("top_k", 5, "How many top classes the SavedModel returns."),
+    class_names=flags.DEFINE_string(
+      "class_names", None, "Text file with one class name a line.", flag_values=values
+    ),
+    top_k=flags.DEFINE_integer(
+      "top_k", 5, "How many top classes the SavedModel returns.", flag_values=values
+    ),
     batch_size=flags.DEFINE_integer(
-      "batch_size", 1, "LiteRT: the batch size of the file; 0: any (resizable, much slower)."
+      "batch_size",
+      1,
+      "LiteRT: the batch size of the file; 0: any (resizable, much slower).",
+      flag_values=values,
     ),
   )
-  flags.mark_flags_as_required(["checkpoint", "format", "out"])
+  flags.mark_flags_as_required(["checkpoint", "format", "out"], flag_values=values)
   return f
 
 

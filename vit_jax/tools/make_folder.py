@@ -14,6 +14,11 @@ for your own folder in every command that reads one (predict, the folder source,
 Nothing is overwritten: an existing `<out>/<split>` is an error.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import os
 import types
 from collections.abc import Sequence
@@ -21,26 +26,33 @@ from collections.abc import Sequence
 import numpy as np
 from absl import flags
 
-from vit_jax.input_pipeline import builtin, segmentation
+from vit_jax.input_pipeline import builtin, segmentation_synthetic
 from vit_jax.runtime import cli
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
     dataset=flags.DEFINE_string(
       "dataset",
       None,
       f"Bundled dataset: one of {sorted(builtin.LOADERS)}, or a synthetic segmentation task: "
-      f"{sorted(segmentation.SYNTHETIC)}.",
+      f"{sorted(segmentation_synthetic.SYNTHETIC)}.",
       required=True,
+      flag_values=values,
     ),
-    out=flags.DEFINE_string("out", None, "Folder to write.", required=True),
+    out=flags.DEFINE_string("out", None, "Folder to write.", required=True, flag_values=values),
     split=flags.DEFINE_list(
-      "split", None, "Splits to write (default: train and test; the segmentation tasks' val too)."
+      "split",
+      None,
+      "Splits to write (default: train and test; the segmentation tasks' val too).",
+      flag_values=values,
     ),
     max_examples=flags.DEFINE_integer(
-      "max_examples", 0, "Write this many images per split, spread evenly over it (0: all)."
+      "max_examples",
+      0,
+      "Write this many images per split, spread evenly over it (0: all).",
+      flag_values=values,
     ),
   )
 
@@ -74,9 +86,9 @@ def write_segmentation(
     _refuse_existing(root, split)
   os.makedirs(root, exist_ok=True)
   with open(os.path.join(root, "classes.txt"), "w") as f:
-    f.write("\n".join(segmentation.synthetic_class_names(name)) + "\n")
+    f.write("\n".join(segmentation_synthetic.synthetic_class_names(name)) + "\n")
   for split in splits:
-    data = segmentation.synthetic_split(name, split)
+    data = segmentation_synthetic.synthetic_split(name, split)
     for kind in ("images", "masks"):
       os.makedirs(os.path.join(root, split, kind), exist_ok=True)
     for i in _indices(len(data.masks), max_examples):
@@ -108,14 +120,14 @@ def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   name = f.dataset.value
-  if name in segmentation.SYNTHETIC:
-    splits = f.split.value or list(segmentation.SPLIT_SIZES)
+  if name in segmentation_synthetic.SYNTHETIC:
+    splits = f.split.value or list(segmentation_synthetic.SPLIT_SIZES)
     write_segmentation(name, f.out.value, splits, f.max_examples.value)
   elif name in builtin.LOADERS:
     splits = f.split.value or ["train", "test"]
     write_classification(name, f.out.value, splits, f.max_examples.value)
   else:
-    known = sorted([*builtin.LOADERS, *segmentation.SYNTHETIC])
+    known = sorted([*builtin.LOADERS, *segmentation_synthetic.SYNTHETIC])
     raise ValueError(f"--dataset={name}: expected one of {known}")
   print(f"wrote {name} ({', '.join(splits)}) to {f.out.value}")
 

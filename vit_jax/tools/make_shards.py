@@ -26,6 +26,11 @@ in the split (vit_jax.input_pipeline.segmentation.serialize_example), and datase
       --out_dir=/tmp/animal_mnist_seg
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import json
 import os
 import types
@@ -36,27 +41,28 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
-from vit_jax import input_pipeline
-from vit_jax.input_pipeline import builtin, segmentation, sources
+from vit_jax.input_pipeline import builtin, indexed, segmentation, segmentation_synthetic, shards
 from vit_jax.runtime import cli, gcs
 
 TASKS = ("classification", "segmentation")
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
     dataset=flags.DEFINE_string(
       "dataset",
       None,
       f"Bundled dataset: one of {sorted(builtin.LOADERS)}, or a synthetic segmentation task: "
-      f"{sorted(segmentation.SYNTHETIC)}.",
+      f"{sorted(segmentation_synthetic.SYNTHETIC)}.",
+      flag_values=values,
     ),
     folder=flags.DEFINE_string(
       "folder",
       None,
       "Image folder root: ROOT/<split>/<class>/*.{jpg,jpeg,png}; with --task=segmentation "
       "ROOT/<split>/images/*, ROOT/<split>/masks/*.png and ROOT/classes.txt.",
+      flag_values=values,
     ),
     task=flags.DEFINE_enum(
       "task",
@@ -64,29 +70,38 @@ def define_flags() -> types.SimpleNamespace:
       TASKS,
       "What the labels are; default: segmentation for a synthetic segmentation task, else "
       "classification.",
+      flag_values=values,
     ),
-    split=flags.DEFINE_list("split", ["train", "test"], "Split(s) to write, comma separated."),
-    out_dir=flags.DEFINE_string("out_dir", None, "Output directory (local or gs://)."),
+    split=flags.DEFINE_list(
+      "split", ["train", "test"], "Split(s) to write, comma separated.", flag_values=values
+    ),
+    out_dir=flags.DEFINE_string(
+      "out_dir", None, "Output directory (local or gs://).", flag_values=values
+    ),
     name=flags.DEFINE_string(
-      "name", None, "Shard name prefix; default: the dataset or folder name."
+      "name", None, "Shard name prefix; default: the dataset or folder name.", flag_values=values
     ),
     num_shards=flags.DEFINE_integer(
-      "num_shards", 8, "Shards per split (fewer if the split has fewer examples)."
+      "num_shards",
+      8,
+      "Shards per split (fewer if the split has fewer examples).",
+      flag_values=values,
     ),
     shuffle_seed=flags.DEFINE_integer(
-      "shuffle_seed", 0, "Seed of the example order written to the shards."
+      "shuffle_seed", 0, "Seed of the example order written to the shards.", flag_values=values
     ),
     overwrite=flags.DEFINE_bool(
       "overwrite",
       False,
       "Replace a split's existing shards in --out_dir (without it, existing shards of a split "
       "stop the command before anything is written).",
+      flag_values=values,
     ),
   )
 
 
 def _classification_record(example: tuple[bytes, int]) -> bytes:
-  return sources.serialize_example(example[0], int(example[1]))
+  return shards.serialize_example(example[0], int(example[1]))
 
 
 def write_shards(
@@ -131,7 +146,7 @@ def write_shards(
   paths, lengths = [], {}
   examples = iter(examples)
   for i in range(num_shards):
-    path = sources.shard_path(out_dir, f"{name}-{split}", i, num_shards)
+    path = shards.shard_path(out_dir, f"{name}-{split}", i, num_shards)
     with tf.io.TFRecordWriter(path) as writer:
       for _ in range(bounds[i + 1] - bounds[i]):
         writer.write(serialize(next(examples)))
@@ -151,7 +166,7 @@ def remove_split(out_dir: str, name: str, split: str) -> int:
 
   The entry goes first: a reader meanwhile finds files that dataset_info.json does not list and
   stops, rather than reading half a set."""
-  info = sources.read_info_json(out_dir)
+  info = shards.read_info_json(out_dir)
   if info and split in info.get("splits", {}):
     del info["splits"][split]
     _write_info(out_dir, info)
@@ -162,12 +177,12 @@ def remove_split(out_dir: str, name: str, split: str) -> int:
 
 
 def _update_info(out_dir, name, split, class_names, lengths, extra):
-  info = sources.read_info_json(out_dir) or {}
+  info = shards.read_info_json(out_dir) or {}
   if info.get("class_names") not in (None, list(class_names)):
-    raise ValueError(f"{out_dir}/{sources.INFO_FILENAME} lists other class names.")
+    raise ValueError(f"{out_dir}/{shards.INFO_FILENAME} lists other class names.")
   if info.get("splits") and info.get("task") != extra.get("task"):
     raise ValueError(
-      f"{out_dir}/{sources.INFO_FILENAME} describes shards of a "
+      f"{out_dir}/{shards.INFO_FILENAME} describes shards of a "
       f"{info.get('task', 'classification')} task."
     )
   info.update(
@@ -184,7 +199,7 @@ def _update_info(out_dir, name, split, class_names, lengths, extra):
 
 def _write_info(out_dir: str, info: dict[str, Any]) -> None:
   # Atomically: a reader (or a second writer of another split) never sees half a file.
-  path = os.path.join(out_dir, sources.INFO_FILENAME)
+  path = os.path.join(out_dir, shards.INFO_FILENAME)
   tmp = f"{path}.tmp-{os.getpid()}"
   with tf.io.gfile.GFile(tmp, "w") as f:
     json.dump(info, f, indent=1)
@@ -205,7 +220,7 @@ def shard_builtin(dataset: str, split: str, out_dir: str, num_shards: int, name=
 def shard_folder(root: str, split: str, out_dir: str, num_shards: int, name=None, seed=0):
   """Writes `root/<split>/<class>/*` (original bytes) as shards; returns the shard paths."""
   config = {"data_dir": root}
-  source = sources.FolderSource(_Attrs(config), split, 0, 1)
+  source = indexed.FolderSource(_Attrs(config), split, 0, 1)
   paths = source.paths.numpy()
   labels = source.labels.numpy()
   order = np.random.default_rng(seed).permutation(len(paths))
@@ -238,14 +253,13 @@ def _write_segmentation(
 
 def shard_seg_builtin(dataset: str, split: str, out_dir: str, num_shards: int, name=None, seed=0):
   """Writes a synthetic segmentation task's split (PNG-encoded canvases) as shards."""
-  config = input_pipeline.dataset_config(source="seg_builtin", name=dataset)
-  data = segmentation.load_split(config, split)
+  data = segmentation_synthetic.synthetic_split(dataset, split)
   order = np.random.default_rng(seed).permutation(len(data.masks))
   examples = (
     (segmentation.encode_png(data.images[i]), data.masks[i], data.names[i], int(i)) for i in order
   )
   channels = data.images[0].shape[2]
-  class_names = segmentation.synthetic_class_names(dataset)
+  class_names = segmentation_synthetic.synthetic_class_names(dataset)
   return _write_segmentation(
     examples, len(order), out_dir, name or dataset, split, num_shards, class_names, channels
   )
@@ -284,7 +298,7 @@ def main(argv, f: types.SimpleNamespace):
     raise app.UsageError("Pass exactly one of --dataset and --folder.")
   if not f.out_dir.value:
     raise app.UsageError("--out_dir is required.")
-  synthetic = f.dataset.value in segmentation.SYNTHETIC
+  synthetic = f.dataset.value in segmentation_synthetic.SYNTHETIC
   task = f.task.value or ("segmentation" if synthetic else "classification")
   if synthetic and task != "segmentation":
     raise app.UsageError(f"--dataset={f.dataset.value} is a segmentation task.")

@@ -12,19 +12,24 @@ activations, total against the chip's HBM), FLOPs per step, the step time and MF
 assumed fraction of the chip's peak (`--efficiency`), and the collectives of the step. If it does
 not fit it proposes settings that would; `--search` compiles them and prints those that fit.
 
-With `--slices=N` the step is compiled for N slices of the topology joined by the data-centre
-network (Multislice; the config's mesh.slices = N, vit_jax.sharding) and the report adds the bytes
-each device sends per step over that network (the TPU compiler's host transfers between slices)
-and over the chips' interconnect, and the time the former take at `--dcn_gbps` per host (default
-200 Gbit/s: Cloud TPU v5e's 2 x 100 Gbps NICs per host; set it for other machines).
-`--slice_axis=fsdp` makes FSDP's outer factor cross the slices instead of data parallelism's
-(mesh.slice_axis; the mesh's fsdp must then be a multiple of --slices).
+With `--slices=N` the step is compiled for N slices joined by the data-centre network
+(Multislice; mesh.slices = N) and the report adds the bytes each device sends per step over that
+network (by element type) and over the chips' interconnect, and the former's time at
+`--dcn_gbps` per host (default 200: Cloud TPU v5e's 2 x 100 Gbps NICs per host).
+`--slice_axis=fsdp` makes FSDP's outer factor cross the slices (mesh.slice_axis; the mesh's fsdp
+must then be a multiple of --slices).
 
 Memory and FLOPs are the compiler's; the step time is an estimate until measured on hardware.
 Bad input ends in one line, `plan: error: <Kind>: <message>`.
 Topologies: v2:AxB, v3:AxB (two devices per chip), v4:AxBxC, v5p:AxBxC (one megacore device per
 chip), v5e:AxB, v6e:AxB.
 """
+
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.quiet_libtpu()  # before JAX loads: the planner needs no local accelerator
+  process.configure()
 
 import dataclasses
 import importlib.util
@@ -43,54 +48,55 @@ from vit_jax import config_files
 from vit_jax.runtime import cli
 
 
-def _quiet_env() -> None:
-  # Before JAX is imported (the config file imports it): the planner needs no local accelerator.
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-
-
-_quiet_env()
-
-
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
-    config=config_files.define_flag(),
+    config=config_files.define_flag(flag_values=values),
     topology=flags.DEFINE_string(
-      "topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16."
+      "topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.", flag_values=values
     ),
     num_classes=flags.DEFINE_integer(
       "num_classes",
       None,
       "Classes of the head (default: known for jft, imagenet21k, imagenet2012).",
+      flag_values=values,
     ),
     efficiency=flags.DEFINE_float(
-      "efficiency", 0.5, "Assumed fraction of peak FLOP/s at which the chip runs the compiled step."
+      "efficiency",
+      0.5,
+      "Assumed fraction of peak FLOP/s at which the chip runs the compiled step.",
+      flag_values=values,
     ),
     search=flags.DEFINE_bool(
-      "search", False, "Compile the proposed settings; print those that fit."
+      "search", False, "Compile the proposed settings; print those that fit.", flag_values=values
     ),
     max_trials=flags.DEFINE_integer(
-      "max_trials", 4, "At most this many compilations for --search."
+      "max_trials", 4, "At most this many compilations for --search.", flag_values=values
     ),
-    json=flags.DEFINE_bool("json", False, "Print one JSON object instead of the report."),
+    json=flags.DEFINE_bool(
+      "json", False, "Print one JSON object instead of the report.", flag_values=values
+    ),
     slices=flags.DEFINE_integer(
-      "slices", 1, "Slices of --topology joined by the data-centre network (Multislice)."
+      "slices",
+      1,
+      "Slices of --topology joined by the data-centre network (Multislice).",
+      flag_values=values,
     ),
     slice_axis=flags.DEFINE_enum(
       "slice_axis",
       None,
       ["data", "fsdp"],
       "The mesh axis whose outer factor crosses the slices (default: the config's mesh.slice_axis).",
+      flag_values=values,
     ),
     dcn_gbps=flags.DEFINE_float(
       "dcn_gbps",
       DCN_GBPS_PER_HOST,
       "Data-centre network bandwidth per host, Gbit/s, for the time the DCN bytes take.",
+      flag_values=values,
     ),
   )
-  flags.mark_flags_as_required(["config", "topology"])
+  flags.mark_flags_as_required(["config", "topology"], flag_values=values)
   return f
 
 
@@ -123,9 +129,12 @@ def quiet_libtpu(topology: str | None = None) -> None:
 
   JAX_PLATFORMS=cpu keeps JAX from probing for a local TPU (the planner needs none); the TPU_*
   variables stand in for what libtpu would otherwise ask the TPU VM metadata server, which
-  silences its "could not determine TPU accelerator type / worker hostnames" warnings.
+  silences its "could not determine TPU accelerator type / worker hostnames" warnings. The
+  command sets the first ones before JAX loads; a library caller, before it imports JAX.
   """
-  _quiet_env()
+  from vit_jax.runtime import process
+
+  process.quiet_libtpu()
   if topology and _TOPOLOGY_RE.match(topology):
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(topology))
 
@@ -582,12 +591,10 @@ def format_plan(p: Plan) -> str:
       f"{1e3 * p.dcn_seconds:.3f} ms per step over DCN{of_step}"
       + (" (longer than the implied compute time: bound by DCN)" if bound else "")
     )
-    if s.dcn_bytes:
-      shares = sorted(s.dcn_dtypes.items(), key=lambda kv: -kv[1])
-      lines.append(
-        "  DCN bytes by element type: "
-        + ", ".join(f"{t} {100 * b / s.dcn_bytes:.1f}%" for t, b in shares)
-      )
+    shares = sorted(s.dcn_dtypes.items(), key=lambda kv: -kv[1]) if s.dcn_bytes else []
+    if shares:
+      by_type = ", ".join(f"{t} {100 * b / s.dcn_bytes:.1f}%" for t, b in shares)
+      lines.append(f"  DCN bytes by element type: {by_type}")
   lines.append("collectives per device per step (bytes sent, ring algorithms):")
   for kind, v in s.collectives.items():
     if v["count"]:

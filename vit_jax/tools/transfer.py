@@ -32,6 +32,11 @@ jax.distributed connects them automatically, elsewhere pass `--coordinator_addre
 (gs://): every host reads the same `final_metrics.json` to decide what is finished.
 """
 
+if __name__ == "__main__":  # the command's process, set up before any thread starts
+  from vit_jax.runtime import process
+
+  process.configure()
+
 import json
 import os
 import types
@@ -281,22 +286,39 @@ def table(results: dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def define_flags() -> types.SimpleNamespace:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The command's flags (see vit_jax.runtime.cli)."""
   f = types.SimpleNamespace(
-    checkpoint=flags.DEFINE_string("checkpoint", None, "Pretrained weights: .npz or a workdir."),
-    model=flags.DEFINE_string("model", "", "Model preset (vit_jax.models), e.g. L/16."),
-    suite=flags.DEFINE_string("suite", "table2", "table2 | vtab | offline | a comma list."),
-    workdir=flags.DEFINE_string("workdir", None, "Root of the runs' workdirs (local or gs://)."),
-    paper=flags.DEFINE_enum("paper", None, sorted(PAPER), "Table 2 row shown beside results."),
-    grid=flags.DEFINE_list("grid", None, "Learning rates replacing every dataset's grid."),
-    runlocal=flags.DEFINE_bool("runlocal", False, "Shrink every run to seconds (testing)."),
-    overrides=flags.DEFINE_multi_string(
-      "config_override", [], "field=value set in every run's config, as --config.field=value."
+    checkpoint=flags.DEFINE_string(
+      "checkpoint", None, "Pretrained weights: .npz or a workdir.", flag_values=values
     ),
-    distributed=cli.DistributedFlags.define(),
+    model=flags.DEFINE_string(
+      "model", "", "Model preset (vit_jax.models), e.g. L/16.", flag_values=values
+    ),
+    suite=flags.DEFINE_string(
+      "suite", "table2", "table2 | vtab | offline | a comma list.", flag_values=values
+    ),
+    workdir=flags.DEFINE_string(
+      "workdir", None, "Root of the runs' workdirs (local or gs://).", flag_values=values
+    ),
+    paper=flags.DEFINE_enum(
+      "paper", None, sorted(PAPER), "Table 2 row shown beside results.", flag_values=values
+    ),
+    grid=flags.DEFINE_list(
+      "grid", None, "Learning rates replacing every dataset's grid.", flag_values=values
+    ),
+    runlocal=flags.DEFINE_bool(
+      "runlocal", False, "Shrink every run to seconds (testing).", flag_values=values
+    ),
+    overrides=flags.DEFINE_multi_string(
+      "config_override",
+      [],
+      "field=value set in every run's config, as --config.field=value.",
+      flag_values=values,
+    ),
+    distributed=cli.DistributedFlags.define(values),
   )
-  flags.mark_flags_as_required(["checkpoint", "workdir"])
+  flags.mark_flags_as_required(["checkpoint", "workdir"], flag_values=values)
   return f
 
 
@@ -306,6 +328,10 @@ def main(argv, f: types.SimpleNamespace):
   grid = f.grid.value
 
   def suite():
+    from vit_jax.runtime import startup
+
+    # TensorFlow and the rest, imported without the garbage collector (vit_jax.runtime.startup).
+    startup.import_module("vit_jax.train")
     run_suite(
       f.suite.value,
       f.checkpoint.value,

@@ -1,0 +1,130 @@
+"""What a failed restore of a training checkpoint step says about that step.
+
+`Checkpointer.restore_latest` (vit_jax.checkpoint.train_state) acts on the verdict:
+
+- **Evidence that the step itself is broken** (`evidence`): the step is moved aside to
+  `<workdir>/broken_checkpoints/` (never deleted) and the step before it restored, with a warning
+  naming both steps and why. Only these count:
+  - a file of the step is missing: FileNotFoundError (or OSError ENOENT) naming a path inside
+    the step, TensorStore NOT_FOUND in the step's database, the step's `state/_METADATA` absent;
+  - a file of the step is truncated or does not decode: TensorStore OUT_OF_RANGE (a byte range
+    past a file's end), DATA_LOSS (a manifest or chunk that does not decode), or a
+    FAILED_PRECONDITION / INVALID_ARGUMENT saying a stream is truncated, corrupt or does not
+    decode; a JSON metadata file of the step that does not parse (json.JSONDecodeError, or
+    TensorStore's "Invalid JSON": Orbax reads `state/_sharding` with the metadata);
+  - the saved arrays disagree with the step's own metadata: an array stored with another shape
+    than the step's `_METADATA` records (Orbax: "not compatible with the stored shape"), once
+    the model was found to match that metadata.
+- **A step that does not fit the model** (`mismatch`: parameter names or shapes in the step's
+  metadata differ from the model's, i.e. another config): `CheckpointMismatch`, one line,
+  nothing moved. It says nothing about the step.
+- **Anything else** says nothing about the step either: OSError such as EIO or ETIMEDOUT,
+  ConnectionError, TimeoutError, google.api_core's transient errors, TensorStore UNAVAILABLE /
+  DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED, MemoryError, a library's own error. The restore is
+  retried after each of RETRY_DELAYS_S, then the run ends with `CheckpointRestoreError` (one
+  line naming the step, the directory and the cause), nothing moved.
+
+This file must not import TensorFlow.
+"""
+
+import errno
+import json
+import os
+import re
+from typing import Any
+
+import jax
+
+# Seconds before each retry of a restore that failed without evidence (then the run ends).
+RETRY_DELAYS_S = (2.0, 10.0, 30.0)
+# Orbax's file of a pytree item's metadata (tree structure, shapes, dtypes).
+METADATA_FILE = "_METADATA"
+
+# TensorStore reports a failed read as ValueError("<CODE>: <message>").
+_BROKEN_CODES = ("DATA_LOSS", "OUT_OF_RANGE", "NOT_FOUND")
+_UNDECODABLE_CODES = ("FAILED_PRECONDITION", "INVALID_ARGUMENT")
+_UNDECODABLE = re.compile(r"[Tt]runcated|[Cc]orrupt|[Dd]ecod|Invalid JSON")
+# Orbax's error for an array whose stored shape is not the one requested.
+_STORED_SHAPE = "not compatible with the stored shape"
+
+
+class CheckpointRestoreError(OSError):
+  """A step could not be restored and there is no evidence it is broken (see the module)."""
+
+
+class CheckpointMismatch(ValueError):  # noqa: N818 - named for what it is, like ValueError
+  """A checkpoint step holds other parameters or shapes than the model being trained."""
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+  chain, seen = [], error
+  while seen is not None and len(chain) < 20:
+    chain.append(seen)
+    seen = seen.__cause__ or seen.__context__
+  return chain
+
+
+def evidence(error: BaseException, step_dir: str | os.PathLike, metadata_fits: bool) -> str | None:
+  """Why `error`, raised while restoring the step in `step_dir`, shows that step is broken, or
+  None when it does not (see the module docstring for what counts).
+
+  Args:
+    error: the exception the restore raised.
+    step_dir: the step's directory (a path inside it must be named where a file is missing).
+    metadata_fits: whether the model was found to match the step's metadata (then a stored
+      shape that differs from the requested one contradicts that metadata).
+  """
+  step = os.fspath(step_dir).rstrip("/") + "/"  # "/20/", never a prefix of "/200/"
+  for e in _chain(error):
+    text = str(e)
+    if isinstance(e, json.JSONDecodeError):
+      return f"a metadata file of the step does not parse: {e}"
+    if isinstance(e, FileNotFoundError) or (isinstance(e, OSError) and e.errno == errno.ENOENT):
+      named = " ".join(str(x) for x in (e.filename, text) if x)
+      if step in named or named.rstrip("/") + "/" == step:
+        return f"a file of the step is missing: {_one_line(text)}"
+    code = text.split(":", 1)[0].strip()
+    if code in _BROKEN_CODES and step in text:
+      return f"a file of the step is truncated or missing: {_one_line(text)}"
+    if code in _UNDECODABLE_CODES and step in text and _UNDECODABLE.search(text):
+      return f"a file of the step does not decode: {_one_line(text)}"
+    if metadata_fits and _STORED_SHAPE in text:
+      return f"an array's stored shape differs from the step's metadata: {_one_line(text)}"
+  return None
+
+
+def mismatch(saved: Any, target: Any) -> str | None:
+  """How the model's state `target` (ShapeDtypeStructs) differs from a step's metadata `saved`
+  (Orbax's tree of array metadata), or None when every array has its name and shape there.
+  dtypes may differ (Orbax casts on restore)."""
+  saved_shapes, target_shapes = _shapes(saved), _shapes(target)
+  missing = sorted(set(target_shapes) - set(saved_shapes))
+  extra = sorted(set(saved_shapes) - set(target_shapes))
+  if missing:
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return f"the model's {missing[0]}{more} is not in the checkpoint"
+  if extra:
+    more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+    return f"the checkpoint's {extra[0]}{more} is not in the model"
+  for name, shape in target_shapes.items():
+    if saved_shapes[name] != shape:
+      return f"{name} is {saved_shapes[name]} in the checkpoint, {shape} in the model"
+  return None
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """'params/Transformer/.../kernel' -> shape, for every array of `tree` (tuples, lists, dicts
+  and named tuples alike: Orbax's metadata keeps a named tuple as a dict)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    if not hasattr(leaf, "shape"):
+      continue
+    parts = (getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
+    out["/".join(str(p) for p in parts)] = tuple(int(d) for d in leaf.shape)
+  return out
+
+
+def _one_line(text: str) -> str:
+  """The first line of `text`, without TensorStore's spec (a kilobyte of JSON)."""
+  line = text.strip().splitlines()[0].split(" [tensorstore_spec=")[0] if text.strip() else ""
+  return line if len(line) <= 400 else line[:400] + "..."

@@ -1,0 +1,218 @@
+"""What the input pipeline does with data it cannot use: reading a file is not decoding a record.
+
+- A file that cannot be read (an I/O error: permission denied, a failed request, a file deleted
+  mid-run, a directory in its place) is read again, `READ_ATTEMPTS` times in all with a doubling
+  backoff, then ends the run with one line naming the file and the cause (`DataReadError`).
+- A record that cannot be decoded or preprocessed, an image whose header declares more pixels
+  than `dataset.max_image_pixels` (never decoded), and each record a damaged TFRecord file lost
+  (counted from the shard's example count in dataset_info.json) is a skipped example: a zero
+  image with mask 0 takes its place, so batch boundaries and stream positions stay fixed. It is
+  counted by reason and named in the log (a damaged file once, by the reader).
+- The share of skipped examples among the records a host read, the run's resumes included, is
+  limited by `dataset.max_skipped_fraction`: once a host has read `MIN_RECORDS` records (or one
+  epoch of a smaller split) and its share is over the limit, the run stops with one line naming
+  the count, the share and the most recent culprit (`TooManySkippedError`).
+- An evaluation reads every example of its split: a skipped example fails it with one line
+  (`IncompleteEvaluationError`), since a metric over part of a split is not the split's metric.
+
+Multi-host: every host counts the records it reads and the examples it skips and applies the
+limit to its own share; hosts read disjoint records, so the hosts that read a bad part of the data
+stop the run (their error ends the job as any host's error does).
+
+Errors raised inside tf.data (a reader's Python code, an in-graph assertion) reach the consumer as
+a TensorFlow error whose message carries a mark; `translate` turns it back into the exception.
+No TensorFlow here.
+"""
+
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+from absl import logging
+
+READ_ATTEMPTS = 4  # reads of a file in all: the first and three more
+READ_BACKOFF_S = 0.5  # before the second read; doubled before each further one (3.5 s in all)
+# Records a host reads before its share of skipped examples is held to the limit (or one epoch
+# of a smaller split): with the default limit, one skipped example in the first 1,000 passes.
+MIN_RECORDS = 1000
+
+# Why an example is in the batch: its `status` (the pipeline's per-example field).
+OK, UNDECODABLE, LOST, TOO_LARGE, PAD = 0, 1, 2, 3, -1
+_REASONS = {
+  UNDECODABLE: "could not be decoded or preprocessed",
+  LOST: "was lost with the rest of its damaged TFRecord file",
+  TOO_LARGE: "declares {pixels:,} pixels, more than dataset.max_image_pixels={limit:,}",
+}
+_COUNTED_AS = {UNDECODABLE: "undecodable", LOST: "lost in damaged files", TOO_LARGE: "too large"}
+
+
+class DataReadError(OSError):
+  """A data file could not be read (after the retries): the run ends, nothing is skipped."""
+
+
+class DataMismatchError(ValueError):
+  """A split's files disagree with the dataset_info.json that describes them."""
+
+
+class TooManySkippedError(ValueError):
+  """A host skipped more than `dataset.max_skipped_fraction` of the examples it read."""
+
+
+class IncompleteEvaluationError(ValueError):
+  """An evaluation read fewer examples than its split has."""
+
+
+# Marks of our errors inside TensorFlow error messages → the exception each one stands for.
+_MARKS = {
+  "vit_jax.input_pipeline read error: ": DataReadError,
+  "vit_jax.input_pipeline mismatch: ": DataMismatchError,
+}
+ERROR_MARK = "vit_jax.input_pipeline error: "  # in-graph assertions (a bad label): ValueError
+
+
+@contextlib.contextmanager
+def marked_errors():
+  """Around Python code that tf.data runs (a reader, a py function): our errors leave it with
+  their mark in the message, so that `translate` gives them back to the consumer."""
+  try:
+    yield
+  except (DataReadError, DataMismatchError) as e:
+    mark = next(m for m, kind in _MARKS.items() if kind is type(e))
+    raise type(e)(mark + str(e)) from e
+
+
+def translate(error: Exception) -> Exception:
+  """A TensorFlow error carrying one of our marks → that exception; others as they are."""
+  message = getattr(error, "message", str(error))
+  for mark, kind in _MARKS.items():
+    match = re.search(re.escape(mark) + r"(.*?)(\n|$)", message)
+    if match:
+      return kind(match.group(1))
+  match = re.search(re.escape(ERROR_MARK) + r"(.*?)(\]|\n|$)", message)
+  if match:
+    return ValueError(match.group(1))
+  return error
+
+
+T = TypeVar("T")
+
+
+def is_io_error(error: BaseException) -> bool:
+  """An OSError or a TensorFlow error (tf.errors.OpError: what tf.io.gfile raises)."""
+  return isinstance(error, OSError) or hasattr(error, "error_code")
+
+
+class Retries:
+  """The retry policy of one file's reads: call `failed(error)` in the `except` of a read."""
+
+  def __init__(self, path: str, sleep: Callable[[float], Any] = time.sleep):
+    self.path, self._sleep = path, sleep
+    self.attempt, self._delay = 1, READ_BACKOFF_S
+
+  def failed(self, error: BaseException) -> None:
+    """Returns after the backoff when another attempt is left; raises DataReadError naming the
+    file and the cause when none is, and `error` itself when it is no I/O error."""
+    if not is_io_error(error):
+      raise error
+    message = getattr(error, "message", None) or str(error)
+    cause = f"{type(error).__name__}: {message.strip().splitlines()[0] if message else ''}"
+    if self.attempt >= READ_ATTEMPTS:
+      raise DataReadError(f"cannot read {self.path} ({self.attempt} attempts): {cause}") from error
+    logging.warning("reading %s failed (attempt %d of %d), again in %.1f s: %s",
+                    self.path, self.attempt, READ_ATTEMPTS, self._delay, cause)  # fmt: skip
+    self._sleep(self._delay)
+    self.attempt += 1
+    self._delay *= 2
+
+
+def with_retries(read: Callable[[], T], path: str, sleep: Callable[[float], Any] = time.sleep) -> T:
+  """`read()`, again after an I/O error, `READ_ATTEMPTS` times in all (see `Retries`)."""
+  retries = Retries(path, sleep)
+  while True:
+    try:
+      return read()
+    except Exception as e:  # noqa: BLE001 - Retries.failed re-raises what is no I/O error
+      retries.failed(e)
+
+
+def read_file(path: str, opener: Callable = open) -> bytes:
+  """The bytes of the file `path`, opened with `opener` (`open`, or tf.io.gfile.GFile for gs://
+  paths), read again after an I/O error (see `Retries`)."""
+
+  def read():
+    with opener(path, "rb") as f:
+      return f.read()
+
+  return with_retries(read, path)
+
+
+def reason(status: int, pixels: int = 0, max_pixels: int = 0) -> str:
+  """Why an example of `status` was skipped, in words."""
+  return _REASONS[status].format(pixels=int(pixels), limit=int(max_pixels))
+
+
+class SkipCounter:
+  """One host's count of the records it read and the examples it skipped, by reason.
+
+  Args:
+    max_fraction: the limit on skipped / read (dataset.max_skipped_fraction).
+    max_pixels: dataset.max_image_pixels, for the messages.
+    min_records: records read before the limit applies.
+    skipped, read: the counts so far (a resumed run's).
+  """
+
+  def __init__(
+    self, max_fraction: float, max_pixels: int, min_records: int, skipped: int = 0, read: int = 0
+  ):
+    self.max_fraction, self.max_pixels, self.min_records = max_fraction, max_pixels, min_records
+    self.skipped, self.read = int(skipped), int(read)
+    self.by_status = {status: 0 for status in _REASONS}
+    self.last: tuple[str, str] | None = None  # (where, why) of the most recent skipped example
+
+  def add(self, batch: dict[str, np.ndarray], log: bool = True) -> int:
+    """Counts a batch's records (`status`, `where`, `pixels` [B]; padding is not a record) and
+    logs each skipped example but a damaged file's lost records (the reader named the file once);
+    returns the batch's skipped examples."""
+    status = np.asarray(batch["status"])
+    self.read += int(np.sum(status != PAD))
+    rows = np.flatnonzero(status > OK)
+    for r in rows:
+      code, where = int(status[r]), _text(batch["where"][r])
+      why = reason(code, batch["pixels"][r], self.max_pixels)
+      self.by_status[code] += 1
+      self.last = (where, why)
+      if log and code != LOST:
+        logging.warning("input pipeline: skipped %s: it %s", where, why)
+    self.skipped += len(rows)
+    return len(rows)
+
+  def summary(self) -> str:
+    """'3 undecodable, 2 too large' (the reasons seen)."""
+    return ", ".join(f"{n:,} {_COUNTED_AS[s]}" for s, n in self.by_status.items() if n)
+
+  def culprit(self) -> str:
+    if self.last is None:
+      return "all of them before the run resumed (its log names them)"
+    where, why = self.last
+    return f"the most recent: {where}, which {why}"
+
+  def check(self) -> None:
+    """Raises TooManySkippedError (one line) when the share is over the limit, once enough
+    records were read."""
+    if self.read < self.min_records or self.skipped <= self.max_fraction * self.read:
+      return
+    counts = f" ({self.summary()})" if self.summary() else ""
+    if sum(self.by_status.values()) < self.skipped:  # the reasons are not kept over a resume
+      counts = f" ({self.summary() or 'none'} since the run resumed)"
+    raise TooManySkippedError(
+      f"input pipeline: {self.skipped:,} of the {self.read:,} examples this host read "
+      f"({100 * self.skipped / self.read:.2f}%) were skipped{counts}, more than "
+      f"dataset.max_skipped_fraction={self.max_fraction:g}; {self.culprit()}"
+    )
+
+
+def _text(value: Any) -> str:
+  return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

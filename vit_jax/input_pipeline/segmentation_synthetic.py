@@ -1,0 +1,114 @@
+"""The offline synthetic segmentation tasks (`seg_builtin`), made from the bundled real images.
+
+`dataset.name` is `fashion_mnist_seg`, `mnist_seg` or `animal_mnist_seg`. Each 48x48 grey canvas
+holds 1 to 3 objects of the named dataset (28px images resized to 16..28 px, placed at random,
+later ones on top) over a blocky, noisy background (grey levels 0..59); an object pixel of source
+intensity >= 96 is labelled with the object's class + 1, a softer edge pixel (32..95) with
+IGNORE_LABEL, the rest (background) 0. Splits `train` (4,000 canvases), `val` (500) and `test`
+(1,000), made deterministically from GENERATOR_SEED: train and val objects come from disjoint
+parts of the source's training split, test objects from its test split.
+
+numpy and PIL; a split is made once per process and held in memory (4,000 canvases: 9 MB).
+"""
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from vit_jax.input_pipeline import builtin
+from vit_jax.input_pipeline.segmentation import IGNORE_LABEL, resize
+
+GENERATOR_SEED = 0
+CANVAS = 48
+SPLIT_SIZES = {"train": 4000, "val": 500, "test": 1000}
+# name → the bundled classification dataset whose images are the objects.
+SYNTHETIC = {
+  "fashion_mnist_seg": "fashion_mnist",
+  "mnist_seg": "mnist_5k",
+  "animal_mnist_seg": "animal_mnist",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticSplit:
+  """A split: images uint8 [N, canvas, canvas, 1], masks uint8 [N, canvas, canvas], names."""
+
+  images: np.ndarray
+  masks: np.ndarray
+  names: list[str]
+
+
+def make_synthetic(
+  objects: np.ndarray,
+  labels: np.ndarray,
+  num: int,
+  seed: int,
+  canvas: int = CANVAS,
+) -> tuple[np.ndarray, np.ndarray]:
+  """Canvases of objects (see the module docstring).
+
+  Args:
+    objects: uint8 [N, 28, 28, 1] bright objects on black.
+    labels: int [N], their classes (the mask gets class + 1).
+    num: canvases to make.
+    seed: all random draws (objects, sizes, places, background).
+    canvas: side of the square canvases.
+
+  Returns:
+    images uint8 [num, canvas, canvas, 1], masks uint8 [num, canvas, canvas].
+  """
+  rng = np.random.default_rng(seed)
+  images = np.zeros((num, canvas, canvas), np.uint8)
+  masks = np.zeros((num, canvas, canvas), np.uint8)
+  block = 6
+  for n in range(num):
+    coarse = rng.integers(0, 40, (canvas // block + 1,) * 2)
+    background = np.kron(coarse, np.ones((block, block)))[:canvas, :canvas]
+    images[n] = (background + rng.integers(0, 20, (canvas, canvas))).astype(np.uint8)
+    for _ in range(int(rng.integers(1, 4))):
+      i = int(rng.integers(len(labels)))
+      size = int(rng.integers(16, 29))
+      obj = resize(objects[i, ..., 0], (size, size), nearest=False)
+      y, x = (int(v) for v in rng.integers(0, canvas - size + 1, 2))
+      shown = obj >= 32
+      images[n, y : y + size, x : x + size][shown] = obj[shown]
+      window = masks[n, y : y + size, x : x + size]
+      window[shown] = IGNORE_LABEL
+      window[obj >= 96] = int(labels[i]) + 1
+  return images[..., None], masks
+
+
+def check_name(name: str) -> None:
+  if name not in SYNTHETIC:
+    raise ValueError(f"seg_builtin dataset {name!r}; expected one of {sorted(SYNTHETIC)}")
+
+
+@functools.cache
+def synthetic_split(name: str, split: str) -> SyntheticSplit:
+  """The canvases of a split (a plain split name: `train`, `val` or `test`)."""
+  check_name(name)
+  if split not in SPLIT_SIZES:
+    raise ValueError(
+      f"seg_builtin dataset {name!r} has no split {split!r}; splits: {sorted(SPLIT_SIZES)}"
+    )
+  source = builtin.load(SYNTHETIC[name])
+  if split == "test":
+    objects, labels = source.splits["test"]
+  else:
+    objects, labels = source.splits["train"]
+    order = np.random.default_rng(GENERATOR_SEED).permutation(len(labels))
+    cut = int(len(labels) * 0.9)
+    rows = order[:cut] if split == "train" else order[cut:]
+    objects, labels = objects[rows], labels[rows]
+  salt = {"train": 0, "val": 1, "test": 2}[split]
+  images, masks = make_synthetic(
+    objects, labels, SPLIT_SIZES[split], seed=GENERATOR_SEED * 1000 + salt
+  )
+  return SyntheticSplit(images, masks, [f"{split}/{i}" for i in range(len(masks))])
+
+
+def synthetic_class_names(name: str) -> list[str]:
+  """Background, then the object dataset's classes."""
+  check_name(name)
+  return ["background", *builtin.load(SYNTHETIC[name]).class_names]

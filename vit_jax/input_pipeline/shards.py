@@ -1,0 +1,203 @@
+"""TFRecord shards of tf.train.Example (the JFT / ImageNet-21k layout): the `tfrecord` source.
+
+The shards are streamed record by record (vit_jax.input_pipeline.tfrecord_files): by file per
+host when there are enough files, a shuffled file order and a shuffle buffer of
+`dataset.shuffle_buffer` raw records per epoch, so a host holds that buffer, never its split.
+`dataset_info.json` beside the shards (vit_jax.tools.make_shards) gives the classes, the split
+sizes and each file's record count; the files a split's pattern finds are checked against it.
+The segmentation shards' source (vit_jax.input_pipeline.segmentation_sources) reads its files
+the same way.
+"""
+
+import concurrent.futures
+import functools
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from vit_jax.input_pipeline import source, tfrecord_files
+from vit_jax.input_pipeline.bad_data import DataMismatchError
+
+INFO_FILENAME = "dataset_info.json"
+# The feature keys of the shards tools/make_shards writes (the ImageNet-style names).
+IMAGE_KEY = "image/encoded"
+LABEL_KEY = "image/class/label"
+
+
+def serialize_example(
+  image_bytes: bytes,
+  labels: Sequence[int] | int,
+  image_key: str = IMAGE_KEY,
+  label_key: str = LABEL_KEY,
+) -> bytes:
+  """A serialized tf.train.Example with one encoded image and one or more int64 labels."""
+  labels = [labels] if np.isscalar(labels) else list(labels)
+  feature = {
+    image_key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
+    label_key: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in labels])),
+  }
+  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def shard_path(directory: str, prefix: str, index: int, num_shards: int) -> str:
+  """`{directory}/{prefix}.tfrecord-{index:05d}-of-{num_shards:05d}`, the shards' file names."""
+  return os.path.join(directory, f"{prefix}.tfrecord-{index:05d}-of-{num_shards:05d}")
+
+
+def read_info_json(directory: str | None) -> dict | None:
+  """The `dataset_info.json` written by `vit_jax.tools.make_shards`, or None."""
+  if not directory:
+    return None
+  path = os.path.join(directory, INFO_FILENAME)
+  if not tf.io.gfile.exists(path):
+    return None
+  with tf.io.gfile.GFile(path) as f:
+    return json.load(f)
+
+
+def tfrecord_pattern(config, split: str) -> str:
+  """A split name → glob via `file_pattern`; a split that is itself a path or glob is used as is."""
+  if "/" in split or any(c in split for c in "*?["):
+    return split
+  if not config.data_dir:
+    raise source.MissingDataError(f"dataset.data_dir must be set to find TFRecord split {split!r}.")
+  return os.path.join(config.data_dir, config.file_pattern.format(name=config.name, split=split))
+
+
+def check_listed(files: list[str], listed: dict[str, int], pattern: str, split: str) -> None:
+  """Stops when the files a split's pattern finds are not the shards dataset_info.json lists
+  (shards of an earlier make_shards run beside the new ones, a shard missing)."""
+  found = {os.path.basename(f) for f in files}
+  extra, missing = sorted(found - set(listed)), sorted(set(listed) - found)
+  if extra or missing:
+    parts = []
+    if extra:
+      parts.append(f"{len(extra)} not listed ({extra[0]}, ...)")
+    if missing:
+      parts.append(f"{len(missing)} listed but missing ({missing[0]}, ...)")
+    raise DataMismatchError(
+      f"split {split!r}: the files matching {pattern!r} are not the {len(listed)} shards its "
+      f"{INFO_FILENAME} lists: {'; '.join(parts)}; rewrite the split (make_shards --overwrite)"
+    )
+
+
+class TFRecordSource(source.Source):
+  """TFRecord shards of tf.train.Example: encoded image bytes and one or more int64 labels."""
+
+  def __init__(self, config, split, process_index, process_count):
+    super().__init__(config, split, process_index, process_count)
+    info = read_info_json(config.data_dir)
+    pattern = tfrecord_pattern(config, split)
+    info = info or read_info_json(os.path.dirname(pattern))
+    self._open(pattern, (info or {}).get("splits", {}).get(split, {}).get("shards", {}))
+    self.image_key = config.image_key or IMAGE_KEY
+    self.label_key = config.label_key or LABEL_KEY
+
+  def _open(self, pattern: str, listed: dict[str, int], by_file: bool = True) -> None:
+    """Finds the split's files (checked against `listed`, the record count of each file that
+    dataset_info.json lists) and decides how hosts split them."""
+    self.pattern = pattern
+    self.files = sorted(tf.io.gfile.glob(pattern))
+    if not self.files:
+      raise source.MissingDataError(f"No TFRecord files match {pattern!r} (split {self.split!r}).")
+    self.by_file = by_file and source.uses_files_by_host(len(self.files), self.process_count)
+    self._known_lengths = listed
+    if listed:
+      check_listed(self.files, listed, pattern, self.split)
+
+  @classmethod
+  def info(cls, config) -> source.DatasetInfo:
+    info = read_info_json(config.data_dir) or {}
+    if info.get("task", source.CLASSIFICATION) != source.CLASSIFICATION:
+      raise ValueError(
+        f"{config.data_dir}/{INFO_FILENAME}: {info['task']} shards; dataset.source='seg_shards' "
+        "reads them"
+      )
+    splits = dict.fromkeys([config.train_split, config.eval_split])
+    num_examples = {s: info.get("splits", {}).get(s, {}).get("num_examples") for s in splits}
+    return source.dataset_info(
+      config, info.get("num_classes"), info.get("class_names"), num_examples
+    )
+
+  @property
+  def lengths_known(self) -> bool:
+    """Whether dataset_info.json gives every file's record count (else counting reads them)."""
+    return all(os.path.basename(f) in self._known_lengths for f in self.files)
+
+  def _host_files(self, host: int) -> list[str]:
+    return self.files[host :: self.process_count] if self.by_file else self.files
+
+  @functools.cached_property
+  def file_lengths(self) -> dict[str, int]:
+    """Records per file: from dataset_info.json when it lists them, else by reading the files."""
+    known = {f: self._known_lengths.get(os.path.basename(f)) for f in self.files}
+    missing = [f for f, n in known.items() if n is None]
+    if missing:
+      logging.info("Counting records in %d files of %s", len(missing), self.pattern)
+      with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        known.update(zip(missing, pool.map(tfrecord_files.count_records, missing), strict=True))
+    return known
+
+  def host_length(self, host: int) -> int:
+    if self.by_file:
+      return sum(self.file_lengths[f] for f in self._host_files(host))
+    return len(range(host, sum(self.file_lengths.values()), self.process_count))
+
+  def records(self, epoch, shuffle: bool, seed: int) -> tf.data.Dataset:
+    """The raw records of this host's files (of every file when hosts split by example), the
+    files in a seeded order per epoch, read 16 at a time; placeholders of lost records kept."""
+    host_files = self._host_files(self.process_index)
+    files = tf.constant(host_files)
+    # Each file's listed record count (the placeholders of a damaged file's lost records).
+    expected = tf.constant(
+      [self._known_lengths.get(os.path.basename(f), tfrecord_files.UNKNOWN) for f in host_files],
+      tf.int64,
+    )
+    if shuffle:
+      # Same order on every host, so that splitting by example stays disjoint.
+      order = tf.random.experimental.stateless_shuffle(
+        tf.range(len(host_files), dtype=tf.int64), seed=source.stateless_seed(seed, epoch, 1)
+      )
+      files, expected = tf.gather(files, order), tf.gather(expected, order)
+    return tf.data.Dataset.from_tensor_slices((files, expected)).interleave(
+      tfrecord_files.file_dataset,
+      cycle_length=min(16, len(host_files)),
+      block_length=1,
+      num_parallel_calls=tf.data.AUTOTUNE,
+      deterministic=True,
+    )
+
+  def select(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+    """The records of the split among its files' records, before the hosts split them: all."""
+    return ds
+
+  def epoch(self, epoch, shuffle, seed):
+    ds = self.select(self.records(epoch, shuffle, seed))
+    if not self.by_file:
+      ds = ds.shard(self.process_count, self.process_index)
+    if shuffle:
+      ds = ds.shuffle(
+        self.config.shuffle_buffer, seed=source.shuffle_seed(seed, epoch, self.process_index)
+      )
+    return ds
+
+  def lost(self, raw):
+    return tf.logical_not(raw["ok"])
+
+  def parse(self, raw):
+    tf.debugging.assert_equal(raw["ok"], True, message="a record its damaged file lost")
+    features = tf.io.parse_single_example(
+      raw["record"],
+      {
+        self.image_key: tf.io.FixedLenFeature([], tf.string),
+        self.label_key: tf.io.VarLenFeature(tf.int64),
+      },
+    )
+    return features[self.image_key], features[self.label_key].values
+
+  def where(self, raw):
+    return tf.strings.join([raw["file"], " record ", tf.strings.as_string(raw["index"])])

@@ -1,0 +1,203 @@
+"""A lost process of a multi-process run ends the run on every other process, within seconds,
+with one line naming it.
+
+When a process is killed or its host is lost, the others wait in their next collective with it,
+which may never return. JAX's coordination service watches its tasks' heartbeats too, but when
+one stops it ends every other process from C++ (SIGABRT, its reason in the log file, nothing on
+the terminal) and only after its heartbeat timeout (vit_jax.runtime.distributed sets it well
+above this module's). So every process runs a `Monitor` thread that, every `interval_s`, writes
+a counter of its own to the coordination service (`vit_jax/liveness/<process>/state`) and reads
+the counter of the next process in a ring that has not ended. A counter that has not moved for
+`timeout_s`, or a coordination service (process 0 runs it) that has not answered for as long,
+makes the monitor publish the loss (`vit_jax/lost/<process>`, read by every monitor on its next
+round), write `<name>: error: process 1 of 2 is gone (no sign of life for 31 s): stopping; ...`
+to the terminal and end its process with status 1 (os._exit: the main thread may be blocked in a
+collective that never returns). Nothing is committed by a process ending so: Orbax commits a
+step only once every process has written its part and passed a barrier, so the last committed
+step is whole and a rerun of the same command on every process continues from it.
+
+A process that ends on its own says so first (`finish`: 'finished' or 'failed'), so that the
+others never take it for lost; a process whose peer failed stops too, with a line saying so.
+A process that fails (`settle`, before its line) first waits until every other process has shown
+a sign of life, ended, or been found gone: a collective that failed because a peer died (gloo:
+"Connection reset by peer") is then reported as that lost process.
+
+Not covered: the loss of process 0 by a process crash on a reachable host. Its TCP connections
+are reset, and JAX's client ends every other process at once from C++ (SIGABRT; the log file
+says "Terminating process because the JAX distributed service detected fatal errors").
+
+This file must not import TensorFlow.
+"""
+
+import os
+import threading
+import time
+from typing import Any
+
+from absl import logging
+
+_ALIVE = "vit_jax/liveness"
+_LOST = "vit_jax/lost/"
+_FINISHED, _FAILED = "finished", "failed"
+
+_monitor: "Monitor | None" = None  # this process's, once `start` ran
+
+
+class Monitor:
+  """The thread of one process (see the module docstring); `client` is jax.distributed's."""
+
+  def __init__(self, client: Any, process: int, count: int, timeout_s: float, name: str):
+    self._client, self._me, self._count = client, process, count
+    self._timeout, self._name = float(timeout_s), name
+    self._interval = max(0.2, self._timeout / 10)
+    self._closing = threading.Event()
+    self._failing = False  # this process is failing: a peer that failed is no news
+    self._ending = threading.Lock()
+    self._thread = threading.Thread(target=self._run, name="vit_jax-liveness", daemon=True)
+
+  def start(self) -> "Monitor":
+    self._set(str(0))
+    self._thread.start()
+    return self
+
+  def _set(self, state: str) -> None:
+    self._client.key_value_set(f"{_ALIVE}/{self._me}/state", state, allow_overwrite=True)
+
+  def _states(self) -> dict[int, str]:
+    """Every process's state (one read of the coordination service)."""
+    entries = self._client.key_value_dir_get(f"{_ALIVE}/")
+    return {int(key.split("/")[-2]): value for key, value in entries}
+
+  def _announced(self) -> None:
+    """Ends this process if some monitor has published a loss."""
+    lost = self._client.key_value_dir_get(_LOST)
+    if lost:
+      key, why = lost[0]
+      self._end(int(key.rsplit("/", 1)[1]), why)
+
+  def _run(self) -> None:
+    beat, peer, seen, changed, answered = 0, None, None, time.monotonic(), time.monotonic()
+    while not self._closing.wait(self._interval):
+      beat += 1
+      now = time.monotonic()
+      try:
+        self._set(str(beat))
+        self._announced()
+        states = self._states()
+        answered = now
+      except Exception as e:  # noqa: BLE001 - the coordination service does not answer
+        if now - answered > self._timeout:
+          self._service_lost(now - answered, e)
+        continue
+      watched = self._watched(states)
+      if watched is None:
+        continue
+      if watched != peer:  # a new one to watch: its clock starts now
+        peer, seen, changed = watched, states.get(watched), now
+      state = states.get(peer)
+      if state == _FAILED and not self._failing:
+        self._end(peer, "its log says why", failed=True)
+      if state != seen:
+        seen, changed = state, now
+      elif now - changed > self._timeout:
+        self._lost(peer, f"no sign of life for {now - changed:.0f} s")
+
+  def _watched(self, states: dict[int, str]) -> int | None:
+    """The next process in the ring that has not finished (a failed one is watched: it ends
+    this one)."""
+    for k in range(1, self._count):
+      p = (self._me + k) % self._count
+      if states.get(p) != _FINISHED:
+        return p
+    return None
+
+  def settle(self) -> None:
+    """Before this process reports its own failure: returns once every other process has shown
+    a sign of life or ended; ends this process naming a lost one instead (see the module)."""
+    self._failing = True
+    start = answered = time.monotonic()
+    first: dict[int, str | None] = {}
+    alive: set[int] = set()
+    while True:
+      now = time.monotonic()
+      try:
+        self._announced()
+        states = self._states()
+        answered = now
+      except Exception as e:  # noqa: BLE001 - the coordination service does not answer
+        if now - answered > self._timeout:
+          self._service_lost(now - answered, e)
+        time.sleep(self._interval)
+        continue
+      pending = []
+      for p in range(self._count):
+        state = states.get(p)
+        if p == self._me or p in alive or state in (_FINISHED, _FAILED):
+          continue
+        if first.setdefault(p, state) != state:
+          alive.add(p)
+          continue
+        if now - start > self._timeout:
+          self._lost(p, f"no sign of life for {now - start:.0f} s")
+        pending.append(p)
+      if not pending:
+        return
+      time.sleep(self._interval)
+
+  def finish(self, failed: bool) -> None:
+    """Stops the thread and says this process ended (finished, or failed)."""
+    self._closing.set()
+    self._thread.join(timeout=self._interval + 5)  # its last counter never follows the state
+    try:
+      self._set(_FAILED if failed else _FINISHED)
+    except Exception as e:  # noqa: BLE001 - the others then find it gone
+      logging.info("liveness: could not say this process ended: %s", e)
+
+  def _service_lost(self, silent_s: float, error: BaseException) -> None:
+    why = f"the coordination service it runs has not answered for {silent_s:.0f} s"
+    self._end(0, f"{why}: {str(error).strip().splitlines()[0] if str(error).strip() else error}")
+
+  def _lost(self, who: int, why: str) -> None:
+    try:
+      self._client.key_value_set(f"{_LOST}{who}", why, allow_overwrite=True)
+    except Exception:  # noqa: BLE001 - the others find it gone themselves
+      pass
+    self._end(who, why)
+
+  def _end(self, who: int, why: str, failed: bool = False) -> None:
+    """Writes the line naming process `who` and ends this process (status 1)."""
+    from vit_jax.runtime import console
+
+    with self._ending:
+      what = "failed" if failed else "is gone"
+      line = (
+        f"{self._name}: error: process {who} of {self._count} {what} ({why}): stopping. "
+        f"Nothing after the last committed checkpoint is kept; the same command on every "
+        f"process continues from it"
+      )
+      logging.error("%s", line, extra={"terminal": False})
+      console.end(line)
+      os._exit(1)
+
+
+def start(client: Any, process: int, count: int, timeout_s: float, name: str) -> None:
+  """Starts this process's monitor (several processes; see the module docstring)."""
+  global _monitor
+  _monitor = Monitor(client, process, count, timeout_s, name).start()
+  logging.info(
+    "liveness: a process silent for %g s counts as gone", timeout_s, extra={"terminal": False}
+  )
+
+
+def settle() -> None:
+  """`Monitor.settle` of this process's monitor (nothing without one)."""
+  if _monitor is not None:
+    _monitor.settle()
+
+
+def finish(failed: bool = False) -> None:
+  """`Monitor.finish` of this process's monitor (nothing without one)."""
+  global _monitor
+  if _monitor is not None:
+    _monitor.finish(failed)
+    _monitor = None

@@ -1,0 +1,83 @@
+"""A process set up for vit_jax on a CPU, in one call: `configure()`.
+
+Importing vit_jax changes nothing process-wide. Every command (`python -m vit_jax.main`, the
+tools, `vit_jax.predict`, `vit_jax.analysis`, the experiments) calls `configure()` first thing,
+before JAX, TensorFlow or any other thread starts; a program that uses vit_jax as a library opts
+in with the same call, as early:
+
+    from vit_jax.runtime import process; process.configure()
+
+It sets glibc's allocator and JAX's CPU dispatch so that the step's buffers stay mapped between
+steps (vit_jax.kernels.xla_cpu_memory) and adds vit_jax's XLA:CPU flags to XLA_FLAGS
+(vit_jax.kernels.xla_cpu_flags), then logs what it did, or why it left something as it was (an
+accelerator, JAX's backends already started, an opt-out variable). What else a command owns
+(signals, the garbage collector): docs/process.md.
+
+Importing this file imports neither JAX nor TensorFlow; `configure` imports JAX once it has set
+the allocator.
+"""
+
+import dataclasses
+import os
+
+from absl import logging
+
+from vit_jax.kernels import xla_cpu_flags, xla_cpu_memory
+
+# What libtpu would otherwise ask a TPU VM's metadata server, and JAX kept off a local accelerator.
+_LIBTPU_WITHOUT_TPU = {
+  "JAX_PLATFORMS": "cpu",
+  "TPU_SKIP_MDS_QUERY": "1",
+  "TPU_WORKER_HOSTNAMES": "localhost",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What `configure` did, in words."""
+
+  allocator: str
+  xla_flags: str
+
+  @property
+  def too_late(self) -> bool:
+    """Whether something was left as it was because the call came too late."""
+    return self.allocator == xla_cpu_memory.TOO_LATE or self.xla_flags == xla_cpu_flags.TOO_LATE
+
+  def __str__(self) -> str:
+    return f"allocator: {self.allocator}; XLA_FLAGS: {self.xla_flags}"
+
+
+_configured: list[Settings] = []  # what configure() did to this process's environment, if called
+
+
+def configure(environ=os.environ) -> Settings:
+  """Sets this process up as a command's is (see the module docstring); logs and returns what it
+  did. Calling it again changes nothing more. `environ`: the environment whose XLA_FLAGS it
+  sets and whose opt-out variables it reads."""
+  xla_cpu_memory.apply(environ)
+  settings = Settings(xla_cpu_memory.status, xla_cpu_flags.apply(environ))
+  if environ is os.environ:
+    _configured[:] = [settings]
+  if settings.too_late:
+    logging.warning(
+      "vit_jax.runtime.process.configure() came too late for part of it (call it first thing, "
+      "before JAX starts its backends): %s",
+      settings,
+    )
+  else:
+    logging.info("vit_jax process settings: %s", settings)
+  return settings
+
+
+def configured() -> Settings | None:
+  """What `configure()` did to this process (None: not called: glibc's and XLA's defaults)."""
+  return _configured[0] if _configured else None
+
+
+def quiet_libtpu(environ=os.environ) -> None:
+  """For a process that compiles for TPU topologies without a TPU (vit_jax.tools.plan): JAX on
+  the CPU, and libtpu told what it would ask a TPU VM's metadata server; only variables not set
+  already. Before JAX is imported (JAX reads JAX_PLATFORMS then)."""
+  for name, value in _LIBTPU_WITHOUT_TPU.items():
+    environ.setdefault(name, value)
