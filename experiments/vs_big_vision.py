@@ -388,15 +388,18 @@ def start_batch(model: str, topology: str) -> int:
   return max([1, *(b for b in candidates_between(0, 1 << 20) if b <= fits)])
 
 
-def run_row(compile_, model: str, topology: str, start: int | None = None) -> dict:
+def run_row(
+  compile_, model: str, topology: str, start: int | None = None, search: bool = True
+) -> dict:
   """Both sides of a row: `compile_(side, model, topology, batch)` at the starting batch, then
-  the largest batch that fits (None where the device's HBM is unknown, e.g. CPU devices)."""
+  (with `search`) the largest batch that fits (None where the device's HBM is unknown, e.g. CPU
+  devices, or not searched)."""
   start = start or start_batch(model, topology)
   row = dict(model=model, topology=topology, batch=start, sides={})
   for side in SIDES:
     first = compile_(side, model, topology, start)
     largest, tried = None, [start]
-    if first["hbm"]:
+    if first["hbm"] and search:
 
       def measure(b, side=side):
         return compile_(side, model, topology, b)
@@ -492,6 +495,7 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
     models=define("string", "models", ",".join(RUNS), "Rows' models."),
     topologies=define("string", "topologies", ",".join(TOPOLOGIES), "Rows' TPU slices."),
     dump_dir=define("string", "dump_dir", None, "Keep XLA's memory report and optimized HLO."),
+    search=define("bool", "search", True, "Search each side's largest batch (else: None)."),
     compile_one=define("string", "compile_one", None, "A child's one compile (JSON; internal)."),
   )
 
@@ -514,7 +518,7 @@ def main(argv: list[str], f: types.SimpleNamespace) -> None:
   rows = []
   for model in args.models.split(","):
     for topology in args.topologies.split(","):
-      rows.append(run_row(compile_, model, topology))
+      rows.append(run_row(compile_, model, topology, search=args.search))
       results = dict(rows=rows, source_hashes=compile_.hashes)
       common.write_results(os.path.join(args.out_dir, "results.json"), results)
       with open(os.path.join(args.out_dir, "table.md"), "w") as f:
