@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Sets up vit_jax on a fresh Debian/Ubuntu machine with Python 3.11+: the Debian packages the demo
 # needs (Fashion-MNIST; g++, which builds the CPU kernels on first use), a virtual
-# environment in .venv with the package (editable) and, with --test, the test tools. Idempotent:
-# run it again after pulling.
+# environment in .venv with the package (editable) and, with --test, the test tools and libtpu
+# (the `tpu` extra: the tests that compile the train step for TPU topologies; no TPU used).
+# Idempotent: run it again after pulling.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 extras=""
-[[ "${1:-}" == "--test" ]] && extras="[test]"
+[[ "${1:-}" == "--test" ]] && extras="[test,tpu]"
 
 sudo=""
 [[ "$(id -u)" != 0 ]] && sudo="sudo"

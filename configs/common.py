@@ -98,12 +98,15 @@ def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
 
 
 def adam_config(weight_decay: float) -> ml_collections.ConfigDict:
-  """Adam of the paper's pretraining (β1=0.9, β2=0.999), decoupled decay on `decay_patterns`."""
+  """Adam of the paper's pretraining (β1=0.9, β2=0.999), decoupled decay on `decay_patterns`;
+  `mu_dtype` is the dtype of its first moment (float32; 'bfloat16' halves it, as big_vision's
+  recipes keep it)."""
   return ml_collections.ConfigDict(
     dict(
       name="adam",
       b1=0.9,
       b2=0.999,
+      mu_dtype="float32",
       weight_decay=weight_decay,
       decay_patterns=optim.DEFAULT_DECAY_PATTERNS,
     )

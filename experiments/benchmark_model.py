@@ -51,7 +51,7 @@ _JSON_MARK = "BENCHMARK_ROWS "
 # enough on accelerators to fill the chip (single device; fits 16 GiB HBM on TPU v5e).
 _DEFAULT_BATCH = {
   "cpu": {"ViT-B_16": 8, "ViT-Ti_16": 32, "demo": 128},
-  "gpu": {"ViT-B_16": 256, "ViT-Ti_16": 1024, "demo": 4096},
+  "gpu": {"ViT-B_16": 256, "ViT-L_16": 128, "ViT-Ti_16": 1024, "demo": 4096},
   "tpu": {"ViT-B_16": 128, "ViT-Ti_16": 512, "demo": 4096},
 }
 _FALLBACK_BATCH = {"cpu": 8, "gpu": 128, "tpu": 64}
@@ -78,7 +78,13 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
     paired=define("bool", "paired", False, "one process per side, taking turns round by round"),
     pause=define("float", "pause", 0.2, "--paired: idle seconds before each turn"),
     optimizer=define("enum", "optimizer", "adamw", "sgd: momentum 0.9", ["adamw", "sgd"]),
-    timm=define("enum", "timm", "auto", "benchmark timm alongside", ["auto", "on", "off"]),
+    timm=define(
+      "enum",
+      "timm",
+      "auto",
+      "benchmark timm alongside (compiled: only under torch.compile)",
+      ["auto", "on", "off", "compiled"],
+    ),
     timm_compile=define("bool", "timm_compile", False, "also timm under torch.compile"),
     attention_kernel=define(
       "enum", "attention_kernel", "auto", "JAX's core", ["auto", "xla", "cudnn"]
@@ -519,8 +525,8 @@ def _merge_rounds(rows: list[dict], new: dict) -> None:
 
 def _want_timm(args) -> bool:
   found = all(importlib.util.find_spec(name) for name in ("timm", "torch"))
-  if args.timm == "on" and not found:
-    raise SystemExit("--timm=on, but timm or torch is not importable")
+  if args.timm in ("on", "compiled") and not found:
+    raise SystemExit(f"--timm={args.timm}, but timm or torch is not importable")
   return found and args.timm != "off"
 
 
@@ -542,7 +548,8 @@ def _compare(argv: list[str], args, env: dict) -> None:
     f"JAX attention_kernel {args.attention_kernel}, optimizer {args.optimizer}, "
     f"warmup {args.warmup}, {how}"
   )
-  timm = ["timm"] + (["timm_compile"] if args.timm_compile else []) if _want_timm(args) else []
+  compiled = ["timm_compile"] if args.timm_compile or args.timm == "compiled" else []
+  timm = (compiled if args.timm == "compiled" else ["timm", *compiled]) if _want_timm(args) else []
   impls = ["jax"] + (["baseline"] if _baseline_label(args) else []) + timm
   with _baseline_tree(args) as tree:
     measured = _measure(impls, argv, env, tree, args)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import pytest
 
 from vit_jax import models, optim, sharding
 
@@ -71,6 +72,26 @@ def test_decay_patterns_config_field_is_applied():
   np.testing.assert_allclose(custom["cls"], -0.1)
   none = updates(decay_patterns=())
   assert all(np.all(u == 0) for u in jax.tree_util.tree_leaves(none))
+
+
+def test_adam_first_moment_dtype():
+  """optimizer.mu_dtype: bfloat16 narrows Adam's first moment (big_vision's recipes), float32
+  keeps it in the parameters' dtype (float64 in a float64 run); the second moment stays there."""
+  for params, mu_dtype, want in [
+    ({"w": np.ones(3, np.float32)}, "bfloat16", jnp.bfloat16),
+    ({"w": np.ones(3, np.float32)}, "float32", jnp.float32),
+    ({"w": jax.ShapeDtypeStruct((3,), jnp.float64)}, "float32", jnp.float64),
+  ]:
+    config = ml_collections.ConfigDict(
+      dict(name="adam", b1=0.9, b2=0.999, mu_dtype=mu_dtype, weight_decay=0.0)
+    )
+    tx = optim.make_optimizer(config, optax.constant_schedule(1.0), grad_clip_norm=None)
+    with jax.enable_x64(want == jnp.float64):
+      adam = jax.eval_shape(tx.init, params)[0]
+    assert adam.mu["w"].dtype == want and adam.nu["w"].dtype == params["w"].dtype
+  config.mu_dtype = "float16"
+  with pytest.raises(ValueError, match=r"^optimizer.mu_dtype='float16'; expected"):
+    optim.make_optimizer(config, optax.constant_schedule(1.0), grad_clip_norm=None)
 
 
 def _sgd_updates(grads, clip):

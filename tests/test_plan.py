@@ -88,6 +88,10 @@ def test_parse_hlo_counts_collectives_and_matmuls_per_loop_iteration():
   # replica_groups={} is every device.
   assert c["all-to-all"] == {"count": 1, "bytes": 64 * 128 * 4 * 7 / 8}
   assert c["collective-permute"] == {"count": 0, "bytes": 0}
+  # The same bytes by element type: the one bf16 all-reduce, the rest f32.
+  assert stats.ici_dtypes == pytest.approx(
+    {"bf16": 2 * 2048 / 2, "f32": sum(v["bytes"] for v in c.values()) - 2 * 2048 / 2}
+  )
   # The dot: [64, 512] × [512, 128], 2 FLOPs per multiply-add, once per iteration.
   assert stats.matmul_flops_once == 2 * 64 * 128 * 512
   assert stats.matmul_flops == 4 * 2 * 64 * 128 * 512
@@ -111,7 +115,7 @@ def test_parse_hlo_counts_the_bytes_between_slices_apart():
   32 KiB over the data-centre network (its recv not counted again); the collectives inside the
   slice are the interconnect's."""
   stats = compiled_stats.parse_hlo(MULTISLICE_HLO, num_devices=8, slices=2)
-  assert stats.dcn_bytes == 64 * 128 * 4
+  assert stats.dcn_bytes == 64 * 128 * 4 and stats.dcn_dtypes == {"f32": 64 * 128 * 4}
   assert stats.ici_bytes == sum(v["bytes"] for v in stats.collectives.values()) > 0
   assert compiled_stats.parse_hlo(MULTISLICE_HLO, 8, slices=4).dcn_bytes == 64 * 128 * 4 * 1.5
   assert compiled_stats.parse_hlo(HLO, num_devices=8).dcn_bytes == 0

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -64,13 +65,24 @@ def decay_mask(params: Any, patterns: Sequence[str] = DEFAULT_DECAY_PATTERNS) ->
   )
 
 
+def _mu_dtype(config: ml_collections.ConfigDict) -> Any:
+  """Adam's first-moment dtype: 'float32' (and a config saved before the field existed) keeps it
+  in the parameters' dtype, optax's default (float32; float64 in the tests' float64 references);
+  'bfloat16' narrows it."""
+  name = config.get("mu_dtype", "float32")
+  if name not in ("float32", "bfloat16"):
+    raise ValueError(f"optimizer.mu_dtype={name!r}; expected 'float32' or 'bfloat16'")
+  return jnp.bfloat16 if name == "bfloat16" else None
+
+
 def make_optimizer(
   config: ml_collections.ConfigDict, schedule: optax.Schedule, grad_clip_norm: float | None
 ) -> optax.GradientTransformation:
   """The optimizer.
 
   Args:
-    config: `name` ('adam' | 'sgd'); for adam `b1`, `b2`; for sgd `momentum`; both
+    config: `name` ('adam' | 'sgd'); for adam `b1`, `b2` and `mu_dtype` (of the first moment);
+      for sgd `momentum`; both
       `weight_decay` and optionally `decay_patterns` (default DEFAULT_DECAY_PATTERNS).
     schedule: learning rate per step.
     grad_clip_norm: clip gradients to this global norm first; None or 0 disables.
@@ -82,7 +94,9 @@ def make_optimizer(
   if grad_clip_norm:
     parts.append(optax.clip_by_global_norm(float(grad_clip_norm)))
   if config.name == "adam":
-    parts.append(optax.scale_by_adam(b1=float(config.b1), b2=float(config.b2)))
+    parts.append(
+      optax.scale_by_adam(b1=float(config.b1), b2=float(config.b2), mu_dtype=_mu_dtype(config))
+    )
   elif config.name == "sgd":
     if config.momentum:
       parts.append(optax.trace(decay=float(config.momentum)))

@@ -119,6 +119,7 @@ class HloStats:
       ring algorithm over the slices would send its buffer (all-reduce 2 (S - 1) / S of it,
       all-gather, reduce-scatter and all-to-all (S - 1) / S, anything else all of it).
     ici_bytes: the bytes of the other collectives (`collectives`), inside a slice.
+    dcn_dtypes, ici_dtypes: `dcn_bytes` and `ici_bytes` by element type ({'bf16': ..., 'f32': ...}).
   """
 
   collectives: dict[str, dict[str, float]]
@@ -127,6 +128,8 @@ class HloStats:
   loops: list[tuple[str, int | None]]
   dcn_bytes: float = 0.0
   ici_bytes: float = 0.0
+  dcn_dtypes: dict[str, float] = dataclasses.field(default_factory=dict)
+  ici_dtypes: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _computations(text: str) -> tuple[dict[str, list[_Instr]], dict[str, dict[str, str]], str]:
@@ -284,6 +287,8 @@ def parse_hlo(text: str, num_devices: int, slices: int = 1) -> HloStats:
           mult[callee] += mult[name] * factor
   collectives = {k: {"count": 0.0, "bytes": 0.0} for k in COLLECTIVES}
   flops = flops_once = dcn = 0.0
+  dcn_dtypes: dict[str, float] = {}
+  ici_dtypes: dict[str, float] = {}
   for name, instrs in comps.items():
     for instr in instrs:
       f = _matmul_flops(instr, shapes[name]) if instr.opcode in ("dot", "convolution") else 0.0
@@ -291,11 +296,12 @@ def parse_hlo(text: str, num_devices: int, slices: int = 1) -> HloStats:
       flops_once += f if mult[name] > 0 else 0.0
       transfer = re.search(r'_xla_megascale_transfer_type="(\w+)"', instr.attrs)
       if instr.opcode == "send" and transfer:
-        size = _nbytes(_arrays(instr.type_str)[:1])  # (buffer, u32[], token[])
+        buffer = _arrays(instr.type_str)[:1]  # (buffer, u32[], token[])
         share = (slices - 1) / slices if slices > 1 else 1.0
         factor = {"ALL_REDUCE": 2 * share, "ALL_GATHER": share, "REDUCE_SCATTER": share,
                   "ALL_TO_ALL": share}.get(transfer.group(1), 1.0)  # fmt: skip
-        dcn += size * factor * mult[name]
+        dcn += _nbytes(buffer) * factor * mult[name]
+        _add_by_dtype(dcn_dtypes, buffer, factor * mult[name])
         continue
       kind = instr.opcode.removesuffix("-start")
       if kind not in COLLECTIVES or instr.opcode.endswith("-done"):
@@ -318,8 +324,15 @@ def parse_hlo(text: str, num_devices: int, slices: int = 1) -> HloStats:
       }[kind]
       collectives[kind]["count"] += mult[name]
       collectives[kind]["bytes"] += sent * mult[name]
+      _add_by_dtype(ici_dtypes, arrays, (sent / size if size else 0.0) * mult[name])
   ici = sum(v["bytes"] for v in collectives.values())
-  return HloStats(collectives, flops, flops_once, loops, dcn, ici)
+  return HloStats(collectives, flops, flops_once, loops, dcn, ici, dcn_dtypes, ici_dtypes)
+
+
+def _add_by_dtype(totals: dict[str, float], arrays: list, factor: float) -> None:
+  """Adds `factor` times the bytes of each array to its element type's total."""
+  for dtype, dims in arrays:
+    totals[dtype] = totals.get(dtype, 0.0) + factor * _nbytes([(dtype, dims)])
 
 
 def sharded_bytes(tree: Any, shardings: Any) -> int:
@@ -359,6 +372,8 @@ class StepStats:
   loops: list[tuple[str, int | None]]
   dcn_bytes: float = 0.0  # of the collectives' bytes, those sent between slices
   ici_bytes: float = 0.0
+  dcn_dtypes: dict[str, float] = dataclasses.field(default_factory=dict)  # dcn_bytes by dtype
+  ici_dtypes: dict[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def total(self) -> int:
@@ -466,6 +481,8 @@ def step_stats(
     loops=hlo.loops,
     dcn_bytes=hlo.dcn_bytes,
     ici_bytes=hlo.ici_bytes,
+    dcn_dtypes=hlo.dcn_dtypes,
+    ici_dtypes=hlo.ici_dtypes,
   )
 
 

@@ -49,8 +49,8 @@ def get_model(
   fields.update(overrides)
   for key in _NON_MODULE_FIELDS:
     fields.pop(key, None)
-  for key in ("dtype", "param_dtype"):
-    if isinstance(fields[key], str):
+  for key in ("dtype", "param_dtype", "grad_reduce_dtype"):
+    if isinstance(fields.get(key), str):
       if fields[key] not in _DTYPES:
         raise ValueError(f"model {key}={fields[key]!r}; expected one of {sorted(_DTYPES)}")
       fields[key] = _DTYPES[fields[key]]

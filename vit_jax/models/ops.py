@@ -12,6 +12,7 @@ these through this module's attributes (so that experiments/ablate_step.py can s
 This file must not import TensorFlow.
 """
 
+import functools
 import math
 from typing import Any
 
@@ -112,6 +113,114 @@ def matmul_2d(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
   """
   rows = x.reshape(-1, x.shape[-1])
   return (rows @ kernel + bias).reshape(*x.shape[:-1], kernel.shape[-1])
+
+
+def gradient_dtype(compute_dtype: Dtype, grad_reduce_dtype: Dtype | None) -> Any:
+  """The dtype in which the parameters' gradients leave the backward pass of a layer computing in
+  `compute_dtype`, and so the dtype in which they are summed across devices: `grad_reduce_dtype`
+  where it is wider than `compute_dtype`, else `compute_dtype` (as autodiff gives them)."""
+  compute = jnp.dtype(compute_dtype)
+  if grad_reduce_dtype is None:
+    return compute
+  reduce = jnp.dtype(grad_reduce_dtype)
+  return reduce if reduce.itemsize > compute.itemsize else compute
+
+
+def dense(
+  x: jax.Array, kernel: jax.Array, bias: jax.Array, grad_reduce_dtype=None, flatten: bool = True
+) -> jax.Array:
+  """x [..., n] @ kernel [n, m] + bias [m] in x's dtype, the parameters cast to it; with
+  `flatten` as one 2-D matmul over the flattened rows (`matmul_2d`).
+
+  The gradients of `kernel` and `bias` are computed in `gradient_dtype(x.dtype,
+  grad_reduce_dtype)`: with bfloat16 `x` and a float32 `grad_reduce_dtype` the weight
+  gradient's matmul accumulates into float32 and the bias gradient sums in float32
+  (`_dense_wide`), so that under data parallelism the partial sums the devices add up are
+  float32; otherwise the function is plain autodiff of the cast and the matmul, the same
+  program as before the option existed.
+  """
+  wide = gradient_dtype(x.dtype, grad_reduce_dtype)
+  if wide == x.dtype:
+    return _affine(x, kernel.astype(x.dtype), bias.astype(x.dtype), flatten)
+  return _dense_wide(x, kernel, bias, wide, flatten)
+
+
+def dense_params(dtype: Dtype, grad_reduce_dtype, *params: jax.Array) -> tuple[jax.Array, ...]:
+  """`params` as `dense` takes them: cast to `dtype` here where their gradients stay in it (a
+  layer that stacks or reshapes its parameters then does so on the cast copy, as it did before
+  `grad_reduce_dtype`: the TPU compiler's memory differs with the order), kept for the wide path."""
+  if gradient_dtype(dtype, grad_reduce_dtype) == jnp.dtype(dtype):
+    return tuple(p.astype(dtype) for p in params)
+  return params
+
+
+def _affine(x, kernel, bias, flatten):
+  return matmul_2d(x, kernel, bias) if flatten else x @ kernel + bias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _dense_wide(x, kernel, bias, wide, flatten):
+  return _affine(x, kernel.astype(x.dtype), bias.astype(x.dtype), flatten)
+
+
+def _dense_wide_fwd(x, kernel, bias, wide, flatten):
+  # The parameters themselves are kept (they live anyway), not a cast copy: the backward pass
+  # casts the kernel again, a conversion XLA fuses into the matmul that reads it.
+  return _dense_wide(x, kernel, bias, wide, flatten), (x, kernel, bias)
+
+
+def _dense_wide_bwd(wide, flatten, residuals, d_y):
+  x, kernel, bias = residuals
+  if flatten:
+    x_in, d_in = x.reshape(-1, x.shape[-1]), d_y.reshape(-1, d_y.shape[-1])
+  else:
+    x_in, d_in = x, d_y
+  rows = tuple(range(x_in.ndim - 1))
+  d_x = (d_in @ kernel.astype(x.dtype).T).reshape(x.shape)
+  d_kernel = jax.lax.dot_general(x_in, d_in, ((rows, rows), ((), ())), preferred_element_type=wide)
+  d_bias = jnp.sum(d_in.astype(wide), axis=rows)
+  return d_x, d_kernel.astype(kernel.dtype), d_bias.astype(bias.dtype)
+
+
+_dense_wide.defvjp(_dense_wide_fwd, _dense_wide_bwd)
+
+
+def broadcast_param(
+  param: jax.Array, shape: tuple[int, ...], dtype: Dtype, grad_reduce_dtype=None
+) -> jax.Array:
+  """`param` cast to `dtype` and broadcast to `shape` (leading dimensions added: the class
+  token to [batch, 1, width], the position embeddings to [batch, tokens, width]).
+
+  Its gradient, the sum of the output's over the added rows, is summed in `gradient_dtype(dtype,
+  grad_reduce_dtype)` (see `dense`); plain autodiff when that is `dtype`.
+  """
+  wide = gradient_dtype(dtype, grad_reduce_dtype)
+  if wide == jnp.dtype(dtype):
+    return jnp.broadcast_to(param.astype(dtype), shape)
+  return _broadcast_wide(param, shape, jnp.dtype(dtype), wide)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _broadcast_wide(param, shape, dtype, wide):
+  return jnp.broadcast_to(param.astype(dtype), shape)
+
+
+def _broadcast_wide_fwd(param, shape, dtype, wide):
+  # A zero-size array carries the parameter's shape and dtype to the backward pass.
+  return _broadcast_wide(param, shape, dtype, wide), jnp.zeros((*param.shape, 0), param.dtype)
+
+
+def _broadcast_wide_bwd(shape, dtype, wide, like, d_y):
+  param_shape = like.shape[:-1]
+  lead = d_y.ndim - len(param_shape)
+  axes = tuple(range(lead)) + tuple(
+    lead + i for i, n in enumerate(param_shape) if n == 1 and d_y.shape[lead + i] != 1
+  )
+  d_param = jnp.sum(d_y.astype(wide), axis=axes).reshape(param_shape)
+  return (d_param.astype(like.dtype),)
+
+
+_broadcast_wide.defvjp(_broadcast_wide_fwd, _broadcast_wide_bwd)
 
 
 def scaled_queries(q: jax.Array) -> jax.Array:

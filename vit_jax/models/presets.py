@@ -58,6 +58,9 @@ def vit_config(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, re
       attention_kernel="auto",
       # The LayerNorms' (ops.LAYER_NORM_KERNELS); 'auto': C++ on a one-device CPU (float32).
       layer_norm_kernel="auto",
+      # The dtype the gradients are summed across devices in, where wider than `dtype`
+      # (ops.gradient_dtype): 'bfloat16' keeps a bf16 model's as autodiff gives them.
+      grad_reduce_dtype="bfloat16",
     )
   )
 

@@ -113,6 +113,25 @@ class _Projection(nn.Module):
     return kernel, bias
 
 
+class Dense(nn.Module):
+  """`nn.Dense` over the last axis, the same parameters and numbers, run as `ops.dense`: its
+  weight gradients are computed in `grad_reduce_dtype` when that is wider than `dtype`."""
+
+  features: int
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  kernel_init: Callable = nn.initializers.lecun_normal()
+  bias_init: Callable = nn.initializers.zeros
+  grad_reduce_dtype: Dtype | None = None
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    shape = (x.shape[-1], self.features)
+    kernel = self.param("kernel", self.kernel_init, shape, self.param_dtype)
+    bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+    return ops.dense(x.astype(self.dtype), kernel, bias, self.grad_reduce_dtype)
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head self-attention with query/key/value kernels [D, heads, D/heads].
 
@@ -130,6 +149,7 @@ class MultiHeadDotProductAttention(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   attention_kernel: str = "auto"
+  grad_reduce_dtype: Dtype | None = None
 
   @nn.compact
   def __call__(
@@ -145,9 +165,15 @@ class MultiHeadDotProductAttention(nn.Module):
       _Projection((width, heads, head_dim), 1, self.param_dtype, name=n)()
       for n in ("query", "key", "value")
     ]
-    kernel = jnp.stack([k for k, _ in projections], axis=1).astype(self.dtype)  # [D, 3, h, d]
-    bias = jnp.stack([b for _, b in projections], axis=0).astype(self.dtype)  # [3, h, d]
-    qkv = ops.matmul_2d(x.astype(self.dtype), kernel.reshape(width, -1), bias.reshape(-1))
+    kernel, bias = ops.dense_params(
+      self.dtype,
+      self.grad_reduce_dtype,
+      jnp.stack([k for k, _ in projections], axis=1),  # [D, 3, h, d]
+      jnp.stack([b for _, b in projections], axis=0),  # [3, h, d]
+    )
+    qkv = ops.dense(
+      x.astype(self.dtype), kernel.reshape(width, -1), bias.reshape(-1), self.grad_reduce_dtype
+    )
     qkv = qkv.reshape(batch, tokens, 3, heads, head_dim)
     sow = self.is_mutable_collection("intermediates")
     dropout = self.dropout_rate > 0.0 and not deterministic
@@ -173,13 +199,11 @@ class MultiHeadDotProductAttention(nn.Module):
         out = ops.attention(q, k, v)
       out = out.transpose(0, 2, 1, 3).reshape(batch, tokens, width)
     out_kernel, out_bias = _Projection((heads, head_dim, width), 2, self.param_dtype, name="out")()
-    return ops.matmul_2d(
-      out, out_kernel.reshape(width, width).astype(self.dtype), out_bias.astype(self.dtype)
-    )
+    return ops.dense(out, out_kernel.reshape(width, width), out_bias, self.grad_reduce_dtype)
 
 
 class MlpBlock(nn.Module):
-  """Dense → GELU → Dense, with dropout (the matmuls over flattened tokens, `ops.matmul_2d`).
+  """Dense → GELU → Dense, with dropout (the matmuls over flattened tokens, `ops.dense`).
 
   The published weights were trained with the tanh approximation of GELU (flax's default,
   `gelu_approximate=True`); timm and Hugging Face default to the exact (erf) GELU, which
@@ -191,6 +215,7 @@ class MlpBlock(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   gelu_approximate: bool = True
+  grad_reduce_dtype: Dtype | None = None
 
   @nn.compact
   def __call__(
@@ -198,11 +223,12 @@ class MlpBlock(nn.Module):
   ) -> jax.Array:
     """x: [batch, tokens, width] (or [rows, width]) → the same shape; example_ids int [batch]."""
     dense = functools.partial(
-      nn.Dense,
+      Dense,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       kernel_init=_xavier,
       bias_init=_tiny_normal,
+      grad_reduce_dtype=self.grad_reduce_dtype,
     )
     rows = x.reshape(-1, x.shape[-1])
     y = dense(self.mlp_dim, name="Dense_0")(rows)
@@ -224,6 +250,7 @@ class Encoder1DBlock(nn.Module):
   gelu_approximate: bool = True
   attention_kernel: str = "auto"
   layer_norm_kernel: str = "auto"
+  grad_reduce_dtype: Dtype | None = None
 
   @nn.compact
   def __call__(
@@ -231,6 +258,7 @@ class Encoder1DBlock(nn.Module):
   ) -> jax.Array:
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     ln_kw = dict(kernel=self.layer_norm_kernel, **kw)
+    kw["grad_reduce_dtype"] = self.grad_reduce_dtype
     y = LayerNorm(name="LayerNorm_0", **ln_kw)(x)
     y = MultiHeadDotProductAttention(
       self.num_heads,
@@ -270,6 +298,7 @@ class AddPositionEmbs(nn.Module):
   """Adds learned 1-D position embeddings [1, tokens, width] (Eq. 1)."""
 
   param_dtype: Dtype = jnp.float32
+  grad_reduce_dtype: Dtype | None = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -279,7 +308,7 @@ class AddPositionEmbs(nn.Module):
       (1, x.shape[1], x.shape[2]),
       self.param_dtype,
     )
-    return x + pos_embedding.astype(x.dtype)
+    return x + ops.broadcast_param(pos_embedding, x.shape, x.dtype, self.grad_reduce_dtype)
 
 
 class PatchEmbedding(nn.Module):
@@ -295,6 +324,7 @@ class PatchEmbedding(nn.Module):
   features: int
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  grad_reduce_dtype: Dtype | None = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -311,8 +341,10 @@ class PatchEmbedding(nn.Module):
       x = jnp.reshape(x, (batch, gh, p, gw, p, channels))
       x = jnp.transpose(x, (0, 1, 3, 2, 4, 5))  # [batch, gh, gw, p, p, channels]
     x = jnp.reshape(x, (batch, gh * gw, p * p * channels))
-    kernel = jnp.reshape(kernel, (p * p * channels, self.features)).astype(self.dtype)
-    return x @ kernel + bias.astype(self.dtype)
+    kernel = jnp.reshape(kernel, (p * p * channels, self.features))
+    # [batch, patches, features] as one 3-D matmul: flattened to rows, the TPU compiler keeps
+    # more for the backward pass (tests/test_step_memory.py).
+    return ops.dense(x, kernel, bias, self.grad_reduce_dtype, flatten=False)
 
 
 class Encoder(nn.Module):
@@ -330,6 +362,7 @@ class Encoder(nn.Module):
   gelu_approximate: bool = True
   attention_kernel: str = "auto"
   layer_norm_kernel: str = "auto"
+  grad_reduce_dtype: Dtype | None = None
 
   @nn.compact
   def __call__(
@@ -346,7 +379,7 @@ class Encoder(nn.Module):
     of those blocks, [batch, tokens, width]]), each through the final LayerNorm if
     `norm_layers`.
     """
-    x = AddPositionEmbs(param_dtype=self.param_dtype, name="posembed_input")(x)
+    x = AddPositionEmbs(self.param_dtype, self.grad_reduce_dtype, name="posembed_input")(x)
     x = Dropout(rate=self.dropout_rate)(x, deterministic, example_ids)
     block_kw = dict(
       mlp_dim=self.mlp_dim,
@@ -358,6 +391,7 @@ class Encoder(nn.Module):
       gelu_approximate=self.gelu_approximate,
       attention_kernel=self.attention_kernel,
       layer_norm_kernel=self.layer_norm_kernel,
+      grad_reduce_dtype=self.grad_reduce_dtype,
     )
     block_cls = _ScannedEncoder1DBlock if self.scan else Encoder1DBlock
     if self.scan and layers:
@@ -435,6 +469,10 @@ class VisionTransformer(nn.Module):
       depends on it. Sowing attention weights or attention dropout use XLA.
     layer_norm_kernel: the LayerNorms: 'auto' (the C++ kernel of `cpu_kernels` on a one-device
       CPU backend for float32, XLA elsewhere), 'xla' or 'cpu'; the same function up to rounding.
+    grad_reduce_dtype: the dtype in which the parameters' gradients leave the backward pass, and
+      so are summed across devices, when it is wider than `dtype` (bfloat16 compute with
+      'float32': the weight gradients' matmuls accumulate into float32; `ops.dense`,
+      `ops.broadcast_param`); otherwise, and for a ResNet stem, the dtype autodiff gives them.
   """
 
   num_classes: int | None
@@ -456,6 +494,7 @@ class VisionTransformer(nn.Module):
   gelu_approximate: bool = True
   attention_kernel: str = "auto"
   layer_norm_kernel: str = "auto"
+  grad_reduce_dtype: Dtype | None = None
 
   @nn.compact
   def __call__(
@@ -516,6 +555,7 @@ class VisionTransformer(nn.Module):
       self.hidden_size,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      grad_reduce_dtype=self.grad_reduce_dtype,
       name="embedding",
     )(x)
     if corrupt_fn is not None:
@@ -523,7 +563,8 @@ class VisionTransformer(nn.Module):
     batch, _, width = x.shape
     if self.classifier == "token":
       cls = self.param("cls", nn.initializers.zeros, (1, 1, width), self.param_dtype)
-      x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, width)), x], axis=1)
+      cls = ops.broadcast_param(cls, (batch, 1, width), x.dtype, self.grad_reduce_dtype)
+      x = jnp.concatenate([cls, x], axis=1)
     x = Encoder(
       num_layers=self.num_layers,
       mlp_dim=self.mlp_dim,
@@ -537,6 +578,7 @@ class VisionTransformer(nn.Module):
       gelu_approximate=self.gelu_approximate,
       attention_kernel=self.attention_kernel,
       layer_norm_kernel=self.layer_norm_kernel,
+      grad_reduce_dtype=self.grad_reduce_dtype,
       name="Transformer",
     )(x, not train, jnp.arange(batch) if example_ids is None else example_ids, layers, feature_norm)
     if layers:
@@ -550,17 +592,18 @@ class VisionTransformer(nn.Module):
       x = jax.lax.index_in_dim(x, 0, axis=1, keepdims=False)
     else:
       x = jnp.mean(x, axis=1)
-    if self.representation_size is not None:
-      x = nn.Dense(
-        self.representation_size, dtype=self.dtype, param_dtype=self.param_dtype, name="pre_logits"
-      )(x)
-      x = jnp.tanh(x)
-    if return_representation or self.num_classes is None:
-      return x.astype(ops.wide_dtype(x.dtype))
-    logits = nn.Dense(
-      self.num_classes,
+    dense = functools.partial(
+      Dense,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      grad_reduce_dtype=self.grad_reduce_dtype,
+    )
+    if self.representation_size is not None:
+      x = jnp.tanh(dense(self.representation_size, name="pre_logits")(x))
+    if return_representation or self.num_classes is None:
+      return x.astype(ops.wide_dtype(x.dtype))
+    logits = dense(
+      self.num_classes,
       kernel_init=nn.initializers.zeros,
       bias_init=nn.initializers.constant(self.head_bias_init),
       name="head",

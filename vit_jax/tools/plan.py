@@ -12,13 +12,12 @@ activations, total against the chip's HBM), FLOPs per step, the step time and MF
 assumed fraction of the chip's peak (`--efficiency`), and the collectives of the step. If it does
 not fit it proposes settings that would; `--search` compiles them and prints those that fit.
 
-With `--slices=N` the step is compiled for N slices of the topology joined by the data-centre
-network (Multislice; the config's mesh.slices = N, vit_jax.sharding) and the report adds the bytes
-each device sends per step over that network (the TPU compiler's host transfers between slices)
-and over the chips' interconnect, and the time the former take at `--dcn_gbps` per host (default
-200 Gbit/s: Cloud TPU v5e's 2 x 100 Gbps NICs per host; set it for other machines).
-`--slice_axis=fsdp` makes FSDP's outer factor cross the slices instead of data parallelism's
-(mesh.slice_axis; the mesh's fsdp must then be a multiple of --slices).
+With `--slices=N` the step is compiled for N slices joined by the data-centre network
+(Multislice; mesh.slices = N) and the report adds the bytes each device sends per step over that
+network (by element type) and over the chips' interconnect, and the former's time at
+`--dcn_gbps` per host (default 200: Cloud TPU v5e's 2 x 100 Gbps NICs per host).
+`--slice_axis=fsdp` makes FSDP's outer factor cross the slices (mesh.slice_axis; the mesh's fsdp
+must then be a multiple of --slices).
 
 Memory and FLOPs are the compiler's; the step time is an estimate until measured on hardware.
 Bad input ends in one line, `plan: error: <Kind>: <message>`.
@@ -592,6 +591,10 @@ def format_plan(p: Plan) -> str:
       f"{1e3 * p.dcn_seconds:.3f} ms per step over DCN{of_step}"
       + (" (longer than the implied compute time: bound by DCN)" if bound else "")
     )
+    shares = sorted(s.dcn_dtypes.items(), key=lambda kv: -kv[1]) if s.dcn_bytes else []
+    if shares:
+      by_type = ", ".join(f"{t} {100 * b / s.dcn_bytes:.1f}%" for t, b in shares)
+      lines.append(f"  DCN bytes by element type: {by_type}")
   lines.append("collectives per device per step (bytes sent, ring algorithms):")
   for kind, v in s.collectives.items():
     if v["count"]:
