@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from libtpu_process import libtpu_test  # tests/
 
+from tests.helpers.libtpu_process import libtpu_test
 from vit_jax import models
 from vit_jax.models import ops
 
