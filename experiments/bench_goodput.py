@@ -1,7 +1,9 @@
-r"""What goodput accounting costs the step: the trainer's images/s with and without it, paired.
+r"""What goodput accounting costs the step: the trainer's images/s with and without it, paired;
+and the account of the demo's pretraining.
 
   python -m experiments.bench_goodput                       # 6 pairs of 250 steps
   python -m experiments.bench_goodput --pairs=10 --steps=500
+  python -m experiments.bench_goodput --pairs=0 --demo_account  # the demo pretraining's account
 
 Each pair trains the demo's pretraining (experiments/bench_trainer.py's config: batch 128,
 evaluators off, the final checkpoint included; a log step every 10 steps, as the demo logs) twice, once with vit_jax.runtime.goodput.Account
@@ -9,7 +11,13 @@ evaluators off, the final checkpoint included; a log step every 10 steps, as the
 0.1 µs each, their bookkeeping goes), in alternating order (on-off, off-on, ...) so that a
 drift of the machine falls on both. Each run's images/s is the mean of its log windows after the
 first (bench_trainer.trainer). Prints every pair, then the mean cost (off − on) / off over the
-pairs and its standard error. Run it on an otherwise idle machine; the figure is the machine's.
+pairs and its standard error, and writes them to <out>/overhead.json. Run it on an otherwise
+idle machine; the figure is the machine's.
+
+With --demo_account it also runs the demo's pretraining as its command
+(`python -m vit_jax.main --config=configs/pretrain.py:dataset=fashion_mnist`, in a process of its
+own, into --workdir) and writes the workdir's account (vit_jax.tools.goodput) to
+<out>/account.json and account.md. <out> is --out, by default experiments/results/goodput/.
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -18,13 +26,20 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
   process.configure()
 
 import contextlib
+import os
+import shutil
 import statistics
+import subprocess
+import sys
+import time
 import types
 
 from absl import flags
 
-from experiments import bench_trainer
+from experiments import bench_trainer, common
 from vit_jax.runtime import cli
+
+DEMO_PRETRAIN = "--config=configs/pretrain.py:dataset=fashion_mnist"
 
 
 def _no_account():
@@ -76,31 +91,89 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
     log_every=flags.DEFINE_integer(
       "log_every", 10, "Steps per log window (the demo config's).", flag_values=values
     ),
+    demo_account=flags.DEFINE_bool(
+      "demo_account", False, "Also run the demo's pretraining for its account.", flag_values=values
+    ),
+    workdir=flags.DEFINE_string(
+      "workdir", "/tmp/vit_goodput", "--demo_account's workdir (replaced).", flag_values=values
+    ),
+    out=flags.DEFINE_string(
+      "out", common.results_dir("goodput"), "Where the results files go.", flag_values=values
+    ),
   )
 
 
-def main(argv: list[str], f: types.SimpleNamespace) -> list[tuple[float, float]]:
-  args = cli.values(f)
+def overhead(args) -> dict:
+  """The paired runs with and without the account (see the module docstring)."""
   config = bench_trainer.demo_config(args.batch_size, args.steps, args.log_every)
   pairs, costs = [], []
   for i in range(args.pairs):
     order = (True, False) if i % 2 == 0 else (False, True)
     rates = {on: images_per_sec(config, on) for on in order}
-    pairs.append((rates[True], rates[False]))
+    pairs.append(dict(on=rates[True], off=rates[False]))
     costs.append((rates[False] - rates[True]) / rates[False])
     print(
       f"pair {i + 1}: on {rates[True]:.1f} images/s, off {rates[False]:.1f} images/s, "
       f"cost {costs[-1]:+.2%}",
       flush=True,
     )
-  spread = ""
-  if len(costs) > 1:
-    spread = f" ± {statistics.stdev(costs) / len(costs) ** 0.5:.2%} (standard error)"
+  stderr = statistics.stdev(costs) / len(costs) ** 0.5 if len(costs) > 1 else None
+  spread = f" ± {stderr:.2%} (standard error)" if stderr is not None else ""
   print(
     f"goodput accounting: cost {statistics.mean(costs):+.2%}{spread}, {len(costs)} pairs of "
     f"{args.steps} steps, batch {args.batch_size}"
   )
-  return pairs
+  return dict(
+    pairs=pairs,
+    cost=statistics.mean(costs),
+    cost_stderr=stderr,
+    steps=args.steps,
+    batch_size=args.batch_size,
+  )
+
+
+def demo_account(workdir: str) -> dict:
+  """The demo pretraining's command run into `workdir`, then its account."""
+  from vit_jax.runtime import goodput
+
+  shutil.rmtree(workdir, ignore_errors=True)
+  command = [sys.executable, "-m", "vit_jax.main", DEMO_PRETRAIN, f"--workdir={workdir}"]
+  print("running " + " ".join(command[1:]), flush=True)
+  start = time.perf_counter()
+  subprocess.run(command, cwd=common.REPO, check=True)
+  wall = time.perf_counter() - start
+  account = goodput.totals(goodput.read(workdir)["attempts"])
+  print(goodput.table(account))
+  return dict(command=f"python -m vit_jax.main {DEMO_PRETRAIN}", wall_seconds=wall, account=account)
+
+
+def account_table(account: dict) -> str:
+  """The account as markdown: each phase's seconds and share of the run's wall time."""
+  from vit_jax.runtime import goodput
+
+  lines = ["| phase | seconds | share |", "|---|---|---|"]
+  for phase in (*goodput.PHASES, "lost"):
+    seconds = account.get(phase, 0.0)
+    lines.append(
+      f"| {phase.replace('_', ' ')} | {seconds:,.1f} | {100 * seconds / account['total']:.1f}% |"
+    )
+  lines.append(f"| total | {account['total']:,.1f} | |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
+  args = cli.values(f)
+  results = {}
+  if args.pairs:
+    results = overhead(args)
+    common.write_results(os.path.join(args.out, "overhead.json"), results)
+  if args.demo_account:
+    demo = demo_account(args.workdir)
+    common.write_results(os.path.join(args.out, "account.json"), demo)
+    with open(os.path.join(args.out, "account.md"), "w") as out:
+      out.write(account_table(demo["account"]))
+    results["demo_account"] = demo
+  return results
 
 
 if __name__ == "__main__":

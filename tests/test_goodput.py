@@ -115,7 +115,7 @@ def test_a_request_file_is_served_at_the_next_log_step(tmp_path):
     profiling.Profiler(_profile_config(processes="3"), str(tmp_path))
 
 
-def test_bench_goodput_runs_main(monkeypatch, capsys):
+def test_bench_goodput_runs_main(monkeypatch, capsys, tmp_path):
   """experiments/bench_goodput.py's main: one pair of 3-step runs of a one-block model on one
   device, the real account and the one that does nothing (then the real one back)."""
   import jax
@@ -132,13 +132,29 @@ def test_bench_goodput_runs_main(monkeypatch, capsys):
     sharding, "make_mesh", lambda config, devices=None: make_mesh(config, jax.devices()[:1])
   )
   account = goodput.Account
-  (pair,) = cli.call(bench_goodput, ["--pairs=1", "--steps=3", "--log_every=1", "--batch_size=8"])
-  assert all(rate > 0 for rate in pair) and goodput.Account is account
+  argv = ["--pairs=1", "--steps=3", "--log_every=1", "--batch_size=8", f"--out={tmp_path}"]
+  results = cli.call(bench_goodput, argv)
+  (pair,) = results["pairs"]
+  assert pair["on"] > 0 and pair["off"] > 0 and goodput.Account is account
+  saved = json.loads((tmp_path / "overhead.json").read_text())
+  assert saved["pairs"] == [pair] and saved["cost"] == pytest.approx(1 - pair["on"] / pair["off"])
+  assert saved["provenance"]["machine"]["cores"] >= 1
   out = capsys.readouterr().out
   assert re.search(
     r"^pair 1: on [\d.]+ images/s, off [\d.]+ images/s, cost [+-][\d.]+%$", out, re.M
   )
   assert re.search(r"^goodput accounting: cost [+-][\d.]+%, 1 pairs of 3 steps", out, re.M), out
+
+
+def test_bench_goodput_account_table_has_every_phase_and_its_share():
+  from experiments import bench_goodput
+
+  account = dict.fromkeys(goodput.PHASES, 0.0) | dict(step=30.0, compile=10.0, lost=0.0)
+  account["total"] = 40.0
+  lines = bench_goodput.account_table(account).splitlines()
+  assert len(lines) == 2 + len(goodput.PHASES) + 2  # header, rule, phases, lost, total
+  assert "| step | 30.0 | 75.0% |" in lines and "| compile | 10.0 | 25.0% |" in lines
+  assert lines[-1] == "| total | 40.0 | |"
 
 
 # --------------------------------------------------------------------------------------------
