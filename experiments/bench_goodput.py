@@ -12,7 +12,10 @@ evaluators off, the final checkpoint included; a log step every 10 steps, as the
 drift of the machine falls on both. Each run's images/s is the mean of its log windows after the
 first (bench_trainer.trainer). Prints every pair, then the mean cost (off − on) / off over the
 pairs and its standard error, and writes them to <out>/overhead.json. Run it on an otherwise
-idle machine; the figure is the machine's.
+idle machine; the figure is the machine's. Because run-to-run drift of a 2-core machine is larger
+than the cost sought, it also times the account's own work per step as the trainer calls it
+(`enter` twice per step, `scalars` once per log window), 100,000 steps in a loop, against the
+step time of the "off" runs.
 
 With --demo_account it also runs the demo's pretraining as its command
 (`python -m vit_jax.main --config=configs/pretrain.py:dataset=fashion_mnist`, in a process of its
@@ -123,13 +126,38 @@ def overhead(args) -> dict:
     f"goodput accounting: cost {statistics.mean(costs):+.2%}{spread}, {len(costs)} pairs of "
     f"{args.steps} steps, batch {args.batch_size}"
   )
+  per_step = bookkeeping_seconds_per_step(args.log_every)
+  step_s = args.batch_size / statistics.mean(p["off"] for p in pairs)
+  print(
+    f"the account's own work: {1e6 * per_step:.2f} µs per step, {per_step / step_s:.4%} of the "
+    f"step ({1e3 * step_s:.1f} ms at the 'off' runs' mean images/s)"
+  )
   return dict(
     pairs=pairs,
     cost=statistics.mean(costs),
     cost_stderr=stderr,
     steps=args.steps,
     batch_size=args.batch_size,
+    bookkeeping_s_per_step=per_step,
+    step_s=step_s,
   )
+
+
+def bookkeeping_seconds_per_step(log_every: int, steps: int = 100_000) -> float:
+  """The seconds per step of the account's calls as the trainer's loop makes them."""
+  import tempfile
+
+  from vit_jax.runtime import goodput
+
+  with tempfile.TemporaryDirectory() as workdir:
+    account = goodput.Account(workdir)
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+      account.enter("data_wait")
+      account.enter("step")
+      if step % log_every == 0:
+        account.scalars(step)
+    return (time.perf_counter() - start) / steps
 
 
 def demo_account(workdir: str) -> dict:

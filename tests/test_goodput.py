@@ -139,7 +139,9 @@ def test_bench_goodput_runs_main(monkeypatch, capsys, tmp_path):
   saved = json.loads((tmp_path / "overhead.json").read_text())
   assert saved["pairs"] == [pair] and saved["cost"] == pytest.approx(1 - pair["on"] / pair["off"])
   assert saved["provenance"]["machine"]["cores"] >= 1
+  assert 0 < saved["bookkeeping_s_per_step"] < saved["step_s"]
   out = capsys.readouterr().out
+  assert re.search(r"^the account's own work: [\d.]+ µs per step, [\d.]+% of the step", out, re.M)
   assert re.search(
     r"^pair 1: on [\d.]+ images/s, off [\d.]+ images/s, cost [+-][\d.]+%$", out, re.M
   )
