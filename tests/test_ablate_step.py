@@ -8,7 +8,7 @@ from experiments import ablate_step
 from vit_jax.runtime import cli
 
 
-@pytest.mark.long
+@pytest.mark.slow  # compiles every variant of the step (an experiment's run)
 def test_variants_patch_the_step_and_restore_the_model(capsys):
   from vit_jax.models import ops
 

@@ -56,7 +56,7 @@ def in_process(trainer_on_one_device):
 # The studies.
 
 
-@pytest.mark.long
+@pytest.mark.slow  # an experiment's whole quick profile; its parts are tested in test_scale_study
 def test_scale_study_quick_profile_runs_main(tmp_path, in_process, monkeypatch):
   """scale_study.main --quick: the ViT's pretraining and fine-tuning stages, its train step's
   FLOPs, few-shot transfer of the final and intermediate checkpoints, test top-1, the raw-pixel
@@ -102,6 +102,7 @@ def test_scale_study_quick_profile_runs_main(tmp_path, in_process, monkeypatch):
     assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # an experiment's whole quick profile; its parts are tested in test_mpp_study
 def test_mpp_study_quick_profile_runs_main(tmp_path, in_process, monkeypatch):
   """mpp_study.main --quick: masked-patch-prediction pretraining, fine-tuning from it, the
   raw-pixel baselines, the table and the plot, on one downstream set. The other inits' configs

@@ -109,7 +109,7 @@ def sigkill_config():
   return config
 
 
-@pytest.mark.long
+@pytest.mark.slow  # the default tier resumes supervised runs after SIGKILL (test_train, test_faults)
 def test_mpp_run_resumes_exactly_after_sigkill(tmp_path):
   """Masked patch prediction on data x fsdp x model, SIGKILLed while the asynchronous save of
   step 4 is written (the default run's kill during a save; tests/test_topology_invariance.py

@@ -15,7 +15,7 @@ from vit_jax import input_pipeline
 from vit_jax.runtime import cli
 
 
-@pytest.mark.long
+@pytest.mark.slow  # the experiment's quick profile; the segment stage is tested in test_segmentation
 def test_quick_segmentation_experiment(tmp_path, capsys, trainer_on_one_device):
   results = cli.call(segmentation, ["--quick", f"--workdir={tmp_path}"])
   printed = capsys.readouterr().out
