@@ -429,7 +429,7 @@ def _largest(row: dict, side: str) -> str:
   compiler's rematerialisation near the HBM)."""
   s = row["sides"][side]
   if not s["largest_batch"]:
-    return str(s["largest_batch"])
+    return "—"  # not searched (--nosearch), or the device's HBM is unknown
   start = _flops_per_image(s["at_start"], row["batch"])
   there = _flops_per_image(s["largest"], s["largest_batch"])
   return (

@@ -84,6 +84,14 @@ def test_a_row_and_its_table():
   assert "| 9.40 / 15.80 of 16 GiB | 0.595 | 0.554 | 64,000 / 64,000 | 1.000 |" in line
   assert line.endswith("| 60 / 60 | 128 (+0.0%) / 64 (+0.0%) |")
 
+  calls.clear()  # --nosearch: each side at the first batch only, and no largest batch
+  row = vs_big_vision.run_row(compile_, "B/16", "v3:2x2", start=64, search=False)
+  assert sorted(calls) == sorted(
+    (side, 64) for side in (*vs_big_vision.SIDES, vs_big_vision.SAME_STATE)
+  )
+  assert all(row["sides"][side]["largest_batch"] is None for side in vs_big_vision.SIDES)
+  assert vs_big_vision.table([row]).splitlines()[2].endswith("| — / — |")
+
 
 class _StandInVit(nn.Module):
   """big_vision's `vit.Model` interface: (logits, intermediates), dropout, dtype_mm."""
@@ -143,4 +151,4 @@ def test_the_smallest_row_compiles_for_both_sides_on_cpu_devices():
     assert row["sides"][side]["largest_batch"] is None
   assert "big_vision.models.vit" in sys.modules
   line = vs_big_vision.table([row]).splitlines()[2]
-  assert line.startswith("| testing | cpu:8 | 2 | ") and line.endswith("| None / None |")
+  assert line.startswith("| testing | cpu:8 | 2 | ") and line.endswith("| — / — |")
