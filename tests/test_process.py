@@ -200,6 +200,26 @@ def test_configure_says_when_it_came_too_late(monkeypatch, caplog):
   assert process.configured() == settings  # what was done to this process
 
 
+def test_configure_keeps_jax_on_the_cpu_where_libtpu_has_no_tpu(monkeypatch):
+  """libtpu installed (the test install) on a machine without an accelerator: JAX_PLATFORMS=cpu
+  and libtpu's metadata answers set, said in the settings; never where JAX_PLATFORMS is chosen,
+  an accelerator's node exists or libtpu is absent."""
+  monkeypatch.setattr(xla_cpu_memory, "accelerator", lambda environ: None)
+  monkeypatch.setattr(process.importlib.util, "find_spec", lambda name: object())
+  child = {"XLA_FLAGS": ""}
+  settings = process.configure(environ=child)
+  assert child["JAX_PLATFORMS"] == "cpu" and child["TPU_SKIP_MDS_QUERY"] == "1"
+  assert "JAX_PLATFORMS: cpu (libtpu is installed, no accelerator here)" in str(settings)
+  chosen = {"XLA_FLAGS": "", "JAX_PLATFORMS": "tpu"}
+  assert not process.configure(environ=chosen).platforms and chosen["JAX_PLATFORMS"] == "tpu"
+  monkeypatch.setattr(xla_cpu_memory, "accelerator", lambda environ: "/dev/accel0")
+  assert not process.configure(environ={"XLA_FLAGS": ""}).platforms
+  monkeypatch.setattr(xla_cpu_memory, "accelerator", lambda environ: None)
+  monkeypatch.setattr(process.importlib.util, "find_spec", lambda name: None)
+  plain = {"XLA_FLAGS": ""}
+  assert not process.configure(environ=plain).platforms and "JAX_PLATFORMS" not in plain
+
+
 def test_quiet_libtpu_sets_only_what_is_unset():
   environ = {"JAX_PLATFORMS": "tpu"}
   process.quiet_libtpu(environ)

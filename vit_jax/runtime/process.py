@@ -9,7 +9,9 @@ in with the same call, as early:
 
 It sets glibc's allocator and JAX's CPU dispatch so that the step's buffers stay mapped between
 steps (vit_jax.kernels.xla_cpu_memory) and adds vit_jax's XLA:CPU flags to XLA_FLAGS
-(vit_jax.kernels.xla_cpu_flags), then logs what it did, or why it left something as it was (an
+(vit_jax.kernels.xla_cpu_flags); where libtpu is installed on a machine without an accelerator
+(the test install), it keeps JAX on the CPU instead of probing for a TPU (`quiet_libtpu`:
+libtpu's failed probe prints a page of errors). Then it logs what it did, or why it left something as it was (an
 accelerator, JAX's backends already started, an opt-out variable). What else a command owns
 (signals, the garbage collector): docs/process.md.
 
@@ -18,6 +20,7 @@ the allocator.
 """
 
 import dataclasses
+import importlib.util
 import os
 
 from absl import logging
@@ -38,6 +41,7 @@ class Settings:
 
   allocator: str
   xla_flags: str
+  platforms: str = ""  # what it set JAX_PLATFORMS to, and why ('' if nothing)
 
   @property
   def too_late(self) -> bool:
@@ -45,7 +49,8 @@ class Settings:
     return self.allocator == xla_cpu_memory.TOO_LATE or self.xla_flags == xla_cpu_flags.TOO_LATE
 
   def __str__(self) -> str:
-    return f"allocator: {self.allocator}; XLA_FLAGS: {self.xla_flags}"
+    text = f"allocator: {self.allocator}; XLA_FLAGS: {self.xla_flags}"
+    return text + (f"; JAX_PLATFORMS: {self.platforms}" if self.platforms else "")
 
 
 _configured: list[Settings] = []  # what configure() did to this process's environment, if called
@@ -56,7 +61,11 @@ def configure(environ=os.environ) -> Settings:
   did. Calling it again changes nothing more. `environ`: the environment whose XLA_FLAGS it
   sets and whose opt-out variables it reads."""
   xla_cpu_memory.apply(environ)
-  settings = Settings(xla_cpu_memory.status, xla_cpu_flags.apply(environ))
+  platforms = ""
+  if _libtpu_without_accelerator(environ):
+    quiet_libtpu(environ)
+    platforms = "cpu (libtpu is installed, no accelerator here)"
+  settings = Settings(xla_cpu_memory.status, xla_cpu_flags.apply(environ), platforms)
   if environ is os.environ:
     _configured[:] = [settings]
   if settings.too_late:
@@ -73,6 +82,16 @@ def configure(environ=os.environ) -> Settings:
 def configured() -> Settings | None:
   """What `configure()` did to this process (None: not called: glibc's and XLA's defaults)."""
   return _configured[0] if _configured else None
+
+
+def _libtpu_without_accelerator(environ) -> bool:
+  """libtpu installed, no accelerator's device node here, JAX_PLATFORMS unset, and (for this
+  process's environment) JAX's backends not started yet, so that setting it still counts."""
+  if environ.get("JAX_PLATFORMS") or xla_cpu_memory.accelerator(environ) is not None:
+    return False
+  if environ is os.environ and xla_cpu_flags.backends_started():
+    return False
+  return importlib.util.find_spec("libtpu") is not None
 
 
 def quiet_libtpu(environ=os.environ) -> None:
