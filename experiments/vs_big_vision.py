@@ -496,6 +496,9 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
     topologies=define("string", "topologies", ",".join(TOPOLOGIES), "Rows' TPU slices."),
     dump_dir=define("string", "dump_dir", None, "Keep XLA's memory report and optimized HLO."),
     search=define("bool", "search", True, "Search each side's largest batch (else: None)."),
+    batch=define(
+      "integer", "batch", None, "Each row's first per-device batch (else: start_batch)."
+    ),
     compile_one=define("string", "compile_one", None, "A child's one compile (JSON; internal)."),
   )
 
@@ -518,7 +521,7 @@ def main(argv: list[str], f: types.SimpleNamespace) -> None:
   rows = []
   for model in args.models.split(","):
     for topology in args.topologies.split(","):
-      rows.append(run_row(compile_, model, topology, search=args.search))
+      rows.append(run_row(compile_, model, topology, start=args.batch, search=args.search))
       results = dict(rows=rows, source_hashes=compile_.hashes)
       common.write_results(os.path.join(args.out_dir, "results.json"), results)
       with open(os.path.join(args.out_dir, "table.md"), "w") as f:
