@@ -56,7 +56,15 @@ def test_annotations_are_checked(tmp_path, monkeypatch):
   assert got[1].script(pathlib.Path("/s")) == "python -m a /s/tmp/b --c --n=2"
 
 
+def _results_files() -> dict[str, tuple[int, int]]:
+  """(mtime, size) of every file under experiments/results/, the folder experiments write to by
+  default: a docs command must write into its sandbox, never over the committed results."""
+  root = doc_commands.REPO / "experiments" / "results"
+  return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*") if p.is_file()}
+
+
 def _run_pages(tmp_path, tier: str, record_property) -> None:
+  results = _results_files()
   commands = doc_commands.all_commands()
   modes = {"default": ("run", "ci"), "slow": ("run", "ci", "slow")}[tier]
   readme = tmp_path / "README"
@@ -72,6 +80,8 @@ def _run_pages(tmp_path, tier: str, record_property) -> None:
   text = doc_commands.summary(commands, ran, tier)
   record_property("docs_summary", text)
   print(text)
+  changed = sorted(set(results.items()) ^ set(_results_files().items()))
+  assert not changed, f"docs commands wrote into experiments/results/: {changed}"
 
 
 @pytest.mark.long
