@@ -76,7 +76,30 @@ def _host_fields(ex: dict) -> dict:
   return {"status": ex["status"], "where": ex.get("where", tf.constant("")), "pixels": ex["pixels"]}
 
 
-class Classification:
+class _Task:
+  """What both kinds of example share: the checked example's fields, and padding."""
+
+  def fallback(self, status) -> dict:
+    raise NotImplementedError
+
+  def _passed(self, ex: dict, ok, message) -> dict:
+    """The fields the iterators take from `ex`, once `ok` holds (else the run stops with
+    `message`, which bad_data reads back)."""
+    assertion = tf.debugging.Assert(ok, [message], summarize=1)
+    with tf.control_dependencies([assertion]):
+      return {
+        "image": tf.identity(ex["image"]),
+        "label": ex["label"],
+        "mask": ex["mask"],
+        **_host_fields(ex),
+      }
+
+  def pad(self) -> dict:
+    ex = self.fallback(tf.constant(bad_data.PAD))
+    return {k: ex[k] for k in ("image", "label", "mask")} | _host_fields(ex)
+
+
+class Classification(_Task):
   """Images with an int64 label (or several: multi_label), preprocessed by a pp spec."""
 
   def __init__(self, config, src: source.Source, num_classes: int, pp_spec: str, seed):
@@ -163,21 +186,10 @@ class Classification:
         ex["where"],
       ]
     )
-    assertion = tf.debugging.Assert(tf.equal(ex["error"], 0), [message], summarize=1)
-    with tf.control_dependencies([assertion]):
-      return {
-        "image": tf.identity(ex["image"]),
-        "label": ex["label"],
-        "mask": ex["mask"],
-        **_host_fields(ex),
-      }
-
-  def pad(self):
-    ex = self.fallback(tf.constant(bad_data.PAD))
-    return {k: ex[k] for k in ("image", "label", "mask")} | _host_fields(ex)
+    return self._passed(ex, tf.equal(ex["error"], 0), message)
 
 
-class Segmentation:
+class Segmentation(_Task):
   """Images with a label per pixel: decoded, checked and augmented in numpy (segmentation.py)."""
 
   def __init__(self, config, src: source.Source, num_classes: int, pp_spec: str, seed):
@@ -254,18 +266,7 @@ class Segmentation:
 
   def check(self, ex):
     message = tf.strings.join([bad_data.ERROR_MARK, ex["problem"]])
-    assertion = tf.debugging.Assert(tf.equal(ex["problem"], ""), [message], summarize=1)
-    with tf.control_dependencies([assertion]):
-      return {
-        "image": tf.identity(ex["image"]),
-        "label": ex["label"],
-        "mask": ex["mask"],
-        **_host_fields(ex),
-      }
-
-  def pad(self):
-    ex = self.fallback(tf.constant(bad_data.PAD))
-    return {k: ex[k] for k in ("image", "label", "mask")} | _host_fields(ex)
+    return self._passed(ex, tf.equal(ex["problem"], ""), message)
 
 
 TASKS = {source.CLASSIFICATION: Classification, source.SEGMENTATION: Segmentation}
