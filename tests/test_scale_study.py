@@ -86,7 +86,10 @@ def test_quick_study_end_to_end_and_resume(tmp_path):
   assert out.stdout.count("python -m vit_jax.main") == 4  # 2 pretrain + 2 fine-tune, printed
 
   results = json.loads((tmp_path / "out" / "results.json").read_text())
-  # The outputs are the study's state in the workdir, which a rerun resumes from.
+  # The outputs are the study's state in the workdir, which a rerun resumes from, with the
+  # provenance of the run that wrote them (experiments/common.py write_results).
+  provenance = results.pop("provenance")
+  assert provenance["commit"] and provenance["machine"]["cores"] >= 1
   assert json.loads((tmp_path / "results.json").read_text()) == results
   runs = results["runs"]
   assert set(runs) == {"ViT/1of16", "BiT/1of16"}  # 3,750 pretraining images
