@@ -157,7 +157,7 @@ def _config(workdir: pathlib.Path, run: str) -> dict:
   return json.loads((workdir / "imagenet2012" / run / "config.json").read_text())
 
 
-@pytest.mark.long
+@pytest.mark.slow  # the command end to end (with the next test); the default tier plans and tables
 def test_command_runs_the_grid_and_the_final_run(imagenet_suite):
   proc, workdir, path = imagenet_suite
   out = proc.stdout
@@ -188,6 +188,7 @@ def _pct(x: float) -> str:
   return f"{100 * x:.2f}"
 
 
+@pytest.mark.slow
 def test_results_and_table_follow_from_the_runs(imagenet_suite):
   proc, workdir, path = imagenet_suite
   results = json.loads((workdir / "results.json").read_text())
