@@ -6,12 +6,15 @@ r"""What the trainer loses around its step: trainer images/s against the bare co
 1. The bare step: the trainer's own jitted step (`vit_jax.train.build` → `jit_step`) of the
    demo's pretraining config (the 'demo' ViT, Fashion-MNIST, batch 128, AdamW with
    the config's masks and clipping), on one fixed batch already on the device, timed over
-   back-to-back calls.
+   back-to-back calls, before the trainer and again after it (a machine's speed drifts).
 2. The trainer: `vit_jax.train.run` on the same config for `--steps` steps (input pipeline,
    host-to-device transfers, metrics and the final checkpoint included; evaluators off), with
    images/s from its own meter, averaged over the log windows after the first (compilation).
+3. The input pipeline alone (`--pipeline_batches`): the trainer's iterator drained as fast as it
+   goes, with the process's CPU time per batch, which the trainer's step shares the cores with.
 
-Prints both and their ratio. Run it on an otherwise idle machine.
+Prints them and the trainer's ratio to the mean of the two bare timings. Run it on an otherwise
+idle machine.
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -73,6 +76,36 @@ def bare_step(config, iters: int) -> float:
   return iters * b / (time.perf_counter() - start)
 
 
+def pipeline_cpu(config, batches: int) -> tuple[float, float]:
+  """(images/s, CPU ms per batch) of the trainer's input pipeline drained on its own."""
+  import resource
+
+  from vit_jax import input_pipeline, sharding
+
+  def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+  mesh = sharding.make_mesh(config.mesh, None)
+  iterator = input_pipeline.make_train_iterator(
+    config.dataset,
+    global_batch_size=config.batch_size,
+    mesh=mesh,
+    data_axes=sharding.BATCH_AXES,
+    seed=config.seed,
+  )
+  try:
+    for _ in range(min(20, batches)):  # tf.data's autotuning settles
+      next(iterator)
+    cpu, start = cpu_seconds(), time.perf_counter()
+    for _ in range(batches):
+      next(iterator)
+    wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+  finally:
+    iterator.close()
+  return batches * config.batch_size / wall, 1000 * cpu / batches
+
+
 def trainer(config) -> float:
   """Mean images/s of the trainer's log windows after the first."""
   from absl import logging
@@ -111,7 +144,16 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
       "log_every", 50, "Steps per log window (the meter's).", flag_values=values
     ),
     bare_iters=flags.DEFINE_integer(
-      "bare_iters", 40, "Timed calls of the bare step.", flag_values=values
+      "bare_iters",
+      150,
+      "Timed calls of the bare step, before and after the trainer.",
+      flag_values=values,
+    ),
+    pipeline_batches=flags.DEFINE_integer(
+      "pipeline_batches",
+      300,
+      "Batches of the input pipeline alone (0: not timed).",
+      flag_values=values,
     ),
   )
 
@@ -119,13 +161,24 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
 def main(argv: list[str], f: types.SimpleNamespace) -> None:
   args = cli.values(f)
   config = demo_config(args.batch_size, args.steps, args.log_every)
-  bare = bare_step(config, args.bare_iters)
-  print(f"bare step: {bare:.1f} images/s ({args.bare_iters} steps, batch {args.batch_size})")
+  before = bare_step(config, args.bare_iters)
   ours = trainer(config)
+  after = bare_step(config, args.bare_iters)
+  bare = (before + after) / 2
+  print(
+    f"bare step: {bare:.1f} images/s ({args.bare_iters} steps, batch {args.batch_size}; "
+    f"{before:.1f} before the trainer, {after:.1f} after)"
+  )
   print(
     f"trainer:   {ours:.1f} images/s ({args.steps} steps, mean of the log windows after the "
     f"first)\ntrainer / bare step: {ours / bare:.1%}"
   )
+  if args.pipeline_batches:
+    rate, cpu_ms = pipeline_cpu(config, args.pipeline_batches)
+    print(
+      f"input pipeline alone: {rate:.0f} images/s, {cpu_ms:.1f} ms of CPU per batch "
+      f"({args.pipeline_batches} batches)"
+    )
 
 
 if __name__ == "__main__":

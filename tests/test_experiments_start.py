@@ -216,8 +216,9 @@ def test_folder_transfer_quick_profile_runs_main(tmp_path, in_process, monkeypat
 
 
 def test_bench_trainer_runs_main(monkeypatch, capsys):
-  """bench_trainer.main: the trainer's bare compiled step, then `train.run` on the same config,
-  at batch 8 for 3 steps of a one-block model (the demo's config otherwise)."""
+  """bench_trainer.main: the trainer's bare compiled step, `train.run` on the same config, the
+  bare step again, then the input pipeline alone; at batch 8 for 3 steps of a one-block model
+  (the demo's config otherwise)."""
   from experiments import bench_trainer
   from vit_jax import models, sharding
   from vit_jax.runtime import logging_util
@@ -232,11 +233,25 @@ def test_bench_trainer_runs_main(monkeypatch, capsys):
     sharding, "make_mesh", lambda config, devices=None: make_mesh(config, jax.devices()[:1])
   )
   meter = logging_util.Throughput.__call__
-  cli.call(bench_trainer, ["--batch_size=8", "--steps=3", "--log_every=1", "--bare_iters=1"])
+  cli.call(
+    bench_trainer,
+    [
+      "--batch_size=8",
+      "--steps=3",
+      "--log_every=1",
+      "--bare_iters=1",
+      "--pipeline_batches=2",
+    ],
+  )
   out = capsys.readouterr().out
-  assert re.search(r"^bare step: [\d.]+ images/s \(1 steps, batch 8\)$", out, re.M), out
+  bare = (
+    r"^bare step: [\d.]+ images/s \(1 steps, batch 8; [\d.]+ before the trainer, [\d.]+ after\)$"
+  )
+  assert re.search(bare, out, re.M), out
   assert re.search(r"^trainer: +[\d.]+ images/s \(3 steps", out, re.M), out
   assert re.search(r"^trainer / bare step: [\d.]+%$", out, re.M), out
+  pipeline = r"^input pipeline alone: \d+ images/s, [\d.]+ ms of CPU per batch \(2 batches\)$"
+  assert re.search(pipeline, out, re.M), out
   assert logging_util.Throughput.__call__ is meter  # its recording patch is undone
 
 

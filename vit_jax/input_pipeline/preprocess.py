@@ -47,8 +47,27 @@ def _to_uint8(image: tf.Tensor) -> tf.Tensor:
 
 
 def _resize(image: tf.Tensor, height, width) -> tf.Tensor:
-  # Antialiasing matters when shrinking a 500px photo to 224 (and costs little).
-  return _to_uint8(tf.image.resize(image, [height, width], antialias=True))
+  """Bilinear, antialiased where an axis shrinks (a 500px photo to 224). Enlarging, the
+  antialiasing filter is bilinear's own (to float rounding) at about 7× its CPU cost
+  (docs/benchmarks.md, "Around the step"), so plain bilinear is used."""
+
+  def resized(antialias: bool) -> tf.Tensor:
+    return _to_uint8(tf.image.resize(image, [height, width], antialias=antialias))
+
+  shrinks = _shrinks(image, height, width)
+  if isinstance(shrinks, bool):  # both sizes known when traced
+    return resized(shrinks)
+  return tf.cond(shrinks, lambda: resized(True), lambda: resized(False))
+
+
+def _shrinks(image: tf.Tensor, height, width) -> bool | tf.Tensor:
+  """Whether resizing `image` to [height, width] shrinks an axis: a bool where every size is
+  known when traced, else a bool tensor."""
+  sizes = list(zip(image.shape[:2], (height, width), strict=True))
+  if all(isinstance(s, int) and isinstance(t, int) for s, t in sizes):
+    return any(s > t for s, t in sizes)
+  shape = tf.shape(image)
+  return tf.logical_or(shape[0] > height, shape[1] > width)
 
 
 def _to_rgb(image: tf.Tensor) -> tf.Tensor:
