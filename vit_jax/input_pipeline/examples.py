@@ -6,10 +6,12 @@ record's randomness is a function of (seed, position). A task's examples (`for_s
   * `process(raw, position)`: the example (`image`, `label`, `mask`, `status`, `pixels`, and the
     fields its `check` reads); it may fail on bad data;
   * `fallback(status)`: the example standing for a record that failed (a zero image, mask 0);
-  * `check(example)`: ends the run in one line on a data error that is no skipped example (a
-    label outside the classes, a mask of another size than its image), and keeps the fields of
-    a batch: image, label, mask and the host fields (`HOST_FIELDS`);
-  * `pad()`: an evaluation's padding (mask 0, status PAD).
+  * `check(batch)`: on a batch of examples (with `where`), ends the run in one line on a data
+    error that is no skipped example (a label outside the classes, a mask of another size than
+    its image), naming the batch's first such record, and keeps the fields the iterators take:
+    image, label, mask and the host fields (`HOST_FIELDS`); once per batch, the message built
+    only when a record fails;
+  * `pad()`: an evaluation's padding (mask 0, status PAD), an unchecked example like the others.
 
   classification  `pp_train` / `pp_eval` (preprocess.py, TensorFlow ops; stateless seed
                   [seed·1,000,003 + 1,000, position], [0, position] in evaluation); label int32
@@ -73,34 +75,32 @@ def _declared_pixels(max_pixels: int, *encoded: tf.Tensor) -> tf.Tensor | None:
   return tf.reduce_max(tf.stack([image_header.declared_pixels(e) for e in encoded]))
 
 
-def _host_fields(ex: dict) -> dict:
-  """The fields of an example that stay on the host; `where` is '' for padding."""
-  return {"status": ex["status"], "where": ex.get("where", tf.constant("")), "pixels": ex["pixels"]}
-
-
 class _Task:
-  """What both kinds of example share: the checked example's fields, and padding."""
+  """What both kinds of example share: the checked batch's fields, and padding."""
 
   def fallback(self, status) -> dict:
     raise NotImplementedError
 
-  def _passed(self, ex: dict, ok, message: Callable[[], tf.Tensor]) -> dict:
-    """The fields the iterators take from `ex`, once `ok` holds (else the run stops with
-    `message()`, which bad_data reads back). The message is built only for a record that fails:
-    its string ops cost a quarter of the demo's whole per-record work."""
-    text = tf.cond(ok, lambda: tf.constant(""), message)
-    assertion = tf.debugging.Assert(ok, [text], summarize=1)
+  def _passed(self, batch: dict, ok, message: Callable[[tf.Tensor], tf.Tensor]) -> dict:
+    """The fields the iterators take from `batch`, once every row's `ok` holds (else the run
+    stops with `message(row)` of the first row that fails, which bad_data reads back). Checked
+    once per batch, the message built only on a failure: per record, these string ops cost a
+    quarter of the demo's preprocessing (docs/benchmarks.md, "Around the step")."""
+    passed = tf.reduce_all(ok)
+    text = tf.cond(
+      passed, lambda: tf.constant(""), lambda: message(tf.argmin(tf.cast(ok, tf.int32)))
+    )
+    assertion = tf.debugging.Assert(passed, [text], summarize=1)
     with tf.control_dependencies([assertion]):
       return {
-        "image": tf.identity(ex["image"]),
-        "label": ex["label"],
-        "mask": ex["mask"],
-        **_host_fields(ex),
+        "image": tf.identity(batch["image"]),
+        "label": batch["label"],
+        "mask": batch["mask"],
+        **{k: batch[k] for k in HOST_FIELDS},
       }
 
   def pad(self) -> dict:
-    ex = self.fallback(tf.constant(bad_data.PAD))
-    return {k: ex[k] for k in ("image", "label", "mask")} | _host_fields(ex)
+    return {**self.fallback(tf.constant(bad_data.PAD)), "where": tf.constant("")}
 
 
 class Classification(_Task):
@@ -166,33 +166,28 @@ class Classification(_Task):
       "pixels": tf.constant(0, tf.int64),
     }
 
-  def check(self, ex):
-    def message():
-      return tf.strings.join(
-        [
-          bad_data.ERROR_MARK,
-          tf.where(
-            ex["error"] == 1,
-            tf.strings.join(
-              [
-                "label ",
-                tf.strings.as_string(ex["bad_label"]),
-                f" outside [0, {self.num_classes}) in ",
-              ]
-            ),
-            tf.strings.join(
-              [
-                tf.strings.as_string(ex["num_labels"]),
-                " labels (single-label data needs exactly one; set dataset.multi_label=True for "
-                "lists of labels) in ",
-              ]
-            ),
-          ),
-          ex["where"],
-        ]
+  def check(self, batch):
+    def message(row):
+      problem = tf.cond(
+        batch["error"][row] == 1,
+        lambda: tf.strings.join(
+          [
+            "label ",
+            tf.strings.as_string(batch["bad_label"][row]),
+            f" outside [0, {self.num_classes}) in ",
+          ]
+        ),
+        lambda: tf.strings.join(
+          [
+            tf.strings.as_string(batch["num_labels"][row]),
+            " labels (single-label data needs exactly one; set dataset.multi_label=True for "
+            "lists of labels) in ",
+          ]
+        ),
       )
+      return tf.strings.join([bad_data.ERROR_MARK, problem, batch["where"][row]])
 
-    return self._passed(ex, tf.equal(ex["error"], 0), message)
+    return self._passed(batch, tf.equal(batch["error"], 0), message)
 
 
 class Segmentation(_Task):
@@ -270,11 +265,11 @@ class Segmentation(_Task):
       "pixels": tf.constant(0, tf.int64),
     }
 
-  def check(self, ex):
-    def message():
-      return tf.strings.join([bad_data.ERROR_MARK, ex["problem"]])
+  def check(self, batch):
+    def message(row):
+      return tf.strings.join([bad_data.ERROR_MARK, batch["problem"][row]])
 
-    return self._passed(ex, tf.equal(ex["problem"], ""), message)
+    return self._passed(batch, tf.equal(batch["problem"], ""), message)
 
 
 TASKS = {source.CLASSIFICATION: Classification, source.SEGMENTATION: Segmentation}

@@ -59,10 +59,10 @@ def _options(config) -> tf.data.Options:
 def _process(
   ds: tf.data.Dataset, source: source_lib.Source, task_examples, position_of: Callable
 ) -> tf.data.Dataset:
-  """(raw, index) → examples (`task_examples`: examples.for_source), each record's position
-  `position_of(index)` (int64 scalar), computed in the same per-record function, so it costs no
-  tf.data stage of its own. A source that reads files per record reads them first, outside the
-  sandbox (an I/O error ends the run)."""
+  """(raw, index) → unchecked examples (`task_examples`: examples.for_source; checked once
+  batched, `_checked`), each record's position `position_of(index)` (int64 scalar), computed in
+  the same per-record function, so it costs no tf.data stage of its own. A source that reads
+  files per record reads them first, outside the sandbox (an I/O error ends the run)."""
   per_record = examples.record_fn(task_examples, source)
   if source.reads_files:
     ds = ds.map(
@@ -70,21 +70,25 @@ def _process(
       num_parallel_calls=tf.data.AUTOTUNE,
       deterministic=True,
     )
-  check = graph_fn(task_examples.check)
   if not source.may_fail:
     return ds.map(
-      graph_fn(lambda raw, index: check(per_record(raw, position_of(index)))),
+      graph_fn(lambda raw, index: per_record(raw, position_of(index))),
       num_parallel_calls=tf.data.AUTOTUNE,
       deterministic=True,
     )
-  ds = ds.interleave(
+  return ds.interleave(
     graph_fn(lambda raw, index: per_record(raw, position_of(index))),
     cycle_length=max(16, 2 * (os.cpu_count() or 1)),
     block_length=1,
     num_parallel_calls=tf.data.AUTOTUNE,
     deterministic=True,
   )
-  return ds.map(check, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _checked(ds: tf.data.Dataset, task_examples, batch_size: int) -> tf.data.Dataset:
+  """Batches of `batch_size` examples, each batch checked (examples.check)."""
+  ds = ds.batch(batch_size, drop_remainder=True)
+  return ds.map(graph_fn(task_examples.check), num_parallel_calls=tf.data.AUTOTUNE)
 
 
 class _Prefetcher:
@@ -294,7 +298,7 @@ class TrainIterator:
       config, self._source, self.num_classes, config.pp_train, self.seed
     )
     ds = _process(ds, self._source, task_examples, position_of)
-    return ds.batch(self.local_batch_size, drop_remainder=True)
+    return _checked(ds, task_examples, self.local_batch_size)
 
   def _produce(self, ds, mesh, data_axes, start):
     records = start
@@ -390,8 +394,7 @@ class EvalIterable:
     ds = _process(ds, self._source, task_examples, lambda i: i)
     total = self.num_batches * self.local_batch_size
     pad = tf.data.Dataset.from_tensors(task_examples.pad()).repeat()
-    ds = ds.concatenate(pad).take(total)
-    ds = ds.batch(self.local_batch_size, drop_remainder=True)
+    ds = _checked(ds.concatenate(pad).take(total), task_examples, self.local_batch_size)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
 
   def _produce(self):
