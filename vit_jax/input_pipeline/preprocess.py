@@ -12,6 +12,7 @@ Ops (images are uint8 [h, w, 3] between ops, float32 only after `value_range`):
                                random crop of 5–100% of the area, then resize to `size`; right after
                                `decode` on a JPEG it decodes only the crop window
   resize(size=None)            resize to [size, size]; a float size is a multiple of image_size
+                               (bilinear, antialiased where an axis shrinks, as every resize here)
   resize_small(size=None)      resize the shorter side to `size`, keeping the aspect ratio
   central_crop(size=None)      crop the central [size, size] window
   random_crop(size=None)       crop a random [size, size] window
