@@ -379,9 +379,11 @@ def test_int8_on_the_demo_model_keeps_its_accuracy(tmp_path):
   agreement = {k: float((v == top1["none"]).mean()) for k, v in top1.items()}
   pixels = baselines.pixel_baselines("animal_mnist")
   print("demo model on Animal-MNIST test:", accuracy, "agreement with fp32:", agreement, pixels)
-  assert accuracy["none"] > 0.8  # a trained model (84.6% after 500 steps; kNN-3 90.9%)
+  assert accuracy["none"] > 0.8  # a trained model (the print shows it beside the pixel baselines)
   assert agreement["int8"] >= 0.99
-  assert abs(accuracy["int8"] - accuracy["none"]) <= 0.005
+  # At most half a point: counted in examples, exactly (1000 test images: 5 at most).
+  correct = {k: int((v == labels).sum()) for k, v in top1.items()}
+  assert abs(correct["int8"] - correct["none"]) <= 0.005 * len(labels)
 
 
 @pytest.mark.slow  # five exports and six runtimes: ~10 s

@@ -84,8 +84,8 @@ class _Task:
   def _passed(self, batch: dict, ok, message: Callable[[tf.Tensor], tf.Tensor]) -> dict:
     """The fields the iterators take from `batch`, once every row's `ok` holds (else the run
     stops with `message(row)` of the first row that fails, which bad_data reads back). Checked
-    once per batch, the message built only on a failure: per record, these string ops cost a
-    quarter of the demo's preprocessing (docs/benchmarks.md, "Around the step")."""
+    once per batch, the message built only on a failure: per record, its string ops were a
+    good part of the input pipeline's CPU time (docs/benchmarks.md, "Around the step")."""
     passed = tf.reduce_all(ok)
     text = tf.cond(
       passed, lambda: tf.constant(""), lambda: message(tf.argmin(tf.cast(ok, tf.int32)))

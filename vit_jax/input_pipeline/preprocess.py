@@ -49,7 +49,7 @@ def _to_uint8(image: tf.Tensor) -> tf.Tensor:
 
 def _resize(image: tf.Tensor, height, width) -> tf.Tensor:
   """Bilinear, antialiased where an axis shrinks (a 500px photo to 224). Enlarging, the
-  antialiasing filter is bilinear's own (to float rounding) at about 7× its CPU cost
+  antialiasing filter is bilinear's own (to float rounding) at several times its CPU cost
   (docs/benchmarks.md, "Around the step"), so plain bilinear is used."""
 
   def resized(antialias: bool) -> tf.Tensor:
