@@ -174,7 +174,7 @@ def _tent_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
 def test_resize_antialiases_only_an_axis_that_shrinks(shape, size, static):
   """Within rounding of the float64 filter, shrinking or enlarging (one axis each in the third
   case), with sizes known when traced or not; enlarging alone takes plain bilinear, whose
-  antialiased twin (7× the CPU time) differs from it only in float rounding."""
+  antialiased twin (several times its CPU time) differs from it only in float rounding."""
   image = np.random.default_rng(0).integers(0, 256, (*shape, 3)).astype(np.uint8)
   spec = [None, None, 3] if not static else [*shape, 3]
   resize = tf.function(
