@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 from test_image_header import bomb_png  # tests/
 
+from tests.helpers import this_thread
 from vit_jax import input_pipeline
 from vit_jax.input_pipeline import bad_data, testing, tfrecord_files
 from vit_jax.tools import make_shards
@@ -103,7 +104,8 @@ def test_the_share_of_skipped_examples_stops_a_run_in_one_line_also_after_a_resu
 
 def test_an_unreadable_shard_is_read_again_then_one_line(tmp_path, monkeypatch, caplog):
   paths = _shards(tmp_path)
-  # A read that fails once after 3 records: read again past them, nothing given twice.
+  # A read that fails once after 3 records: read again past them, nothing given twice. The
+  # reader is process-wide: only this test's thread (which reads the chunks) sees the fake.
   real, calls = tf.compat.v1.io.tf_record_iterator, []
 
   def flaky(path):
@@ -114,7 +116,7 @@ def test_an_unreadable_shard_is_read_again_then_one_line(tmp_path, monkeypatch, 
       yield record
 
   with monkeypatch.context() as patched:
-    patched.setattr(tf.compat.v1.io, "tf_record_iterator", flaky)
+    patched.setattr(tf.compat.v1.io, "tf_record_iterator", this_thread.only(flaky, real))
     chunks = list(tfrecord_files.read_chunks(paths[0], N // SHARDS))
   assert [list(c[1]) for c in chunks] == [list(range(N // SHARDS))] and all(chunks[0][2])
   assert list(chunks[0][0]) == list(real(paths[0])) and len(calls) == 2

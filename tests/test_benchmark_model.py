@@ -12,6 +12,7 @@ import jax
 import pytest
 
 from experiments import benchmark_model, benchmark_report
+from tests.helpers import this_thread
 from vit_jax.cost import devices
 from vit_jax.runtime import cli
 
@@ -62,7 +63,8 @@ def test_cpu_header_names_the_model_and_its_matmul_features(monkeypatch):
   arm = devices.parse_cpuinfo("processor : 0\nFeatures : fp asimd\nCPU part : 0xd0c\n")
   assert arm.describe() == "unknown model; none of avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile"
   # The peak estimate reads the same parse: AVX-512, the fastest core's clock, the usable CPUs.
-  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+  fake = this_thread.only(lambda pid: {0, 1}, os.sched_getaffinity)  # every thread's os
+  monkeypatch.setattr(os, "sched_getaffinity", fake)
   peak, how = devices.cpu_peak(info)
   assert peak == pytest.approx(2 * 2 * 16 * 2 * 3.1005e9)
   assert "AVX-512" in how

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.helpers import fault_injection, random_weights, xla_env
+from tests.helpers import fault_injection, random_weights, this_thread, xla_env
 from tests.helpers import gcs as harness
 from vit_jax import checkpoint
 from vit_jax.checkpoint import train_state
@@ -198,7 +198,9 @@ def test_an_expired_lease_is_taken_over_once_on_gcs(local_gcs, monkeypatch):
     time.sleep(3.0)  # renewed every second: the object is younger than the lock
     _, _, age = gcs.read_versioned(f"{live}/{workdir_lib.LOCK_FILE}")
     assert age < 2.5, age
-    monkeypatch.setattr(workdir_lock.socket, "gethostname", lambda: "another-vm")
+    # Another VM, seen by this thread only: the live holder's renewals (another thread) stay ours.
+    another = this_thread.only(lambda: "another-vm", workdir_lock.socket.gethostname)
+    monkeypatch.setattr(workdir_lock.socket, "gethostname", another)
     with pytest.raises(workdir_lib.WorkdirLocked, match="lease renewed"):
       with workdir_lib.lock(live, lease_s=4):
         pass

@@ -20,7 +20,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tests.helpers import fault_injection, local_cluster, xla_env
+from tests.helpers import fault_injection, local_cluster, this_thread, xla_env
 from vit_jax import sharding
 from vit_jax.checkpoint import local_tier, train_state
 from vit_jax.runtime import goodput
@@ -133,7 +133,8 @@ def test_bad_local_settings_are_one_line(tmp_path):
 
 def test_every_minutes_saves_at_the_first_log_step_past_the_interval(tmp_path, monkeypatch):
   now = [1000.0]
-  monkeypatch.setattr(local_tier.time, "monotonic", lambda: now[0])
+  fake = this_thread.only(lambda: now[0], local_tier.time.monotonic)  # every thread's clock
+  monkeypatch.setattr(local_tier.time, "monotonic", fake)
   tier = local_tier.LocalTier(
     _local(tmp_path / "local", every_steps=0, every_minutes=2.0), str(tmp_path / "w"), _mesh(1)
   )

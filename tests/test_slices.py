@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.helpers import this_thread
 from tests.helpers.libtpu_process import libtpu_test
 from vit_jax import sharding
 from vit_jax.configs import common
@@ -58,7 +59,8 @@ def test_distributed_auto_connects_the_workers_of_several_hosts_or_slices(
     monkeypatch.setenv(name, value)
   calls = []
   monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
-  monkeypatch.setattr(jax, "process_count", lambda: 1)  # the log line after the (faked) connect
+  # The log line after the (faked) connect; another test's Orbax thread asks the real count.
+  monkeypatch.setattr(jax, "process_count", this_thread.only(lambda: 1, jax.process_count))
   distributed.initialize("auto")
   assert bool(calls) == connects
 
@@ -91,7 +93,7 @@ def test_data_spans_the_slices_in_slice_index_order(monkeypatch):
   # The per-slice split of the data is the per-host split: each of the 8 hosts (4 per slice)
   # supplies its own rows of a global batch of 64 (the rows jax.make_array_from_process_local_data
   # gives its devices), together all of them once, and slice s's hosts the s-th half.
-  monkeypatch.setattr(jax, "process_count", lambda *_: 8)
+  monkeypatch.setattr(jax, "process_count", this_thread.only(lambda *_: 8, jax.process_count))
   slice_of = {d.process_index: d.slice_index for d in devices}
   assert sorted(slice_of) == list(range(8))
   rows = {h: layout.host_rows(mesh, sharding.BATCH_AXES, 64, h, 8) for h in range(8)}

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.helpers import this_thread
 from vit_jax.runtime import workdir_lock
 
 FOREIGN = {"host": "t1v-n-old-w-0", "pid": 4242, "started": "2026-12-03 09:00:00 UTC"}
@@ -77,7 +78,8 @@ def test_a_live_holder_renews_and_keeps_its_lock(tmp_path, monkeypatch):
     stdout=subprocess.PIPE, text=True,
   )  # fmt: skip
   assert holder.stdout.readline().strip() == "held"
-  monkeypatch.setattr(socket, "gethostname", lambda: "another-vm")
+  another = this_thread.only(lambda: "another-vm", socket.gethostname)  # the test's thread only
+  monkeypatch.setattr(socket, "gethostname", another)
   path = tmp_path / workdir_lock.LOCK_FILE
   ages = []
   deadline = time.time() + 5
