@@ -5,7 +5,10 @@ skipped examples, over a resume. The runs' behaviour through the entry point: te
 
 import logging
 import os
+import pathlib
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from vit_jax.input_pipeline import bad_data, testing, tfrecord_files
 from vit_jax.tools import make_shards
 
 PP = "decode|resize|value_range(-1, 1)"
+REPO = pathlib.Path(__file__).resolve().parent.parent
 N, SHARDS = 20, 2
 
 
@@ -104,9 +108,9 @@ def test_the_share_of_skipped_examples_stops_a_run_in_one_line_also_after_a_resu
 
 def test_an_unreadable_shard_is_read_again_then_one_line(tmp_path, monkeypatch, caplog):
   paths = _shards(tmp_path)
-  # A read that fails once after 3 records: read again past them, nothing given twice. The
-  # reader is process-wide: only this test's thread (which reads the chunks) sees the fake.
-  real, calls = tf.compat.v1.io.tf_record_iterator, []
+  # A read that fails once after 3 records: read again past them, nothing given twice. Other
+  # tests' readers may still run in the worker: only this test's thread sees the fake.
+  real, calls = tfrecord_files._records, []
 
   def flaky(path):
     calls.append(path)
@@ -116,7 +120,7 @@ def test_an_unreadable_shard_is_read_again_then_one_line(tmp_path, monkeypatch, 
       yield record
 
   with monkeypatch.context() as patched:
-    patched.setattr(tf.compat.v1.io, "tf_record_iterator", this_thread.only(flaky, real))
+    patched.setattr(tfrecord_files, "_records", this_thread.only(flaky, real))
     chunks = list(tfrecord_files.read_chunks(paths[0], N // SHARDS))
   assert [list(c[1]) for c in chunks] == [list(range(N // SHARDS))] and all(chunks[0][2])
   assert list(chunks[0][0]) == list(real(paths[0])) and len(calls) == 2
@@ -335,3 +339,17 @@ def test_a_damaged_segmentation_shards_lost_records_are_counted_from_its_listed_
     f"{missing} skipped ({missing} lost in damaged files); the most recent: a record of split "
     f"{split!r} lost with its damaged shard"
   )
+
+
+def test_reading_a_shard_prints_no_deprecation_notice(tmp_path):
+  """TensorFlow's record iterator is deprecated and said so in five lines on every tfrecord
+  run's first read; the reader calls it without its deprecation wrapper (a fresh process: the
+  notice is printed once per process)."""
+  path = _shards(tmp_path)[0]
+  code = "import sys; from vit_jax.input_pipeline import tfrecord_files as t; "
+  code += "print(sum(len(c[0]) for c in t.read_chunks(sys.argv[1])))"
+  out = subprocess.run(
+    [sys.executable, "-c", code, path], capture_output=True, text=True, cwd=REPO, timeout=120
+  )
+  assert out.returncode == 0 and out.stdout.split() == [str(N // SHARDS)], out.stderr[-2000:]
+  assert "deprecated" not in out.stderr, out.stderr[-2000:]

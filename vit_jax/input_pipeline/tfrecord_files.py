@@ -12,7 +12,7 @@ Reading the file and damage to its content are told apart (vit_jax.input_pipelin
 - an undamaged file holding another number of records than dataset_info.json lists stops the
   run (DataMismatchError): the positions of the per-host split are computed from those counts.
 
-The records are read in Python (tf.compat.v1.io.tf_record_iterator, in chunks handed to
+The records are read in Python (TensorFlow's record iterator, `_records`, in chunks handed to
 tf.data), where an error is attributed to its file; `TFRecordDataset` reads and parses in one op
 and fails a whole interleave without saying which file.
 """
@@ -25,6 +25,9 @@ from vit_jax.input_pipeline import bad_data
 _FRAMING_BYTES = 16  # uint64 length, uint32 length CRC, data, uint32 data CRC.
 _CHUNK = 64  # records handed from Python to tf.data per call.
 UNKNOWN = -1  # a file's record count when dataset_info.json does not list it
+# tf.compat.v1.io.tf_record_iterator without its deprecation wrapper, which printed five lines
+# on every tfrecord run's first read (its suggested replacement is TFRecordDataset, above).
+_records = tf.compat.v1.io.tf_record_iterator.__wrapped__
 
 
 def _chunk(records: list[bytes], first: int, ok: bool = True):
@@ -44,7 +47,7 @@ def read_chunks(path: bytes | str, expected: int = UNKNOWN):
       try:
         size, consumed, seen = tf.io.gfile.stat(path).length, 0, 0
         try:
-          for record in tf.compat.v1.io.tf_record_iterator(path):
+          for record in _records(path):
             consumed += len(record) + _FRAMING_BYTES
             seen += 1
             if seen <= index:  # given before a read error: read again, not twice
