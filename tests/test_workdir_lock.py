@@ -45,8 +45,10 @@ def test_a_foreign_lock_holds_while_its_lease_runs_and_is_taken_over_after(tmp_p
   assert not list(tmp_path.iterdir())  # nothing left aside
 
 
-@pytest.mark.parametrize("text", ["", "{not json"])
+@pytest.mark.parametrize("text", ["", "{not json", '{"pid": "4242"}', "[]"])
 def test_an_empty_or_unreadable_lock_is_no_holder_once_older_than_the_lease(tmp_path, text):
+  """Empty (a kill between the create and the write), not JSON, or JSON that is no lock record
+  (tests/test_workdir_files.py tries many more)."""
   path = tmp_path / workdir_lock.LOCK_FILE
   _write(path, text, age_s=5)
   with pytest.raises(workdir_lock.WorkdirLocked, match="an empty or unreadable lock file, 5 s old"):
