@@ -139,3 +139,11 @@ def test_break_lock_names_what_it_removed(tmp_path):
     "2026-12-03 09:00:00 UTC"
   )
   assert not path.exists()
+
+
+def test_a_lock_of_this_host_without_a_pid_is_judged_by_its_lease(tmp_path):
+  """No process to look for: its age decides (it was once taken for a live process forever)."""
+  path = tmp_path / workdir_lock.LOCK_FILE
+  _write(path, json.dumps({"host": socket.gethostname()}), age_s=3600)
+  with workdir_lock.lock(str(tmp_path), lease_s=60):
+    assert json.loads(path.read_text())["pid"] == os.getpid()
