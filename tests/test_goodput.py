@@ -107,7 +107,9 @@ def test_a_request_file_is_served_at_the_next_log_step(tmp_path):
   profiler = profiling.Profiler(_profile_config(), str(tmp_path))
   request.write_text("many\n")
   profiler.poll(10)
-  assert not request.exists() and profiler._next == -1  # refused with a warning, removed
+  assert not request.exists() and profiler._next == -1  # refused with a warning, set aside
+  (aside,) = tmp_path.glob(f"{profiling.REQUEST_FILE}.bad-*")
+  assert aside.read_text() == "many\n"
   request.write_text("4\n")
   profiler.poll(10)
   assert profiler._windows == [(11, 14, True)] and profiler._next == 11

@@ -46,8 +46,10 @@ def test_a_foreign_lock_holds_while_its_lease_runs_and_is_taken_over_after(tmp_p
   assert not list(tmp_path.iterdir())  # nothing left aside
 
 
-@pytest.mark.parametrize("text", ["", "{not json"])
+@pytest.mark.parametrize("text", ["", "{not json", '{"pid": "4242"}', "[]"])
 def test_an_empty_or_unreadable_lock_is_no_holder_once_older_than_the_lease(tmp_path, text):
+  """Empty (a kill between the create and the write), not JSON, or JSON that is no lock record
+  (tests/test_workdir_files.py tries many more)."""
   path = tmp_path / workdir_lock.LOCK_FILE
   _write(path, text, age_s=5)
   with pytest.raises(workdir_lock.WorkdirLocked, match="an empty or unreadable lock file, 5 s old"):
@@ -139,3 +141,11 @@ def test_break_lock_names_what_it_removed(tmp_path):
     "2026-12-03 09:00:00 UTC"
   )
   assert not path.exists()
+
+
+def test_a_lock_of_this_host_without_a_pid_is_judged_by_its_lease(tmp_path):
+  """No process to look for: its age decides (it was once taken for a live process forever)."""
+  path = tmp_path / workdir_lock.LOCK_FILE
+  _write(path, json.dumps({"host": socket.gethostname()}), age_s=3600)
+  with workdir_lock.lock(str(tmp_path), lease_s=60):
+    assert json.loads(path.read_text())["pid"] == os.getpid()

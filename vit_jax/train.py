@@ -414,7 +414,7 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
   )
   # ----------------------------------------------------------------------------------------------
   # Loop.
-  profiler = profiling.Profiler(config.profile, workdir, account)
+  profiler = profiling.Profiler(config.profile, workdir, account, total_steps)
   window = jax.device_put(empty_window(), replicated)
   compiled = None
   progress = logging_util.Progress(total_steps, start_step)

@@ -9,7 +9,6 @@ from the workdir's saved `config.json` when there is one, else from the paramete
 """
 
 import dataclasses
-import json
 import os
 import re
 from typing import Any
@@ -21,6 +20,7 @@ from etils import epath
 from vit_jax import models
 from vit_jax.checkpoint import adapt, npz, timm_hf, train_state
 from vit_jax.models import mpp
+from vit_jax.runtime import json_file
 from vit_jax.runtime import workdir as workdir_lib
 
 
@@ -144,6 +144,9 @@ def saved_config(path: str) -> ml_collections.ConfigDict | None:
 
   A timm or transformers `config.json` beside a `.safetensors` file is not a stage config (see
   `load_backbone`).
+
+  Raises:
+    json_file.InvalidFile: the file is not a JSON object (one line naming it and what to do).
   """
   if str(path).endswith(".safetensors"):
     return None
@@ -155,7 +158,15 @@ def saved_config(path: str) -> ml_collections.ConfigDict | None:
     directory = _checkpoint_dir(path)
     if directory is None:
       return None
-  return ml_collections.ConfigDict(json.loads((directory / workdir_lib.CONFIG_FILE).read_text()))
+  try:
+    saved = workdir_lib.read_config(directory)
+  except json_file.InvalidFile as e:
+    raise json_file.InvalidFile(
+      e.path,
+      f"{e.why}; it should hold the stage config that gives this checkpoint's architecture: "
+      "put the run's config.json back",
+    ) from None
+  return ml_collections.ConfigDict(saved)
 
 
 def load_backbone(

@@ -15,7 +15,13 @@ both tiers, so a resume is bitwise the same whichever tier it comes from.
 A local tier belongs to one workdir and one topology: `<workdir>/local_tier.json` holds a random
 token that each process's `tier.json` repeats, with the process count, the process's index and
 its mesh. A tier written for another workdir (or an earlier run at the same path), or on another
-topology (its shards would not be this process's), is emptied, with a warning, instead of read.
+topology (its shards would not be this process's), is emptied, with a warning, instead of read;
+so is a tier whose `tier.json` is unreadable (whose it is cannot be told). A `local_tier.json`
+that is not one (vit_jax.runtime.json_file) is set aside (renamed, with a warning) and a new
+token made: the local tiers written before are then emptied, which loses at most the local
+steps newer than the workdir's, retrained as after a lost host; refusing would only ask the user
+to remove the file. A `checkpoint.local.dir` that cannot be used ends the run in one line naming
+the setting, the directory and the error.
 
 A failed local save (a full /dev/shm) is a warning and turns the tier off for the rest of the
 run: the persistent tier still holds the run.
@@ -24,7 +30,6 @@ This file must not import TensorFlow.
 """
 
 import dataclasses
-import json
 import os
 import secrets
 import time
@@ -40,6 +45,7 @@ from etils import epath
 from orbax.checkpoint._src.serialization import type_handler_registry
 
 from vit_jax.checkpoint import train_state
+from vit_jax.runtime import json_file
 from vit_jax.runtime import workdir as workdir_lib
 
 TOKEN_FILE = "local_tier.json"  # in the workdir
@@ -89,20 +95,33 @@ class LocalTier:
     self.root = epath.Path(os.path.abspath(local.dir)) / f"process_{jax.process_index()}"
     token = _workdir_token(workdir)
     identity = dict(workdir=str(workdir), token=token, topology=_topology(mesh))
+    try:
+      self._claim(identity)
+      self._manager = _manager(self.root / "steps", int(local.keep))
+    except OSError as e:  # the setting's directory, not the run: say which setting
+      raise ValueError(
+        f"checkpoint.local.dir={local.dir!r}: cannot use {self.root}: {e.strerror or e}; set "
+        "it to a writable local directory, or to '' to turn the local tier off"
+      ) from e
+    if self._manager.all_steps() and config is not None:
+      workdir_lib.check_config(workdir, config)  # local steps are of this workdir's config
+
+  def _claim(self, identity: dict[str, str]) -> None:
+    """Makes this process's directory the tier of `identity`, emptying a tier of another
+    (or an unreadable `tier.json`: whose it is cannot be told, see the module docstring)."""
     tier_file = self.root / _TIER_FILE
-    if tier_file.exists() and json.loads(tier_file.read_text()) != identity:
-      logging.warning(
-        "local checkpoint tier %s was written for another workdir, run or topology (%s); "
-        "emptying it",
-        self.root,
-        tier_file.read_text().strip(),
-      )
+    try:
+      seen = json_file.read(tier_file, {"*": str})
+    except json_file.InvalidFile as e:
+      why = f"has a {_TIER_FILE} that is not one ({e.why})"
+    else:
+      mine = seen in (None, identity)
+      why = None if mine else f"was written for another workdir, run or topology ({seen})"
+    if why:
+      logging.warning("local checkpoint tier %s %s; emptying it", self.root, why)
       self.root.rmtree(missing_ok=True)
     self.root.mkdir(parents=True, exist_ok=True)
     workdir_lib.write_json(tier_file, identity)
-    self._manager = _manager(self.root / "steps", int(local.keep))
-    if self._manager.all_steps() and config is not None:
-      workdir_lib.check_config(workdir, config)  # local steps are of this workdir's config
 
   def steps(self) -> list[int]:
     """This process's complete local steps."""
@@ -304,13 +323,23 @@ def _manager(directory: epath.Path, keep: int) -> ocp.CheckpointManager:
   )
 
 
+_TOKEN = {"token": json_file.checked(lambda t: 0 <= int(t, 16) < 2**62, "a token (16 hex digits)")}
+
+
 def _workdir_token(workdir: str) -> str:
-  """The workdir's local-tier token (process 0 reads it, or makes it), the same on every process."""
+  """The workdir's local-tier token (process 0 reads it, or makes it: a `local_tier.json` that is
+  not one is set aside, see the module docstring), the same on every process."""
   token = 0
   if jax.process_index() == 0:
     path = epath.Path(workdir) / TOKEN_FILE
-    if path.exists():
-      token = int(json.loads(path.read_text())["token"], 16)
+    try:
+      saved = json_file.read(path, _TOKEN)
+    except json_file.InvalidFile as e:
+      then = "a new token empties the local tiers written before (the workdir's steps remain)"
+      json_file.set_aside(path, e.why, then=then)
+      saved = None
+    if saved is not None:
+      token = int(saved["token"], 16)
     else:
       token = secrets.randbits(62)
       epath.Path(workdir).mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@
   console       what reaches the terminal, and the log file that keeps everything else
   distributed   connecting the processes of a multi-host run (jax.distributed)
   stopping      SIGTERM / SIGINT turned into a stop at a step every process saves
-  workdir       a workdir's lock, its config.json and atomic JSON writes
+  workdir       a workdir's lock, its config.json and final metrics, atomic JSON writes
+  json_file     a JSON file of a known shape: read it or say why in one line, set one aside
   gcs           gs:// specifics: the client library, bucket and credential checks, atomic create
   logging_util  metric writers, the progress line, parameter overview, MFU
   goodput       where a run's wall time goes, accumulated over a workdir's reruns

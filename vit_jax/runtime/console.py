@@ -9,7 +9,9 @@ lines, TensorFlow's raw read errors, asyncio tracebacks after a failure) stays i
 `end(line)` a stopped one; after that line nothing more reaches the terminal.
 
 The log file is `<workdir>/logs/<time>-p<process>.log` for a local workdir, or in the temporary
-directory for a remote (gs://) one. This file must not import TensorFlow.
+directory for a remote (gs://) one. Each process creates its own (exclusively: a launch in the
+same second gets `-2`, `-3`, ... before `.log`), so a launch refused because another run holds
+the workdir never writes into that run's log. This file must not import TensorFlow.
 """
 
 import logging
@@ -64,11 +66,26 @@ class _TerminalFormatter(logging.Formatter):
 
 
 def log_path(workdir: str | None, process_index: int = 0) -> str:
-  """Where `setup` writes the log of this process (workdir None: the temporary directory)."""
+  """Where `setup` writes the log of this process (workdir None: the temporary directory), unless
+  another process's log is there already (see the module docstring)."""
   name = f"{time.strftime('%Y%m%d-%H%M%S')}-p{process_index}.log"
   if workdir is None or "://" in workdir:
     return os.path.join(tempfile.gettempdir(), f"vit_jax-{name}")
   return os.path.join(workdir, "logs", name)
+
+
+def _create(path: str) -> tuple[str, int]:
+  """Creates a log file of this process's own at `path`, or beside it with `-2`, `-3`, ...
+  before `.log` where that exists; (its path, a descriptor open for writing)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  stem, n = path.removesuffix(".log"), 1
+  while True:
+    candidate = path if n == 1 else f"{stem}-{n}.log"
+    try:
+      flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+      return candidate, os.open(candidate, flags, 0o644)
+    except FileExistsError:
+      n += 1
 
 
 def setup(workdir: str | None, process_index: int = 0) -> str:
@@ -76,11 +93,9 @@ def setup(workdir: str | None, process_index: int = 0) -> str:
   global _terminal, _ended, _restore
   if _restore is not None:
     teardown()
-  path = log_path(workdir, process_index)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
+  path, log_fd = _create(log_path(workdir, process_index))
   sys.stderr.flush()
   terminal_fd = os.dup(2)
-  log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
   os.dup2(log_fd, 2)  # native code and every Python stderr writer now write to the file
   os.close(log_fd)
   _terminal = os.fdopen(terminal_fd, "w", buffering=1)

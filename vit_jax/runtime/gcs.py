@@ -108,7 +108,8 @@ def create_exclusive(path: str | os.PathLike, text: str) -> bool:
 
 def read_versioned(path: str | os.PathLike) -> tuple[str, int, float] | None:
   """(text, generation, seconds since the object was last written, by the server's clock as
-  far as the local clock agrees with it) of the object `path`, or None if it does not exist."""
+  far as the local clock agrees with it) of the object `path`, or None if it does not exist.
+  Bytes that are not UTF-8 are replaced (U+FFFD) in the text."""
   import datetime
 
   from google.api_core import exceptions
@@ -121,11 +122,11 @@ def read_versioned(path: str | os.PathLike) -> tuple[str, int, float] | None:
     if blob is None:
       return None
     try:
-      text = blob.download_as_text(if_generation_match=blob.generation)
+      data = blob.download_as_bytes(if_generation_match=blob.generation)
     except (exceptions.PreconditionFailed, exceptions.NotFound):
       continue
     age = (datetime.datetime.now(datetime.UTC) - blob.updated).total_seconds()
-    return text, int(blob.generation), max(0.0, age)
+    return data.decode(errors="replace"), int(blob.generation), max(0.0, age)
   return None
 
 

@@ -35,6 +35,12 @@ restored or initialised (a run refused before that writes nothing), at every sav
 background thread, so a gs:// write does not block the step) and at the end, where the account
 is also logged as a table. `python -m vit_jax.tools.goodput --workdir=...` prints it.
 
+A `goodput.json` that is not a ledger (not JSON, or JSON of another shape: `LEDGER`) is set
+aside (renamed `goodput.json.bad-<time>`, vit_jax.runtime.json_file) with a warning, and the
+account starts anew: it records where time went, nothing a run needs to continue, and a file
+it cannot read must not stop a run. One that cannot be read at all (a storage error) is left
+as it is, and this run keeps no account.
+
 This file must not import TensorFlow.
 """
 
@@ -52,11 +58,30 @@ import jax
 from absl import logging
 from etils import epath
 
-from vit_jax.runtime import stopping
+from vit_jax.runtime import json_file, stopping
 from vit_jax.runtime import workdir as workdir_lib
 
 FILE = "goodput.json"
 PHASES = ("startup", "restore", "compile", "step", "data_wait", "checkpoint", "eval", "profile")
+# The ledger's shape (vit_jax.runtime.json_file): what the readers below index without a check.
+_NUMBER = json_file.NUMBER
+_SPENT = {"*": _NUMBER}  # seconds per phase
+_MARK = {"step": int, "time": _NUMBER, "spent": _SPENT}  # a save's record
+_ATTEMPT = {
+  "start": _NUMBER,
+  "start_step": int,
+  "source?": (str, None),
+  "host?": str,
+  "pid?": int,
+  "processes?": int,
+  "lost_s?": _NUMBER,
+  "recomputed_steps?": int,
+  "marks?": [_MARK],
+  "end?": {**_MARK, "outcome": str},
+  "counted?": _SPENT,
+  "counted_to?": (int, None),
+}
+LEDGER = {"attempts?": [_ATTEMPT]}
 _MAX_MARKS = 32  # records of saves kept per attempt (a rerun restores one of the newest)
 _started = [False]  # whether an Account of this process already began at the process's start
 
@@ -84,9 +109,13 @@ def _zeros() -> dict[str, float]:
 
 
 def read(workdir: str) -> dict[str, Any] | None:
-  """The workdir's ledger, or None without one."""
-  path = epath.Path(workdir) / FILE
-  return json.loads(path.read_text()) if path.exists() else None
+  """The workdir's ledger, or None without one.
+
+  Raises:
+    json_file.InvalidFile: the file is not a ledger (one line naming it and why).
+    OSError: it could not be read.
+  """
+  return json_file.read(epath.Path(workdir) / FILE, LEDGER)
 
 
 def resolve(attempts: list[dict[str, Any]], start: float, step: int | None) -> float:
@@ -243,11 +272,9 @@ class Account:
     self._step = step
     if not self._writer:
       return
-    try:
-      ledger = read(self.workdir) or {}
-    except (OSError, ValueError) as e:
-      logging.warning("goodput: %s/%s unreadable (%s); starting a new one", self.workdir, FILE, e)
-      ledger = {}
+    ledger = self._read()
+    if ledger is None:
+      return
     attempts = ledger.setdefault("attempts", [])
     restored = step if source is not None else None
     lost = resolve(attempts, self._start, restored) if attempts else 0.0
@@ -274,6 +301,23 @@ class Account:
         recomputed,
       )
     self._write()
+
+  def _read(self) -> dict[str, Any] | None:
+    """The ledger to continue (see the module docstring); None: keep none this run."""
+    path = epath.Path(self.workdir) / FILE
+    try:
+      return read(self.workdir) or {}
+    except json_file.InvalidFile as e:
+      why = f"not a goodput account ({e.why})"
+      try:
+        json_file.set_aside(path, why, then="the account starts anew")
+      except OSError as error:
+        logging.warning("goodput: %s: %s, and cannot be set aside (%s)", path, why, error)
+        return None
+      return {}
+    except OSError as e:
+      logging.warning("goodput: cannot read %s (%s); this run keeps no account", path, e)
+      return None
 
   def saved(self, step: int) -> None:
     """A checkpoint of `step` was started (either tier): a record a rerun can resume from."""

@@ -6,8 +6,12 @@ Two ways to ask for one:
 - while a run is running, without a restart: a file `<workdir>/profile_request` holding the
   number of steps (empty: `profile.num_steps`), e.g. `echo 5 > <workdir>/profile_request`. The
   chosen processes look for it at each log step (a stat of a local file; on gs:// at most every
-  30 s), trace that many steps from the next one, and the lowest of them removes it once its
-  trace is written (until then the others do not serve it twice).
+  30 s), trace that many steps from the next one, never past the run's last step (the log line
+  says so when it clips a request), and the lowest of them removes it once its trace is written
+  (until then the others do not serve it twice). A request that is not a number of steps is
+  set aside (renamed `profile_request.bad-<time>`, vit_jax.runtime.json_file) with a warning
+  quoting it: it asked for nothing the run can do, and a file that is read at every log step
+  must not warn at every one. One at the run's last step is left for a later run.
 
 A trace is written to `<workdir>/plugins/profile/steps_<first>-<last>/<host>.xplane.pb` (with
 `-p<process>` after the host on several processes, so processes of one host do not overwrite
@@ -33,7 +37,10 @@ import ml_collections
 from absl import logging
 from etils import epath
 
+from vit_jax.runtime import json_file
+
 REQUEST_FILE = "profile_request"
+_MAX_REQUEST_BYTES = 64  # a number of steps, and room for spaces: more is no request
 _REMOTE_POLL_S = 30.0  # the least time between two looks for a request on gs://
 _SUFFIXES = (".xplane.pb", ".trace.json.gz")
 
@@ -61,8 +68,15 @@ class Profiler:
   starts or ends there), `poll(step)` at log steps and `close(state)` at the end.
   """
 
-  def __init__(self, profile: ml_collections.ConfigDict, workdir: str, account: Any = None):
-    """Args: `config.profile`, the workdir, and the goodput account (its 'profile' phase)."""
+  def __init__(
+    self,
+    profile: ml_collections.ConfigDict,
+    workdir: str,
+    account: Any = None,
+    total_steps: int | None = None,
+  ):
+    """Args: `config.profile`, the workdir, the goodput account (its 'profile' phase), and the
+    run's last step (None: no end; a trace never goes past it)."""
     chosen = parse_processes(profile.processes)
     if chosen is not None and not chosen <= set(range(jax.process_count())):
       raise ValueError(
@@ -76,8 +90,9 @@ class Profiler:
     first = int(profile.first_step)
     # Windows still to trace: (first step, last step, whether a request file asked for it).
     self._windows: list[tuple[int, int, bool]] = []
+    self._total = math.inf if total_steps is None else int(total_steps)
     if self._on and first > 0:
-      self._windows.append((first, first + self._num_steps - 1, False))
+      self._windows.append((first, int(min(first + self._num_steps - 1, self._total)), False))
     self._next = self._windows[0][0] if self._windows else -1
     self._account = account
     self._request = epath.Path(workdir) / REQUEST_FILE
@@ -115,27 +130,41 @@ class Profiler:
         return
       if self._serving:
         return
-      text = self._request.read_text().strip()
+      with self._request.open("rb") as f:
+        data = f.read(_MAX_REQUEST_BYTES + 1)
     except OSError as e:
       logging.warning("profile: cannot read %s: %s", self._request, e)
       return
     self._serving = True
+    text = data.decode("utf-8", errors="replace").strip()
     try:
+      if len(data) > _MAX_REQUEST_BYTES:
+        raise ValueError
       num_steps = int(text) if text else self._num_steps
       if num_steps < 1:
         raise ValueError
     except ValueError:
-      logging.warning(
-        "profile: %s holds %r, not a number of steps; ignored", self._request, text[:40]
-      )
-      self._remove_request()
+      self._remove_request(f"holds {text[:40]!r}, not a number of steps; ignored")
       return
+    left = self._total - step  # the steps this run has after this one
+    if left < 1:
+      self._serving = False
+      logging.info(
+        "profile: %s asks for %d steps at the run's last step (%d); left for a later run",
+        self._request,
+        num_steps,
+        step,
+      )
+      return
+    asked, num_steps = num_steps, int(min(num_steps, left))
+    clipped = f" (clipped to the {num_steps} left in this run)" if num_steps < asked else ""
     self._windows = sorted([*self._windows, (step + 1, step + num_steps, True)])
     self._next = self._windows[0][0]
     logging.info(
-      "profile: %s asks for %d steps: tracing steps %d-%d",
+      "profile: %s asks for %d steps%s: tracing steps %d-%d",
       self._request,
-      num_steps,
+      asked,
+      clipped,
       step + 1,
       step + num_steps,
     )
@@ -201,10 +230,18 @@ class Profiler:
       path.copy(target / name, overwrite=True)
     return target
 
-  def _remove_request(self) -> None:
-    if self._remover:
-      try:
+  def _remove_request(self, bad: str | None = None) -> None:
+    """Removes the request served (the lowest chosen process); one that is `bad` (why) is set
+    aside instead, with a warning."""
+    if not self._remover:
+      if bad:
+        logging.warning("profile: %s %s", self._request, bad)
+      return
+    try:
+      if bad:
+        json_file.set_aside(self._request, bad)
+      else:
         self._request.unlink(missing_ok=True)
-        self._serving = False
-      except OSError as e:
-        logging.warning("profile: cannot remove %s: %s", self._request, e)
+      self._serving = False
+    except OSError as e:
+      logging.warning("profile: cannot remove %s: %s", self._request, e)

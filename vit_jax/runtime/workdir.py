@@ -1,4 +1,5 @@
-"""What a stage keeps in its workdir besides checkpoints: `config.json`, and atomic JSON writes.
+"""What a stage keeps in its workdir besides checkpoints: `config.json`, `final_metrics.json`, and
+atomic JSON writes.
 
 A workdir belongs to one run. Rerunning a command resumes it; rerunning it with a different
 config would pair checkpoints with settings they were not trained with (or fail deep inside the
@@ -6,7 +7,15 @@ restore). So before anything is restored or written, the config is compared with
 `config.json`; a difference outside `RESUMABLE_FIELDS` stops the run with one line naming the
 fields, and nothing in the workdir is touched. `config.json` is written only after the state was
 restored or initialised, through a temporary file and a rename, so a reader never sees half a
-file and a failed start leaves the old one in place.
+file and a failed start leaves the old one in place. A `config.json` that is not a JSON object
+(vit_jax.runtime.json_file) is refused in one line naming it and the way out, when there are
+checkpoints it should guard: it is the one record of what they were trained with, so it is
+neither set aside nor overwritten (without checkpoints it guards nothing and is rewritten).
+
+`final_metrics.json` says a stage finished (vit_jax.tools.transfer reads it to skip finished
+runs). One that is not an object of numbers is set aside (renamed, with a warning) and the
+stage counts as unfinished: its rerun resumes from its last checkpoint and writes it again, so
+nothing is lost.
 
 One writer per workdir: while a stage runs, process 0 holds `<workdir>/lock.json`, a lease it
 renews (vit_jax.runtime.workdir_lock, whose names this module also gives).
@@ -20,9 +29,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import ml_collections
+from absl import logging
 from etils import epath
 
+from vit_jax.runtime import json_file
 from vit_jax.runtime.workdir_lock import LOCK_FILE, WorkdirLocked, break_lock, lock  # noqa: F401
 
 CONFIG_FILE = "config.json"
@@ -89,16 +101,36 @@ def differences(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> 
   return out
 
 
+def read_config(directory: str | epath.PathLike) -> dict[str, Any] | None:
+  """The stage config saved in `directory` (its `config.json`) as a mapping; None without one.
+
+  Raises:
+    json_file.InvalidFile: the file is not a JSON object (one line naming it and why).
+  """
+  return json_file.read(epath.Path(directory) / CONFIG_FILE, dict)
+
+
 def check_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Refuses to resume `workdir` with a config that differs from the saved one.
 
   Raises:
     ValueError: one line naming the workdir and the differing fields.
+    json_file.InvalidFile: (a ValueError) the saved config is not one: one line naming the file
+      and what to do.
   """
   path = epath.Path(workdir) / CONFIG_FILE
-  if not path.exists():
+  try:
+    saved = read_config(workdir)
+  except json_file.InvalidFile as e:
+    raise json_file.InvalidFile(
+      path,
+      f"{e.why}; it should hold the config this workdir's checkpoints were trained with, "
+      "which a resume is checked against. Put that run's config.json back, or use a new "
+      "--workdir (or remove the file to resume without the check)",
+    ) from None
+  if saved is None:
     return
-  diff = differences(json.loads(path.read_text()), config)
+  diff = differences(saved, config)
   if diff:
     shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
     raise ValueError(
@@ -110,6 +142,21 @@ def check_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes `config` as the workdir's `config.json` (atomically)."""
   write_json(epath.Path(workdir) / CONFIG_FILE, config.to_json_best_effort(indent=2))
+
+
+def read_final_metrics(workdir: str) -> dict[str, float] | None:
+  """The finished stage's last metrics, or None: not finished, or its file is not one (set
+  aside by process 0, see the module docstring; every process then reads None)."""
+  path = epath.Path(workdir) / FINAL_METRICS_FILE
+  try:
+    return json_file.read(path, {"*": json_file.NUMBER})
+  except json_file.InvalidFile as e:
+    if jax.process_index() == 0:
+      try:
+        json_file.set_aside(path, e.why, then="the stage counts as unfinished and runs again")
+      except OSError as error:
+        logging.warning("%s: %s, and cannot be set aside (%s)", path, e.why, error)
+    return None
 
 
 def save_final_metrics(workdir: str, metrics: dict[str, Any]) -> None:

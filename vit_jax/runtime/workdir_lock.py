@@ -7,9 +7,11 @@ last showed it was alive. A second launch stops with one line naming the holder 
 runs. Once the lease has expired (the holder was killed, its VM preempted and replaced, its
 machine lost without a signal) a launch anywhere takes the lock over and says whose lock it took
 and why; a holder on this host whose process is gone (same host, same PID namespace) is taken
-over at once. An empty or unreadable lock file (a kill between its create and its write) is no
-live holder once it is older than the lease. `break_lock` removes a lock by hand
-(`vit_jax.main --break_lock`).
+over at once. An empty or unreadable lock file (a kill between its create and its write, or
+JSON that is no lock record: vit_jax.runtime.json_file) is no live holder once it is older than
+the lease; until then a launch stops with one line naming the file and `--break_lock`. It is
+neither set aside nor taken over sooner, since a launch may be writing it at that moment.
+`break_lock` removes a lock by hand (`vit_jax.main --break_lock`).
 
 Each step is atomic where the storage allows it: the create is O_EXCL on a local disk and a
 generation precondition on gs://; a take-over replaces exactly the version it judged expired with its
@@ -24,6 +26,7 @@ This file must not import TensorFlow.
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import socket
 import threading
@@ -37,7 +40,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from vit_jax.runtime import gcs
+from vit_jax.runtime import gcs, json_file
 
 LOCK_FILE = "lock.json"
 LEASE_S = 300.0  # a holder not heard of for this long is gone
@@ -79,12 +82,33 @@ def _pid_namespace() -> int | None:
     return None
 
 
+def _seconds(value: Any) -> float:
+  """`value` as seconds: a finite number (else ValueError, TypeError)."""
+  if type(value) not in (int, float) or not math.isfinite(value):
+    raise ValueError(value)
+  return float(value)
+
+
+# A lock record's shape (vit_jax.runtime.json_file): what `_why_expired` and `_describe` read.
+_RECORD = {
+  "host?": str,
+  "pid?": json_file.checked(lambda p: type(p) is int and 0 < p < 2**31, "a process id"),
+  "process_start?": (str, None),
+  "pid_ns?": (int, None),
+  "started?": str,
+  "lease_s?": json_file.checked(lambda s: s is None or _seconds(s) > 0, "a lease in seconds"),
+  "renewed?": json_file.checked(lambda t: _seconds(t) >= 0, "a time"),
+  "token?": str,
+}
+
+
 def _parse(text: str | None) -> dict[str, Any] | None:
+  """The lock record in `text`, or None where there is none: empty, not JSON, or of another
+  shape (a lock file no launch of this code wrote whole; see the module docstring)."""
   try:
-    holder = json.loads(text or "")
-  except ValueError:
+    return json_file.decode(text or "", _RECORD, LOCK_FILE)
+  except json_file.InvalidFile:
     return None
-  return holder if isinstance(holder, dict) else None
 
 
 def _why_expired(holder: Mapping[str, Any] | None, age: float, lease: float) -> str | None:
@@ -94,8 +118,8 @@ def _why_expired(holder: Mapping[str, Any] | None, age: float, lease: float) -> 
       return f"its lock file is empty or unreadable and {age:.0f} s old (lease {lease:.0f} s)"
     return None
   same_pids = holder.get("pid_ns", _pid_namespace()) == _pid_namespace()
-  if holder.get("host") == socket.gethostname() and same_pids:
-    started = _start_time(int(holder.get("pid", -1)))
+  if holder.get("host") == socket.gethostname() and same_pids and "pid" in holder:
+    started = _start_time(holder["pid"])
     if started is None or started not in (holder.get("process_start"), "unknown"):
       return "that process is no longer running"
     return None  # alive on this host, whatever its renewals say
@@ -142,7 +166,7 @@ class _LocalStore:
 
   def read(self) -> _Seen | None:
     try:
-      with open(self.path) as f:
+      with open(self.path, errors="replace") as f:  # bytes that are not UTF-8: no record
         stat = os.fstat(f.fileno())
         text = f.read()
     except FileNotFoundError:
@@ -239,7 +263,7 @@ class _ObjectStore:
   def read(self) -> _Seen | None:
     if not self.path.exists():
       return None
-    text = self.path.read_text()
+    text = self.path.read_bytes().decode(errors="replace")
     renewed = (_parse(text) or {}).get("renewed", 0.0)
     return _Seen(text, max(0.0, time.time() - float(renewed)), text)
 

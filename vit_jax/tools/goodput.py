@@ -7,7 +7,9 @@ The table has each phase's seconds and share of the whole (every run of the work
 time lost between them), then one line per run: when and where it started, from which step and
 checkpoint tier, how it ended, and the time lost before it. A run with no end record is running,
 or died: its phases are counted up to its last save. `--json` prints the totals instead.
-Reads `<workdir>/goodput.json` only (local or gs://); writes nothing.
+Reads `<workdir>/goodput.json` only (local or gs://); writes nothing: a file that is not a
+ledger ends in one line naming it and what is wrong (the workdir's next run sets it aside and
+starts a new account, vit_jax.runtime.goodput).
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -38,7 +40,10 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
 
 
 def _when(unix: float) -> str:
-  return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
+  try:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
+  except (OverflowError, ValueError, OSError):  # a ledger's number that is no time: shown as is
+    return f"time {unix!r}"
 
 
 def run_lines(attempts: list[dict]) -> list[str]:
@@ -53,7 +58,7 @@ def run_lines(attempts: list[dict]) -> list[str]:
     else:
       how = "no end record (killed, or running)"
     if "counted" in a:
-      to = a["counted_to"]
+      to = a.get("counted_to")  # written with "counted"; absent: none restored
       how += f"; counted up to step {to}" if to is not None else "; all of it lost"
     elif not end:
       marks = a.get("marks") or []
@@ -70,9 +75,15 @@ def run_lines(attempts: list[dict]) -> list[str]:
 def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
-  from vit_jax.runtime import goodput
+  from vit_jax.runtime import goodput, json_file
 
-  ledger = goodput.read(f.workdir.value)
+  try:
+    ledger = goodput.read(f.workdir.value)
+  except json_file.InvalidFile as e:
+    raise json_file.InvalidFile(
+      e.path,
+      f"not a goodput account ({e.why}); the workdir's next run sets it aside and starts anew",
+    ) from None
   if not ledger or not ledger.get("attempts"):
     raise FileNotFoundError(f"{f.workdir.value}/{goodput.FILE}: no goodput account there")
   account = goodput.totals(ledger["attempts"])
@@ -84,4 +95,4 @@ def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
 
 
 if __name__ == "__main__":
-  cli.run(main, "goodput", define_flags, errors=(ValueError, FileNotFoundError))
+  cli.run(main, "goodput", define_flags, errors=(ValueError, OSError))

@@ -148,8 +148,7 @@ class Run:
 
   def result(self) -> dict[str, float] | None:
     """The finished run's final metrics, or None if it has not finished."""
-    path = epath.Path(self.workdir) / workdir_lib.FINAL_METRICS_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+    return workdir_lib.read_final_metrics(self.workdir)
 
   def execute(self) -> dict[str, float]:
     """Runs (or resumes) the run in this process; returns its final metrics."""
