@@ -5,6 +5,13 @@ They are imported one way only, `from vit_jax.configs import pretrain`, so that 
 module (the files build on each other: `pretrain_mpp.py` on `pretrain.py`, all on `common.py`).
 `--config=configs/<stage>.py:...` names them on the command line, from a checkout or from
 anywhere once the package is installed (vit_jax.config_files).
+
+  common        what the stage configs share: the argument syntax, `runlocal`, common blocks
+  pretrain      pretraining (§4.1, App. B.1): ImageNet-21k, JFT-like shards, ImageNet, the demo
+  pretrain_mpp  masked patch prediction pretraining (§4.6, App. B.1.2)
+  finetune      fine-tuning (§3.2, App. B.1.1) from a pretrained checkpoint
+  linear_probe  a frozen backbone, linear classifiers on its features
+  segment       semantic segmentation (§5) from a pretrained encoder's feature maps
 """
 
 if __name__ != "vit_jax.configs":

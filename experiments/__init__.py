@@ -5,10 +5,20 @@ Each runs from the repository root as `python -m experiments.<name> [--help]`:
   demo, folder_transfer              what pretraining buys (docs/demo.md)
   scale_study, mpp_study, inside_vit the paper's findings in miniature (docs/experiments/,
                                      docs/analysis.md)
+  segmentation                       semantic segmentation from patch tokens, §5
+                                     (docs/segmentation.md)
   pod_plan                           the paper's configs compiled for TPU slices
                                      (docs/pod_planning.md)
+  vs_big_vision, big_vision_step     vit_jax's step beside big_vision's, compiled for the
+                                     same slices; big_vision's step to its recipe
+                                     (docs/pod_planning.md)
+  grad_reduce                        summing gradients in bfloat16 instead of float32:
+                                     accuracy and bytes on the wire (docs/training.md)
   benchmark_model, ablate_step,      throughput against timm, what each part of the step costs,
   bench_trainer, bench_input_pipeline  the trainer and the input pipeline (docs/benchmarks.md)
+  bench_goodput                      what goodput accounting costs the step (docs/training.md)
+  bench_export                       file sizes and CPU latency of every export format
+                                     (docs/export.md)
 
 Each is a command like the package's (vit_jax.runtime.cli): its process set up first, its absl
 flags in `define_flags`, `main(argv, flags)`, `cli.run` under `__main__`; a test or a notebook

@@ -92,3 +92,33 @@ def test_docs_commands_quick(tmp_path, record_property):
 @pytest.mark.slow
 def test_docs_commands_all(tmp_path, record_property):
   _run_pages(tmp_path, "slow", record_property)
+
+
+def test_skip_reasons_that_name_a_test_are_true():
+  """A skip that says a test runs the command names a test file that does (its text, its
+  module or its script appears in the test; a Python block's test reads its page)."""
+  named = 0
+  for c in doc_commands.all_commands():
+    for test in doc_commands.named_tests(c.extra) if c.mode == "skip" else []:
+      path = doc_commands.REPO / test
+      assert path.exists(), f"{c.where}: the skip reason names {test}, which does not exist"
+      assert doc_commands.runs_command(path.read_text(), c), (
+        f"{c.where}: the skip reason names {test}, which does not run {c.text[:80]!r}"
+      )
+      named += 1
+  assert named >= 3
+
+
+def test_a_false_skip_reason_and_an_indented_block_are_caught(tmp_path, monkeypatch):
+  monkeypatch.setattr(doc_commands, "REPO", tmp_path)
+  (tmp_path / "page.md").write_text("Run:\n\n    python -m vit_jax.main --config=x\n")
+  with pytest.raises(doc_commands.AnnotationError, match="page.md:3: an indented code block"):
+    doc_commands.page_commands("page.md")
+  (tmp_path / "page.md").write_text(
+    "- item:\n\n  <!-- docs-test: skip: tests/test_x.py runs it -->\n  ```bash\n"
+    "  python -m experiments.bench_export --n=1\n  ```\n"
+  )
+  (command,) = doc_commands.page_commands("page.md")
+  assert command.text == "python -m experiments.bench_export --n=1"  # fenced in a list item
+  assert doc_commands.runs_command("from experiments import bench_export\n", command)
+  assert not doc_commands.runs_command("from experiments import benchmark_model\n", command)

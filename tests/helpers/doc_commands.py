@@ -1,6 +1,7 @@
 """The commands of README.md and docs/**/*.md, as tests/test_docs.py runs them.
 
-Every ```bash, ```sh and ```python block of a page is preceded by an annotation, an HTML comment
+Every ```bash, ```sh and ```python block of a page (at the top level or indented in a list item;
+an indented code block, which has no language, is refused) is preceded by an annotation, an HTML comment
 that a reader sees in the page's source and not in the rendered page:
 
     <!-- docs-test: run -->                            run as written (default tier)
@@ -35,6 +36,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 import time
 
 from tests.helpers import xla_env
@@ -43,7 +45,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 # The README first: the other pages read what its flow writes.
 PAGES = ["README.md"] + sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md"))
 MODES = ("run", "ci", "slow", "skip")
-_BLOCK = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
+# A fenced block, at the top level or indented in a list item (its closing fence as indented).
+BLOCK = re.compile(r"^([ \t]*)```(\w*)[^\n]*\n(.*?)^\1```[ \t]*$", re.M | re.S)
+_LIST_ITEM = re.compile(r"^([ \t]*)(?:[-*+]|\d+[.)])[ \t]+")
 _NOTE = re.compile(r"<!--\s*docs-test\b(.*)-->", re.S)
 _LANGS = {"bash": "shell", "sh": "shell", "python": "python"}
 
@@ -82,10 +86,10 @@ class AnnotationError(ValueError):
 def shell_commands(body: str) -> list[str]:
   """The commands of a shell block: continuation lines joined, comments and blank lines dropped."""
   joined = re.sub(r"[ \t]*\\\n\s*", " ", body)
-  return [c for c in (_drop_comment(line).strip() for line in joined.splitlines()) if c]
+  return [c for c in (drop_comment(line).strip() for line in joined.splitlines()) if c]
 
 
-def _drop_comment(line: str) -> str:
+def drop_comment(line: str) -> str:
   """`line` without its comment: from a `#` that starts a word outside quotes."""
   quote = None
   for i, char in enumerate(line):
@@ -127,11 +131,18 @@ def _parse_note(note: str, where: str) -> list[tuple[str, str]]:
 
 def page_commands(page: str) -> list[Command]:
   """Every command of `page` with its annotation; AnnotationError for a block without one (or
-  with one line per command that does not match the block's commands)."""
+  with one line per command that does not match the block's commands), and for an indented
+  code block (no language, so no annotation: fence it)."""
   text = (REPO / page).read_text()
+  indented = indented_code_blocks(text)
+  if indented:
+    raise AnnotationError(
+      f"{page}:{indented[0]}: an indented code block, which no test sees; fence it (```bash "
+      "with a docs-test annotation for commands, ``` for a listing)"
+    )
   commands = []
-  for match in _BLOCK.finditer(text):
-    kind = _LANGS.get(match.group(1))
+  for match in BLOCK.finditer(text):
+    kind = _LANGS.get(match.group(2))
     if kind is None:
       continue  # output listings, tables, trees
     line = text.count("\n", 0, match.start()) + 1
@@ -139,8 +150,8 @@ def page_commands(page: str) -> list[Command]:
     before = text[: match.start()].rstrip()
     note = _NOTE.fullmatch(before[before.rfind("<!--") :]) if before.endswith("-->") else None
     if note is None:
-      raise AnnotationError(f"{where}: a ```{match.group(1)} block without a docs-test annotation")
-    body = match.group(2)
+      raise AnnotationError(f"{where}: a ```{match.group(2)} block without a docs-test annotation")
+    body = textwrap.dedent(match.group(3))
     texts = shell_commands(body) if kind == "shell" else [body]
     notes = _parse_note(note.group(1), where)
     if len(notes) == 1:
@@ -152,6 +163,27 @@ def page_commands(page: str) -> list[Command]:
     for body_text, (mode, extra) in zip(texts, notes, strict=True):
       commands.append(Command(page, line, kind, body_text, mode, extra))
   return commands
+
+
+def indented_code_blocks(text: str) -> list[int]:
+  """The first lines of the blocks that markdown renders as code for their indentation (four
+  spaces beyond the list item they are in, after a blank line): no test sees their commands."""
+  masked = BLOCK.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+  found, content_column, after_blank = [], 0, True
+  for number, line in enumerate(masked.split("\n"), 1):
+    if not line.strip():
+      after_blank = True
+      continue
+    indent = len(line) - len(line.lstrip(" "))
+    item = _LIST_ITEM.match(line)
+    if after_blank and indent >= content_column + 4 and not line.lstrip().startswith("<!--"):
+      found.append(number)
+    elif item:
+      content_column = len(item.group(0))
+    elif after_blank and indent < content_column:
+      content_column = 0  # the list has ended
+    after_blank = False
+  return found
 
 
 def all_commands() -> list[Command]:
@@ -220,3 +252,31 @@ def summary(commands: list[Command], ran: list[Outcome], tier: str) -> str:
   lines += [f"  {n:3d} x {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
   lines += [f"  {o.seconds:6.1f} s  {o.command.where}  {o.command.text[:90]}" for o in ran]
   return "\n".join(lines)
+
+
+_TEST_FILE = re.compile(r"\btests/(?:helpers/)?test_\w+\.py\b")
+
+
+def named_tests(reason: str) -> list[str]:
+  """The test files a skip reason names (tests/test_x.py)."""
+  return _TEST_FILE.findall(reason)
+
+
+def runs_command(test_text: str, command: Command) -> bool:
+  """Whether a test file's source runs `command`: for a Python block, the test reads its page;
+  for a shell command, the command's text, or each module it runs (`-m a.b.c`: `a.b.c`, `a/b/c`
+  or `from a.b import c`), or else each script it names, is there."""
+  if command.kind == "python":
+    return pathlib.PurePath(command.page).name in test_text
+  if command.text in test_text:
+    return True
+  modules = re.findall(r"-m\s+([\w.]+)", command.text)
+  if not modules:
+    scripts = re.findall(r"[\w./-]*\w\.(?:py|sh)\b", command.text)
+    return bool(scripts) and all(s.lstrip("./") in test_text for s in scripts)
+  for module in modules:
+    package, _, name = module.rpartition(".")
+    forms = [module, module.replace(".", "/"), f"from {package} import {name}" if package else None]
+    if not any(form and re.search(rf"{re.escape(form)}\b", test_text) for form in forms):
+      return False
+  return True

@@ -5,6 +5,8 @@
   timm_hf      timm and Hugging Face state dicts (names, qkv split, configs)
   adapt        fitting pretrained parameters to a model: position embeddings, head, pre_logits
   train_state  the trainer's Orbax checkpoints (async saves, keep-N, resume, data position)
+  restore_faults  what a failed restore of a training step says about that step (evidence that
+               it is broken, or an error to retry)
   local_tier   frequent saves of each process's own shards to its own disk, and restoring the
                newest step of either tier
   loader       any of the above, with the architecture that goes with it

@@ -53,7 +53,8 @@ dataset than the stage's) is left out instead, with one warning line.
 Representations come from `model.apply(..., train=False, return_representation=True)` (the
 pre-logits, or the pooled token when the model has none). Data is read with the input
 pipeline's `make_eval_iterator` (each example exactly once, padding masked), imported lazily so
-that this package imports without TensorFlow.
+that this package imports without TensorFlow; `_utils` holds what the evaluators share (host
+transfer of global arrays, feature extraction).
 """
 
 from collections.abc import Callable, Mapping

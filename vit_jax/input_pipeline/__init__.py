@@ -4,6 +4,31 @@ The package of vit_jax that reads data with TensorFlow (tf.data), imported when 
 first used (`dataset_config` alone does not import it); model and checkpoint code must not
 import TensorFlow.
 
+  config                  `dataset_config(**overrides)`: every field of a config's dataset section
+  source                  the contract every data source implements, whatever its task
+  sources                 the one table of data sources, by the name `dataset.source` gives
+  indexed                 the sources addressed by index: an image folder and the bundled datasets
+  builtin                 the bundled offline datasets, read into numpy (no TensorFlow)
+  shards                  TFRecord shards of tf.train.Example: the `tfrecord` source
+  tfrecord_files          reading one TFRecord file record by record, for the `tfrecord` source
+  tfds_source             a prepared TensorFlow Datasets dataset in `data_dir` (the `tfds` source)
+  vtab                    the 19 tasks of VTAB-1k as google-research/task_adaptation defines them
+  splits                  slices of a split in tfds's syntax for sources that hold a list of examples
+  segmentation            segmentation data: images with a label per pixel, checks, augmentation
+  segmentation_sources    the segmentation sources `seg_builtin`, `seg_folder` and `seg_shards`
+  segmentation_synthetic  the offline synthetic segmentation tasks, made from the bundled images
+  examples                from a source's raw record to the example a batch holds, per task
+  pp_spec                 parses preprocessing specs (`'decode|resize(224)|value_range(-1, 1)'`)
+  preprocess              per-example preprocessing described by such a string
+  randaugment             RandAugment on uint8 images with stateless randomness
+  image_header            the pixel count an encoded image declares, read without decoding it
+  bad_data                data the pipeline cannot use: a file that cannot be read is not a
+                          record that cannot be decoded
+  layout                  which rows of a global batch each host supplies, made into jax.Arrays
+  pipeline                the train and eval iterators of every source: global batches
+  host_states             the iterators' states of all processes, as a checkpoint keeps them
+  testing                 writers of small synthetic datasets for tests and benchmarks
+
 Usage (what the trainer calls):
 
   from vit_jax import input_pipeline

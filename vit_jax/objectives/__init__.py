@@ -3,17 +3,17 @@
 An `Objective` is chosen once from the config (`get(config, num_classes)`) and gives the
 trainer everything that depends on the loss:
 
-  model(model_config, mesh)          the Flax module to train; it also answers
-                                     `apply(..., return_representation=True)`, the
-                                     representation the few-shot evaluators read
-  per_example(model, params, batch, key) -> (loss [B], correct [B])
-                                     `correct` is 1/0 top-1 (supervised) or a fraction
-                                     (masked patch prediction); the trainer weights both with
-                                     the batch mask and sums them into its metrics window.
-                                     `batch['index']` int [B] is each example's index in the
-                                     global batch: with `key` (the step's) it keys every
-                                     random draw made for the example (dropout, corruption)
-  accepts_model_init                 whether a run may start from a pretrained checkpoint
+    model(model_config, mesh)          the Flax module to train; it also answers
+                                       `apply(..., return_representation=True)`, the
+                                       representation the few-shot evaluators read
+    per_example(model, params, batch, key) -> (loss [B], correct [B])
+                                       `correct` is 1/0 top-1 (supervised) or a fraction
+                                       (masked patch prediction); the trainer weights both with
+                                       the batch mask and sums them into its metrics window.
+                                       `batch['index']` int [B] is each example's index in the
+                                       global batch: with `key` (the step's) it keys every
+                                       random draw made for the example (dropout, corruption)
+    accepts_model_init                 whether a run may start from a pretrained checkpoint
 
   supervised  softmax or sigmoid cross-entropy on labels (`config.loss` 'softmax_xent' |
               'sigmoid_xent'); top-1, or precision@1 for multi-label data

@@ -4,8 +4,11 @@
   console       what reaches the terminal, and the log file that keeps everything else
   distributed   connecting the processes of a multi-host run (jax.distributed)
   stopping      SIGTERM / SIGINT turned into a stop at a step every process saves
-  workdir       a workdir's lock, its config.json and final metrics, atomic JSON writes
+  workdir       a workdir's config.json and final metrics, atomic JSON writes
+  workdir_lock  one writer per workdir, held as a lease its holder renews
   json_file     a JSON file of a known shape: read it or say why in one line, set one aside
+  liveness      a lost process of a multi-process run ends the others, with one line naming it
+  startup       a stage's modules imported without the cyclic garbage collector, then frozen
   gcs           gs:// specifics: the client library, bucket and credential checks, atomic create
   logging_util  metric writers, the progress line, parameter overview, MFU
   goodput       where a run's wall time goes, accumulated over a workdir's reruns
