@@ -9,6 +9,7 @@ import gc
 import os
 
 from tests.helpers import xla_env
+from vit_jax.runtime import process
 
 # Collection imports every test module, and with them TensorFlow, JAX and the rest: without the
 # cyclic garbage collector walking the growing heap over and over (pytest_collection_finish
@@ -20,6 +21,11 @@ gc.disable()
 # compiler settings and the XLA:CPU flags a command sets (tests/helpers/xla_env.py), which child
 # processes inherit. Importing vit_jax sets nothing (vit_jax.runtime.process).
 os.environ["XLA_FLAGS"] = xla_env.flags(devices=8)
+# Where libtpu is installed without a TPU (the test install), JAX on the CPU as a command's
+# configure() puts it: a test process that loaded libtpu would hold its lock for its whole life
+# (vit_jax.runtime.libtpu_lock).
+if process.libtpu_without_accelerator(os.environ):
+  process.quiet_libtpu()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # One BLAS thread per process (numpy's and scipy's OpenBLAS: the float64 references, the pixel
 # baselines' scikit-learn fits): `pytest -n 2` already runs one process per core, and OpenBLAS's

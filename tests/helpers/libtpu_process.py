@@ -1,11 +1,12 @@
 """Tests that compile with libtpu for a TPU topology: each runs in a pytest process of its own.
 
 libtpu allows one process per machine: it locks /tmp/libtpu_lockfile for the life of any process
-that starts JAX with libtpu installed (a pytest worker running CPU tests included), and a second
-one aborts ("Internal error when accessing libtpu multi-process lockfile"). So the tests that
-compile for a topology (`libtpu_test`) each run in a pytest process of their own, one at a time
-across processes (an flock on LIBTPU_TEST_LOCK), with ALLOW_MULTIPLE_LIBTPU_LOAD set in it so that
-the lock of the processes that merely started JAX (there is no TPU here to share) does not stop it.
+that loads it, and a second one aborts ("Internal error when accessing libtpu multi-process
+lockfile"; vit_jax.runtime.libtpu_lock). The test processes keep JAX on the CPU and never load
+it (conftest); the tests that compile for a topology (`libtpu_test`) each run in a pytest
+process of their own, one at a time across processes (an flock on LIBTPU_TEST_LOCK), with
+ALLOW_MULTIPLE_LIBTPU_LOAD set in it so that another process that loaded libtpu (there is no TPU
+here to share) does not stop it.
 """
 
 import fcntl

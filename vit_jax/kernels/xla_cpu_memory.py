@@ -34,7 +34,8 @@ OPT_OUT = "VIT_JAX_KEEP_MALLOC"
 # mallopt(3) parameters.
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 # Device nodes of a TPU (accel: v2-v4; vfio: v5 and later) or a GPU (NVIDIA, AMD).
-ACCELERATOR_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*", "/dev/kfd")
+TPU_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*")
+ACCELERATOR_NODES = (*TPU_NODES, "/dev/nvidia[0-9]*", "/dev/kfd")
 APPLIED = "the main heap kept mapped, one-device CPU steps run on the calling thread"
 TOO_LATE = "glibc's defaults (JAX had started its backends before it was called)"
 
@@ -58,7 +59,12 @@ def accelerator(environ) -> str | None:
   if platforms:
     first = platforms.split(",")[0].strip()
     return None if first == "cpu" else f"JAX_PLATFORMS={platforms}"
-  for pattern in ACCELERATOR_NODES:
+  return device_node(ACCELERATOR_NODES)
+
+
+def device_node(patterns) -> str | None:
+  """The first device node matching one of `patterns`, or None."""
+  for pattern in patterns:
     found = sorted(glob.glob(pattern))
     if found:
       return found[0]

@@ -10,18 +10,21 @@ in with the same call, as early:
 It sets glibc's allocator and JAX's CPU dispatch so that the step's buffers stay mapped between
 steps (vit_jax.kernels.xla_cpu_memory) and adds vit_jax's XLA:CPU flags to XLA_FLAGS
 (vit_jax.kernels.xla_cpu_flags); where libtpu is installed on a machine without an accelerator
-(the test install), it keeps JAX on the CPU instead of probing for a TPU (`quiet_libtpu`:
-libtpu's failed probe prints a page of errors). Then it logs what it did, or why it left something as it was (an
+(the test install), it keeps JAX on the CPU instead of probing for a TPU (`quiet_libtpu`), so
+the process never loads libtpu: libtpu's probe prints a page of errors and locks
+/tmp/libtpu_lockfile for the life of the process, which stops the planner
+(vit_jax.runtime.libtpu_lock). Then it logs what it did, or why it left something as it was (an
 accelerator, JAX's backends already started, an opt-out variable). What else a command owns
 (signals, the garbage collector): docs/process.md.
 
 Importing this file imports neither JAX nor TensorFlow; `configure` imports JAX once it has set
-the allocator.
+JAX_PLATFORMS and the allocator.
 """
 
 import dataclasses
 import importlib.util
 import os
+import sys
 
 from absl import logging
 
@@ -60,11 +63,11 @@ def configure(environ=os.environ) -> Settings:
   """Sets this process up as a command's is (see the module docstring); logs and returns what it
   did. Calling it again changes nothing more. `environ`: the environment whose XLA_FLAGS it
   sets and whose opt-out variables it reads."""
-  xla_cpu_memory.apply(environ)
   platforms = ""
-  if _libtpu_without_accelerator(environ):
+  if libtpu_without_accelerator(environ):  # before xla_cpu_memory imports JAX
     quiet_libtpu(environ)
     platforms = "cpu (libtpu is installed, no accelerator here)"
+  xla_cpu_memory.apply(environ)
   settings = Settings(xla_cpu_memory.status, xla_cpu_flags.apply(environ), platforms)
   if environ is os.environ:
     _configured[:] = [settings]
@@ -84,7 +87,7 @@ def configured() -> Settings | None:
   return _configured[0] if _configured else None
 
 
-def _libtpu_without_accelerator(environ) -> bool:
+def libtpu_without_accelerator(environ) -> bool:
   """libtpu installed, no accelerator's device node here, JAX_PLATFORMS unset, and (for this
   process's environment) JAX's backends not started yet, so that setting it still counts."""
   if environ.get("JAX_PLATFORMS") or xla_cpu_memory.accelerator(environ) is not None:
@@ -97,6 +100,11 @@ def _libtpu_without_accelerator(environ) -> bool:
 def quiet_libtpu(environ=os.environ) -> None:
   """For a process that compiles for TPU topologies without a TPU (vit_jax.tools.plan): JAX on
   the CPU, and libtpu told what it would ask a TPU VM's metadata server; only variables not set
-  already. Before JAX is imported (JAX reads JAX_PLATFORMS then)."""
+  already. Before JAX starts its backends: JAX reads JAX_PLATFORMS when it is imported, so where
+  it already is (and `environ` is this process's), its setting is made too unless chosen."""
   for name, value in _LIBTPU_WITHOUT_TPU.items():
     environ.setdefault(name, value)
+  jax = sys.modules.get("jax")
+  if environ is os.environ and jax is not None and not xla_cpu_flags.backends_started():
+    if jax.config.jax_platforms is None:
+      jax.config.update("jax_platforms", environ["JAX_PLATFORMS"])

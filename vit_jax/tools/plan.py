@@ -45,7 +45,7 @@ from typing import Any
 from absl import app, flags, logging
 
 from vit_jax import config_files
-from vit_jax.runtime import cli
+from vit_jax.runtime import cli, libtpu_lock
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
@@ -165,15 +165,13 @@ def topology_devices(topology: str, slices: int = 1) -> list[Any]:
   if not libtpu_available():
     raise RuntimeError(install_hint())
   quiet_libtpu(topology)
-  from jax.experimental import topologies  # noqa: PLC0415
-
   # v4 and v5p are used as one device per chip (megacore), as Cloud TPU VMs run them.
   chip_config = "megacore" if generation in ("v4", "v5p") else "default"
   if slices < 1:
     raise ValueError(f"--slices={slices}: expected a positive number of slices")
   kwargs = dict(num_slices=slices) if slices > 1 else {}
-  desc = topologies.get_topology_desc(topology, "tpu", chip_config_name=chip_config, **kwargs)
-  return list(desc.devices)
+  # Without libtpu's one-process lock where there is no TPU (vit_jax.runtime.libtpu_lock).
+  return list(libtpu_lock.topology_desc(topology, chip_config_name=chip_config, **kwargs).devices)
 
 
 def abstract_batch(config, mesh, num_classes: int) -> dict[str, Any]:
