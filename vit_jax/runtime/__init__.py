@@ -13,6 +13,8 @@
   logging_util  metric writers, the progress line, parameter overview, MFU
   goodput       where a run's wall time goes, accumulated over a workdir's reruns
   profiling     jax.profiler traces of chosen steps, from the config or a request file
+  process       a command's process settings, in one call (`configure()`)
+  libtpu_lock   compiling for TPU topologies beside other libtpu processes; a held lock in one line
 
 This package must not import TensorFlow.
 """
