@@ -102,7 +102,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
   # Results.
   writer.write_scalars(0, results)
-  writer.flush()
+  writer.close()  # its events flushed and the file closed: the process ends without destructors
   if jax.process_index() == 0:
     out = dict(results, model_init=str(config.model_init), dataset=dataset.get("name"))
     workdir_lib.write_json(epath.Path(workdir) / RESULTS_FILE, out)

@@ -508,7 +508,9 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
     # A failed run still completes the saves it started (the last good checkpoint stays whole).
     account.enter("checkpoint")
     closers = (checkpointer.wait, checkpointer.close, local.wait, local.close, train_iter.close)
-    _close(failed, lambda: profiler.close(state), *closers, writer.flush)
+    # The writer closed (its events flushed, the file closed): the command's process ends without
+    # running destructors (vit_jax.runtime.cli.end_process).
+    _close(failed, lambda: profiler.close(state), *closers, writer.close)
   return metrics
 
 

@@ -16,6 +16,9 @@ multi-process launch can be given different faults:
   FAULT_RESTORE_ERRORS  the first this many restore attempts fail reading their arrays with
                    OSError EIO (a storage error that is no evidence of a broken step); the
                    retries then wait 0.1 s instead of restore_faults.RETRY_DELAYS_S
+  FAULT_RELEASE_DELAY  seconds every release of an input pipeline's iterator takes longer (on
+                   its release thread: the wait of a tf.data iterator's destructor for its
+                   autotuning thread's sleep, the sleep forced long)
 
 Before sending a signal, the process prints `marker(signal, at)` (flushed; for the evaluation
 and restore faults `[fault: <signal> at evaluation batch <n>]` / `... at restore <n>]`), so that
@@ -44,6 +47,7 @@ PROGRAM = textwrap.dedent(
   eval_delay = float(os.environ.get("FAULT_EVAL_DELAY", 0))
   restore_at = int(os.environ.get("FAULT_RESTORE_AT", 0))
   restore_errors = int(os.environ.get("FAULT_RESTORE_ERRORS", 0))
+  release_delay = float(os.environ.get("FAULT_RELEASE_DELAY", 0))
   def send(where):
     print(f"[fault: {name} {where}]", flush=True)
     os.kill(os.getpid(), sig)
@@ -88,6 +92,16 @@ PROGRAM = textwrap.dedent(
   ocp.type_handlers.ArrayHandler.deserialize = failing_read
   if restore_errors:
     restore_faults.RETRY_DELAYS_S = (0.1,) * len(restore_faults.RETRY_DELAYS_S)
+  from vit_jax.input_pipeline import pipeline
+  release = pipeline._release
+  class SlowRelease:
+    def __init__(self, items):
+      self.items = items
+    def close(self):
+      self.items.close()
+      time.sleep(release_delay)
+  if release_delay:
+    pipeline._release = lambda items: release(SlowRelease(items))
   sys.argv[0] = "vit_jax.main"
   cli.run(main.main, "vit_jax", main.define_flags)
   """

@@ -140,8 +140,9 @@ class _Prefetcher:
 # cancelled: it can sleep out its optimisation period first, a period that doubles as the
 # iterator lives (measured at the end of short training runs, tensorflow-cpu 2.21: 2 s in a
 # quarter of the closes, 10 s after a 20-step run). The run need not wait for that: the
-# generator that owns the iterator is closed on a thread of its own, and the process waits for
-# those threads only as it exits (before C++ static destructors run under them).
+# generator that owns the iterator is closed on a thread of its own. A program's process waits
+# for those threads as it exits (before C++ static destructors run under them); a command's does
+# not: it ends with os._exit, running no destructor (vit_jax.runtime.cli.end_process).
 _releases: list[threading.Thread] = []
 _releases_lock = threading.Lock()
 
@@ -157,7 +158,8 @@ def _release(items: Iterator[Any]) -> None:
 
 @atexit.register
 def wait_for_releases() -> None:
-  """Returns once every iterator handed to `_release` is freed."""
+  """Returns once every iterator handed to `_release` is freed (at a program's exit; a
+  command's exit leaves it out: vit_jax.runtime.cli.end_process)."""
   with _releases_lock:
     pending = list(_releases)
   for thread in pending:

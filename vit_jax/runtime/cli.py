@@ -17,7 +17,9 @@ The library code of a command lives in library modules (vit_jax.stages, vit_jax.
   run(main, name, define_flags)  absl's app.run; a bad flag or --config value, or one of
                         `errors` raised by `main`, ends in `<name>: error: <Kind>: <message>`;
                         a second SIGTERM / SIGINT during a run ends the process at once
-                        (vit_jax.runtime.stopping)
+                        (vit_jax.runtime.stopping); the process ends as soon as `main` is done
+                        and its output is flushed (`end_process`), not waiting for the release
+                        of the input pipeline's tf.data iterators
   call(module, argv)    the command's `main` in this process; returns what it returns
   values(holders)       the flags' values, by name (for code that reads them as attributes)
   given(holders)        the flags the command line set, as arguments
@@ -32,6 +34,7 @@ The library code of a command lives in library modules (vit_jax.stages, vit_jax.
 This file must not import TensorFlow.
 """
 
+import atexit
 import dataclasses
 import os
 import sys
@@ -39,7 +42,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from absl import app, flags, logging
 
@@ -173,7 +176,8 @@ def run(
   """Defines the command's flags, then runs `main(argv, define_flags())` as absl's app.run does,
   a bad flag ending in one line; an exception of `errors` from `main` ends in
   `<name>: error: <Kind>: <message>` (exit 1). The process is the command's: a second stop
-  signal during a run ends it at once (vit_jax.runtime.stopping)."""
+  signal during a run ends it at once (vit_jax.runtime.stopping), and it ends as soon as `main`
+  is done, with its exit status (`end_process`)."""
   from vit_jax.runtime import stopping
 
   stopping.exit_on_second_signal()
@@ -188,7 +192,59 @@ def run(
       console.end(console.error_line(e, name))  # a command without a log file: no traceback
       sys.exit(1)
 
-  app.run(guarded, flags_parser=_parser(name))
+  try:
+    app.run(guarded, flags_parser=_parser(name))
+  except SystemExit as e:  # how app.run ends, with main's status
+    end_process(_exit_status(e.code))
+  except Exception:  # noqa: BLE001 - reported as the interpreter would, then the same end
+    sys.excepthook(*sys.exc_info())
+    end_process(1)
+
+
+def _exit_status(code: Any) -> int:
+  """The status `sys.exit(code)` ends a process with (a message is printed, status 1)."""
+  if code is None or isinstance(code, int):
+    return int(code or 0)
+  print(code, file=sys.stderr)
+  return 1
+
+
+def end_process(status: int) -> NoReturn:
+  """Ends the command's process with `status` as the interpreter's exit does, less the waits
+  for what libraries leave behind, so that it ends within moments of its last line.
+
+  As the interpreter's exit: the threads that are not daemons are joined and the workers of
+  concurrent.futures finished (threading._shutdown), then the exit functions run (the log file's
+  flush, JAX's shutdown of a multi-process run), then the streams are flushed. Left out: the
+  input pipeline's wait for the release of its tf.data iterators (freeing one can wait out its
+  autotuning thread's sleep, up to a minute, depending on timing), and every destructor: the
+  process ends with os._exit, so no object is freed and no native library's static destructor
+  runs under a thread that is still releasing an iterator. What a stage must keep (checkpoints,
+  metrics, TensorBoard events) it has committed and closed before its last line.
+  """
+  threading._shutdown()  # noqa: SLF001 - the interpreter's own first step of an exit
+  pipeline = sys.modules.get("vit_jax.input_pipeline.pipeline")  # not imported: TensorFlow
+  if pipeline is not None:
+    atexit.unregister(pipeline.wait_for_releases)
+  atexit._run_exitfuncs()  # noqa: SLF001 - the interpreter's second step
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError, AttributeError):  # closed, or replaced by None
+      pass
+  _flush_c_streams()
+  os._exit(status)
+
+
+def _flush_c_streams() -> None:
+  """Flushes the C library's buffered streams (a native library's printf), which exit(3)
+  would flush and os._exit does not."""
+  try:
+    import ctypes
+
+    ctypes.CDLL(None).fflush(None)
+  except (OSError, AttributeError):  # no C library to load by that name
+    pass
 
 
 def call(command: types.ModuleType, argv: Sequence[str] = ()) -> Any:
