@@ -9,12 +9,19 @@ the same float32 number in either order.
   end with `vit_jax: error: process 1 of 2 is gone (...)` within 60 s of the kill (the
   lost-process timeout is 30 s: vit_jax.runtime.liveness); only whole steps are committed; the
   same command on both processes then finishes.
+- A crash of process 0, which runs the coordination service: SIGKILLed at batch 13 (step 10's
+  save under way). Process 1 must end with `vit_jax: error: process 0 of 2 is gone (its
+  coordination service at 127.0.0.1:<port> refuses connections)...` and status 1 within 60 s
+  (JAX's client would abort it at once, without a word on the terminal:
+  vit_jax.runtime.liveness); the same command on both processes then resumes from the last
+  committed step and finishes.
 - SIGTERM to process 1 only, inside an evaluation: both processes abandon it at the same batch,
   save the same step and exit 143 with the same line; the rerun, whose first restore read fails
   on process 1 only (EIO), is retried on both (neither waits forever in the other's barrier) and
   finishes.
 """
 
+import json
 import pathlib
 
 import jax
@@ -88,6 +95,33 @@ def test_a_lost_process_ends_the_others_and_the_rerun_resumes_exactly(tmp_path):
   for i, (code, out) in enumerate(results):
     assert code == 0, f"process {i}:\n{out[-4000:]}"
   _assert_same_params(workdir, tmp_path / "one", emas=(False, True))
+
+
+@pytest.mark.long
+def test_a_crash_of_process_0_ends_the_others_with_a_line_and_the_rerun_resumes(tmp_path):
+  workdir = tmp_path / "run"
+  ended: list = []
+  results = _launch(workdir, [dict(signal="SIGKILL", at=13), None], ended)
+  (killed_code, killed), (code, out) = results
+  assert fault_injection.marker("SIGKILL", 13) in killed and killed_code == -9, _tails(results)
+  lines = [line for line in out.splitlines() if line.startswith("vit_jax: ")]
+  after = ended[1] - ended[0]
+  print(f"process 1: exit {code} {after:.1f} s after process 0's: {lines[-1] if lines else ''}")
+  assert code == 1, _tails(results)
+  assert lines[-1].startswith(
+    "vit_jax: error: process 0 of 2 is gone (its coordination service at 127.0.0.1:"
+  ), _tails(results)
+  assert lines[-1].endswith("the same command on every process continues from it"), lines[-1]
+  assert after <= BOUND_S, f"process 1 ended {after:.1f} s after process 0"
+  committed = train_state.committed_steps(workdir)  # step 10 only if its save was done
+  assert committed in ([5], [5, 10]), committed
+
+  results = _launch(workdir, [None, None])
+  for i, (code, out) in enumerate(results):
+    assert code == 0, f"process {i}:\n{out[-4000:]}"
+  rerun = json.loads((workdir / "goodput.json").read_text())["attempts"][-1]
+  assert (rerun["start_step"], rerun["source"]) == (committed[-1], "persistent"), rerun
+  assert (rerun["end"]["outcome"], rerun["end"]["step"]) == ("finished", 20), rerun["end"]
 
 
 def _assert_same_params(workdir, reference, emas=(False,)):

@@ -102,8 +102,15 @@ class DistributedFlags:
 
       from vit_jax.runtime import liveness
 
-      client = jax_distributed.global_state.client
-      liveness.start(client, jax.process_index(), jax.process_count(), timeout, name)
+      state = jax_distributed.global_state
+      liveness.start(
+        state.client,
+        jax.process_index(),
+        jax.process_count(),
+        timeout,
+        name,
+        coordinator=state.coordinator_address,
+      )
 
 
 def flag_value(argv: Sequence[str], name: str) -> str | None:

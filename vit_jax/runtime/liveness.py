@@ -22,14 +22,27 @@ A process that fails (`settle`, before its line) first waits until every other p
 a sign of life, ended, or been found gone: a collective that failed because a peer died (gloo:
 "Connection reset by peer") is then reported as that lost process.
 
-Not covered: the loss of process 0 by a process crash on a reachable host. Its TCP connections
-are reset, and JAX's client ends every other process at once from C++ (SIGABRT; the log file
-says "Terminating process because the JAX distributed service detected fatal errors").
+Process 0 runs the coordination service. Its loss by a crash on a host that stays up (killed,
+out of memory) resets its TCP connections, and JAX's client then ends every other process at
+once from C++ (SIGABRT, "Terminating process because the JAX distributed service detected fatal
+errors" in the log file only). So every other process also holds a TCP connection to the
+coordinator's port (`coordinator` of `start`; the service drops an idle one after a minute, and
+it is taken again): once it closes and a new one is refused, nothing listens there, and the
+process writes `... process 0 of 2 is gone (its coordination service at <host:port> refuses
+connections) ...` and ends (status 1). Only a crash closes the port under a running monitor: a
+process 0 that ends on its own keeps its service up until every other process has ended (JAX's
+shutdown barrier). To let that line come first, a SIGABRT is held for 6 s (`_hold_aborts`)
+while the monitor runs; a host that is lost without resetting its connections is found by the
+counters as above.
 
 This file must not import TensorFlow.
 """
 
+import ctypes
+import faulthandler
 import os
+import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -44,20 +57,37 @@ _monitor: "Monitor | None" = None  # this process's, once `start` ran
 
 
 class Monitor:
-  """The thread of one process (see the module docstring); `client` is jax.distributed's."""
+  """The threads of one process (see the module docstring); `client` is jax.distributed's,
+  `coordinator` the `host:port` of its coordination service (watched by processes other than 0)."""
 
-  def __init__(self, client: Any, process: int, count: int, timeout_s: float, name: str):
+  def __init__(
+    self,
+    client: Any,
+    process: int,
+    count: int,
+    timeout_s: float,
+    name: str,
+    coordinator: str | None = None,
+  ):
     self._client, self._me, self._count = client, process, count
+    self._coordinator = coordinator if process != 0 else None
     self._timeout, self._name = float(timeout_s), name
     self._interval = max(0.2, self._timeout / 10)
     self._closing = threading.Event()
     self._failing = False  # this process is failing: a peer that failed is no news
     self._ending = threading.Lock()
     self._thread = threading.Thread(target=self._run, name="vit_jax-liveness", daemon=True)
+    self._watch = threading.Thread(
+      target=self._watch_coordinator, name="vit_jax-coordinator", daemon=True
+    )
+    self._held_aborts = None  # what `_release_aborts` needs
 
   def start(self) -> "Monitor":
     self._set(str(0))
     self._thread.start()
+    if self._coordinator:
+      self._held_aborts = _hold_aborts()
+      self._watch.start()
     return self
 
   def _set(self, state: str) -> None:
@@ -101,6 +131,33 @@ class Monitor:
         seen, changed = state, now
       elif now - changed > self._timeout:
         self._lost(peer, f"no sign of life for {now - changed:.0f} s")
+
+  def _watch_coordinator(self) -> None:
+    """Ends this process once process 0's coordination service refuses connections."""
+    host, port = self._coordinator.rsplit(":", 1)
+    address = (host.strip("[]"), int(port))
+    held = None  # a connection that closes when process 0 ends
+    while not self._closing.is_set():
+      if held is None:
+        try:
+          held = socket.create_connection(address, timeout=self._interval)
+        except ConnectionRefusedError:  # a host that answers, and nothing listening
+          self._end(0, f"its coordination service at {self._coordinator} refuses connections")
+        except OSError:  # no answer (a lost host: the counters find it), or no such name
+          self._closing.wait(self._interval)
+        continue
+      try:
+        closed = not held.recv(4096)  # the service's HTTP/2 frames, read and dropped
+      except TimeoutError:  # nothing for `interval` s (the socket's timeout): look up
+        continue
+      except OSError:  # reset
+        closed = True
+      if closed:  # process 0 ended, or its service dropped an idle connection (after 60 s)
+        held.close()
+        held = None
+        self._closing.wait(0.05)
+    if held is not None:
+      held.close()
 
   def _watched(self, states: dict[int, str]) -> int | None:
     """The next process in the ring that has not finished (a failed one is watched: it ends
@@ -148,6 +205,9 @@ class Monitor:
     """Stops the thread and says this process ended (finished, or failed)."""
     self._closing.set()
     self._thread.join(timeout=self._interval + 5)  # its last counter never follows the state
+    if self._coordinator:
+      self._watch.join(timeout=self._interval + 5)
+      _release_aborts(self._held_aborts)
     try:
       self._set(_FAILED if failed else _FINISHED)
     except Exception as e:  # noqa: BLE001 - the others then find it gone
@@ -180,10 +240,58 @@ class Monitor:
       os._exit(1)
 
 
-def start(client: Any, process: int, count: int, timeout_s: float, name: str) -> None:
+def _libc() -> Any:
+  """The C library, its `signal` taking and returning handlers' addresses; None where ctypes
+  finds none (then nothing holds JAX's abort, which comes at once)."""
+  try:
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.sleep  # noqa: B018 - looked up before anything is changed: it must exist
+  except (OSError, AttributeError):
+    return None
+  return libc
+
+
+def _set_abort_handler(libc: Any, handler: int | None) -> int | None:
+  """Sets SIGABRT's handler to the function at address `handler` (None: the default), behind
+  Python's faulthandler where that is on (absl turns it on: on an abort it writes every
+  thread's stack to the log, then calls the handler it found); returns the previous one."""
+  dumps = faulthandler.is_enabled()
+  faulthandler.disable()  # puts back the handler it found
+  previous = libc.signal(signal.SIGABRT, handler)
+  if dumps:
+    try:
+      faulthandler.enable()  # to sys.stderr, as absl's call (a command's is its log file)
+    except (OSError, ValueError, AttributeError, RuntimeError):  # sys.stderr has no file
+      pass
+  return previous
+
+
+def _hold_aborts() -> tuple[Any, int | None] | None:
+  """Holds a thread that aborts this process for 6 s: libc's `sleep` becomes SIGABRT's handler
+  (a handler is called with the signal's number: sleep(6)). abort() ends the process once the
+  handler returns; meanwhile the other threads run, and when the abort is JAX's reaction to
+  process 0's crash, the coordinator's watch ends the process first, with its line. A SIGABRT
+  sent with `kill` is held 6 s, then ignored. Returns what `_release_aborts` needs."""
+  libc = _libc()
+  if libc is None:
+    return None
+  return libc, _set_abort_handler(libc, ctypes.cast(libc.sleep, ctypes.c_void_p).value)
+
+
+def _release_aborts(held: tuple[Any, int | None] | None) -> None:
+  """Puts back SIGABRT's handler from before `_hold_aborts`."""
+  if held is not None:
+    _set_abort_handler(*held)
+
+
+def start(
+  client: Any, process: int, count: int, timeout_s: float, name: str, coordinator: str | None = None
+) -> None:
   """Starts this process's monitor (several processes; see the module docstring)."""
   global _monitor
-  _monitor = Monitor(client, process, count, timeout_s, name).start()
+  _monitor = Monitor(client, process, count, timeout_s, name, coordinator).start()
   logging.info(
     "liveness: a process silent for %g s counts as gone", timeout_s, extra={"terminal": False}
   )
