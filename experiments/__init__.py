@@ -27,10 +27,14 @@ measuring processes import no vit_jax before they know which tree's they run).
 
 What several of them share is in `common` (the demo's model and budgets, running
 `python -m vit_jax.main` stages, a train step; the raw-pixel baselines live in vit_jax.baselines);
-an experiment imports only `experiments.common` and vit_jax, never another experiment
+`fingerprint` ties a committed results file to the code that would write it today (its --quick
+profile's numbers, which the experiment's test compares); an experiment imports only
+`experiments.common`, `experiments.fingerprint` and vit_jax, never another experiment
 (`benchmark_report`, the printed report of `benchmark_model`, is that benchmark's own part). Each
 writes its results (results.json, tables, figures) to experiments/results/<name>/ unless told
 otherwise (--out; pod_plan: --out_dir), a --quick run to <workdir>/results/ so that tiny budgets
 never replace a kept result; the workdirs of its training stages, with their checkpoints, go to
-/tmp. The benchmarks print their figures and write nothing.
+/tmp. The benchmarks print their figures (bench_goodput also writes them to
+experiments/results/goodput/); the logs kept under experiments/results/process_settings/ and
+gpu_vs_timm/ are such printed output, which the docs cite.
 """

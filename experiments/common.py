@@ -88,7 +88,9 @@ def write_results(path: str, results: dict, **kwargs) -> None:
 
 def provenance() -> dict[str, Any]:
   """The commit (with '+dirty' for uncommitted changes), the UTC date and the machine (CPU model
-  and matmul features, cores, accelerator) of this run: what a docs figure is checked against."""
+  and matmul features, cores, accelerator, and its 1, 5 and 15-minute load averages when the
+  results were written: beyond the experiment's own cores, other work sharing the machine) of
+  this run: what a docs figure is checked against."""
   import datetime
   import subprocess
   import sys
@@ -117,6 +119,7 @@ def provenance() -> dict[str, Any]:
       cpu=devices.cpu_description(devices.read_cpuinfo()),
       cores=len(os.sched_getaffinity(0)),
       accelerator=accelerator,
+      load=[round(x, 2) for x in os.getloadavg()],
     ),
   )
 

@@ -25,7 +25,10 @@ Every stage runs as its printed `python -m vit_jax.main` command would (experime
 run_stage, in this process). The stages' workdirs live under `--workdir` (default /tmp/vit_demo:
 pretrain/, then finetune_<N>/, scratch_<N>/, probe_<N>/), removed first, so a rerun measures
 from scratch. Outputs go to `--out` (default experiments/results/demo/; with --quick,
-<workdir>/results/).
+<workdir>/results/). Writing the committed copy (experiments/results/demo/), the run also runs
+the --quick profile (under <workdir>/fingerprint/) and keeps its numbers in results.json as the
+code's fingerprint (experiments/fingerprint.py), which tests/test_demo.py compares with what
+today's code computes.
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -40,7 +43,7 @@ import types
 
 from absl import flags
 
-from experiments import common
+from experiments import common, fingerprint
 from vit_jax import baselines
 from vit_jax.runtime import cli
 
@@ -159,16 +162,30 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
 
 def main(argv: list[str], f: types.SimpleNamespace) -> dict:
   args = cli.values(f)
-  profile = QUICK if args.quick else FULL
-  os.makedirs(args.workdir, exist_ok=True)
+  results = run(QUICK if args.quick else FULL, args.workdir, args.verbose)
+  out = common.out_dir(args.out, "demo", args.workdir, args.quick)
+  if out == common.results_dir("demo"):  # the committed results: with the code's fingerprint
+    fingerprint.record(results, run(QUICK, os.path.join(args.workdir, "fingerprint"), args.verbose))
+  _report(results, out)
+  common.write_results(os.path.join(out, "results.json"), results)
+  print(f"results.json, table.md and label_efficiency.png in {out}")
+  return results
+
+
+def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
+  """Every stage and baseline of `profile`, in workdirs under `workdir`: the results' dict."""
+  os.makedirs(workdir, exist_ok=True)
   total_start = time.perf_counter()
 
   def stage(title, flags, name):
-    return common.run_stage(title, flags, os.path.join(args.workdir, name), verbose=args.verbose)
+    return common.run_stage(title, flags, os.path.join(workdir, name), verbose=verbose)
 
-  pretrained = os.path.join(args.workdir, "pretrain")
+  quick = profile is QUICK
+  pretrained = os.path.join(workdir, "pretrain")
+  # What the training stages read (experiments/fingerprint.py): seconds of input pipeline each.
+  inputs = dict(pretrain=fingerprint.data(pretrain_flags(profile, quick)))
   pretrain, pretrain_s = stage(
-    "1. pretrain the demo ViT on Fashion-MNIST", pretrain_flags(profile, args.quick), "pretrain"
+    "1. pretrain the demo ViT on Fashion-MNIST", pretrain_flags(profile, quick), "pretrain"
   )
   test = _split("test", profile.test_examples)
   start = time.perf_counter()
@@ -181,6 +198,7 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
   for n, budget in zip(profile.labels, profile.budgets, strict=True):
     label = _label(n)
     title = f"{label} labelled Animal-MNIST images"
+    inputs[f"finetune_{label}"] = fingerprint.data(finetune_flags(profile, n, budget))
     ft, seconds[f"finetune_{label}"] = stage(
       f"2. fine-tune the pretrained model on {title}",
       finetune_flags(profile, n, budget) + [f"--config.model_init={pretrained}"],
@@ -214,17 +232,13 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
       probe_train_examples=int(probe["linear_probe/num_train"]),
     )
   seconds["total"] = time.perf_counter() - total_start
-  results = dict(
-    quick=args.quick,
+  return dict(
+    quick=quick,
     pretrain=dict(pretrain, pixels=pretrain_pixels),
     labels=rows,
+    inputs=inputs,
     seconds=seconds,
   )
-  out = common.out_dir(args.out, "demo", args.workdir, args.quick)
-  _report(results, out)
-  common.write_results(os.path.join(out, "results.json"), results)
-  print(f"results.json, table.md and label_efficiency.png in {out}")
-  return results
 
 
 def table(results: dict) -> str:

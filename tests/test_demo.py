@@ -1,7 +1,7 @@
 """The README's demo end to end (`--quick`), then predict on a workdir it leaves behind."""
 
 import json
-import os
+import pathlib
 import subprocess
 import sys
 
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments import demo
+from experiments import demo, fingerprint
 from tests.helpers import xla_env
 from vit_jax import inference
 from vit_jax.input_pipeline import builtin
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.long
@@ -37,6 +37,9 @@ def test_quick_demo_then_predict(tmp_path):
   # --quick's results go to <workdir>/results/, never over the repository's experiments/results/.
   results_dir = tmp_path / "results"
   results = json.loads((results_dir / "results.json").read_text())
+  # The committed results are what today's code computes: their fingerprint is these numbers.
+  committed = json.loads((REPO / "experiments/results/demo/results.json").read_text())
+  fingerprint.check(committed, results, "python -m experiments.demo")
   assert (results_dir / "label_efficiency.png").read_bytes()[:4] == b"\x89PNG"
   assert (results_dir / "table.md").read_text().strip() == demo.table(results)
   assert results["pretrain"]["step"] == demo.QUICK.pretrain_steps
