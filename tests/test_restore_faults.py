@@ -4,11 +4,16 @@ In-process, on a small state saved by `Checkpointer` itself: a truncated array f
 or unparsable metadata file are evidence (moved aside, the step before restored); a storage
 error (OSError EIO raised by Orbax's array reader) is retried and, if it persists, ends with
 CheckpointRestoreError, nothing moved; a model the step does not fit ends with
-CheckpointMismatch, nothing moved. The same through the entry point: tests/test_faults.py.
+CheckpointMismatch, nothing moved. A restore (or a save) waiting on storage says so; a stop
+request ends a restore's wait within seconds, nothing moved, unless the read returns within
+the grace. The same through the entry point: tests/test_faults.py, tests/test_gcs_outage.py (slow).
 """
 
+import asyncio
 import errno
 import json
+import re
+import threading
 import time
 
 import jax
@@ -17,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from vit_jax.checkpoint import restore_faults, train_state
+from vit_jax.checkpoint import restore_faults, storage_wait, train_state
 
 
 def _state(step: int, width: int = 4) -> dict:
@@ -180,3 +185,83 @@ def test_what_counts_as_evidence():
   stored = ValueError("Requested shape: (48,) is not compatible with the stored shape: (32,).")
   assert evidence(stored, step, metadata_fits=True)  # the arrays contradict their metadata
   assert evidence(stored, step, metadata_fits=False) is None  # the model does not fit
+
+
+def _blocking_reads(monkeypatch, seconds: float) -> tuple[list[int], threading.Event]:
+  """Orbax's array reader waits up to `seconds` (or until the event is set) before it reads,
+  as a read of storage that retries does; the call count and the event."""
+  read, calls, release = ocp.type_handlers.ArrayHandler.deserialize, [0], threading.Event()
+
+  async def blocking(self, infos, args=None):
+    calls[0] += 1
+    await asyncio.get_running_loop().run_in_executor(None, release.wait, seconds)
+    return await read(self, infos, args)
+
+  monkeypatch.setattr(ocp.type_handlers.ArrayHandler, "deserialize", blocking)
+  return calls, release
+
+
+def test_a_restore_waiting_on_storage_says_so(workdir, monkeypatch, caplog):
+  monkeypatch.setattr(storage_wait, "NOTICE_EVERY_S", 0.5)
+  calls, _ = _blocking_reads(monkeypatch, seconds=2.5)
+  step, state, _ = _restore(workdir)
+  assert step == 2 and calls[0] == 1
+  np.testing.assert_array_equal(state["params"]["dense"]["kernel"], np.full((4, 3), 2.0))
+  notices = re.findall(
+    rf"restoring checkpoint step 2 from {workdir}/checkpoints: waiting on storage for \d+ s "
+    r"\(attempt 1 of 3\)",
+    caplog.text,
+  )
+  assert len(notices) >= 2, caplog.text  # 2.5 s of waiting, a notice every 0.5 s
+
+
+def test_a_stop_ends_a_wait_on_storage(workdir, monkeypatch):
+  monkeypatch.setattr(storage_wait, "STOP_GRACE_S", 1.0)
+  calls, release = _blocking_reads(monkeypatch, seconds=60)
+  checkpointer = train_state.Checkpointer(str(workdir), 1, 10, asynchronous=False)
+  start = time.monotonic()
+  try:
+    with pytest.raises(restore_faults.CheckpointRestoreError) as error:
+      checkpointer.restore_latest(_abstract(), stop_requested=lambda: time.monotonic() > start + 1)
+    took = time.monotonic() - start
+  finally:
+    release.set()  # the abandoned read ends
+    checkpointer.close()
+  assert calls[0] == 1 and took < 10, took  # not the read's 60 s
+  assert re.match(
+    rf"restoring checkpoint step 2 from {workdir}/checkpoints: a stop was requested while "
+    r"waiting on storage for \d+ s \(attempt 1 of 3\); nothing was moved",
+    str(error.value),
+  ), error.value
+  assert _moved(workdir) == [] and train_state.committed_steps(workdir) == [1, 2]
+
+
+def test_a_restore_that_returns_within_the_grace_of_a_stop_is_kept(workdir, monkeypatch):
+  """A stop requested while the step is being read from a disk: the read ends within
+  storage_wait.STOP_GRACE_S and the step is restored (the run then stops at its next stopping
+  point, with nothing new to save)."""
+  calls, _ = _blocking_reads(monkeypatch, seconds=1.0)
+  checkpointer = train_state.Checkpointer(str(workdir), 1, 10, asynchronous=False)
+  try:
+    step, _, data_state = checkpointer.restore_latest(_abstract(), stop_requested=lambda: True)
+  finally:
+    checkpointer.close()
+  assert step == 2 and data_state == {"position": 2} and calls[0] == 1
+
+
+def test_a_save_waiting_on_storage_says_so(workdir, monkeypatch, caplog):
+  monkeypatch.setattr(storage_wait, "NOTICE_EVERY_S", 0.5)
+  write = ocp.type_handlers.ArrayHandler.serialize
+
+  async def slow(self, values, infos, args=None):
+    await asyncio.sleep(2.0)  # a write that storage is slow to take
+    return await write(self, values, infos, args)
+
+  monkeypatch.setattr(ocp.type_handlers.ArrayHandler, "serialize", slow)
+  checkpointer = train_state.Checkpointer(str(workdir), 1, 10, asynchronous=False)
+  try:
+    assert checkpointer.save(3, _state(3), {"position": 3}, force=True)
+  finally:
+    checkpointer.close()
+  assert f"saving checkpoint step 3 to {workdir}/checkpoints: waiting on storage for" in caplog.text
+  assert train_state.committed_steps(workdir) == [1, 2, 3]

@@ -22,7 +22,8 @@
   ConnectionError, TimeoutError, google.api_core's transient errors, TensorStore UNAVAILABLE /
   DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED, MemoryError, a library's own error. The restore is
   retried after each of RETRY_DELAYS_S, then the run ends with `CheckpointRestoreError` (one
-  line naming the step, the directory and the cause), nothing moved.
+  line naming the step, the directory and the cause), nothing moved. Each attempt is bounded
+  (train_state.RESTORE_REQUEST_RETRIES), so that the schedule holds in wall time.
 
 This file must not import TensorFlow.
 """

@@ -14,12 +14,16 @@ evidence that it is broken (a missing or truncated file, metadata that does not 
 not match its arrays: vit_jax.checkpoint.restore_faults), once an older step restores, and the
 resume from that older step is a warning naming both. Any other restore error (a storage or
 memory error, a library's) is retried, then ends the run with one line, nothing moved; a step
-that does not fit the model ends it at once. A save that fails ends the run with one line, and
+that does not fit the model ends it at once. Each restore attempt runs on a worker thread
+(vit_jax.checkpoint.storage_wait): a wait on storage says so every 30 s, a stop request ends it
+within seconds, and TensorStore retries a failing GCS request RESTORE_REQUEST_RETRIES times
+within one attempt. A save waiting on storage says so too. A save that fails ends the run with one line, and
 a full disk also removes the unfinished step directory and says how much space a step takes.
 
 This file must not import TensorFlow (`.npz` paths with a scheme go through vit_jax.checkpoint).
 """
 
+import copy
 import errno
 import functools
 import os
@@ -32,10 +36,11 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorstore as ts
 from absl import logging
 from etils import epath
 
-from vit_jax.checkpoint import npz, restore_faults
+from vit_jax.checkpoint import npz, restore_faults, storage_wait
 from vit_jax.runtime import gcs
 
 _STATE, _DATA = "state", "data"
@@ -49,6 +54,10 @@ _TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step (or item) still 
 # Arrays whose slice would be under this size are written whole by one replica; larger ones
 # (e.g. ViT-B's 768x3072 MLP kernels, 9 MiB, over up to 144 replicas) are still spread.
 MIN_REPLICA_SLICE_BYTES = 64 * 1024
+# TensorStore's retries of a GCS request within one restore attempt (its default: 32, backing off
+# to 32 s, about 15 minutes): a failure without evidence is retried by `_restore_retrying`
+# instead, on the schedule of restore_faults.RETRY_DELAYS_S. Saves keep TensorStore's default.
+RESTORE_REQUEST_RETRIES = {"max_retries": 5, "initial_delay": "1s", "max_delay": "16s"}
 # A restore's outcome on one process; the gravest on any process decides (restore_latest).
 _OK, _RETRY, _BROKEN, _MISMATCH = range(4)
 # The barrier Orbax's Checkpointer.restore ends with (before its key prefix: see _failed).
@@ -109,19 +118,20 @@ class Checkpointer:
     return step % self.every_steps == 0
 
   def save(self, step: int, state: Any, data_state: Any, force: bool = False) -> bool:
-    """Starts writing `state` (a pytree of global arrays) and `data_state` (JSON) at `step`.
+    """Starts writing `state` (a pytree of global arrays) and `data_state` (JSON) at `step`
+    (first waiting for the save in flight, saying so every storage_wait.NOTICE_EVERY_S).
 
     Raises:
       CheckpointSaveError: this save or the asynchronous one before it failed.
     """
+    args = ocp.args.Composite(
+      **{_STATE: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(data_state)}
+    )
     try:
       # Orbax reports here the failure of the previous asynchronous save, if any.
-      saved = self._manager.save(
-        step,
-        args=ocp.args.Composite(
-          **{_STATE: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(data_state)}
-        ),
-        force=force,
+      saved = storage_wait.wait(
+        lambda: self._manager.save(step, args=args, force=force),
+        storage_wait.Notices(f"saving checkpoint step {step} to {self.directory}"),
       )
     except Exception as e:
       self._save_failed(e, self._writing if self._writing is not None else step)
@@ -230,15 +240,30 @@ class Checkpointer:
     self, step: int, abstract_state: Any, stop_requested: Callable[[], bool]
   ) -> tuple[Any, Any] | str:
     """(state, data_state) of `step`, or the evidence that it is broken; retries a failure
-    without evidence after each of restore_faults.RETRY_DELAYS_S.
+    without evidence after each of restore_faults.RETRY_DELAYS_S. Each attempt runs on a worker
+    thread (vit_jax.checkpoint.storage_wait): the wait says what it waits for at least every
+    storage_wait.NOTICE_EVERY_S, and a stop request ends it within a second.
 
     Raises:
-      CheckpointRestoreError: it still failed after the retries.
+      CheckpointRestoreError: it still failed after the retries, or a stop was requested
+        (nothing moved).
       CheckpointMismatch: the step does not fit the model.
     """
     delays = restore_faults.RETRY_DELAYS_S
+    doing = f"restoring checkpoint step {step} from {self.directory}"
+    logging.info("checkpoint: restoring step %d from %s", step, self.directory)
+    notices = storage_wait.Notices(doing)
     for attempt in range(len(delays) + 1):
-      outcome, value = self._attempt(step, abstract_state)
+      note = f" (attempt {attempt + 1} of {len(delays) + 1})"
+      try:
+        outcome, value = storage_wait.wait(
+          functools.partial(self._attempt, step, abstract_state), notices, stop_requested, note
+        )
+      except storage_wait.Abandoned as e:  # on every process (the notice reaches all)
+        raise restore_faults.CheckpointRestoreError(
+          f"{doing}: a stop was requested while waiting on storage for {e.waited_s:.0f} s"
+          f"{note}; nothing was moved. Rerun the same command to continue"
+        ) from None
       agreed = _gravest_on_every_process(outcome)
       if agreed == _OK:
         return value
@@ -253,27 +278,26 @@ class Checkpointer:
         return why
       if attempt == len(delays):
         raise restore_faults.CheckpointRestoreError(
-          f"restoring checkpoint step {step} from {self.directory} failed {attempt + 1} times, "
-          f"without evidence that the step is broken: {why}; nothing was moved. Rerun the same "
-          f"command once the cause is gone"
+          f"{doing} failed {attempt + 1} times, without evidence that the step is broken: "
+          f"{why}; nothing was moved. Rerun the same command once the cause is gone"
         )
       logging.warning(
-        "restoring checkpoint step %d from %s failed (%s); retrying in %g s (retry %d of %d)",
-        step,
-        self.directory,
+        "%s failed (%s); retrying in %g s (retry %d of %d)",
+        doing,
         why,
         delays[attempt],
         attempt + 1,
         len(delays),
       )
+      notices.said()
       wake = time.monotonic() + delays[attempt]
       while time.monotonic() < wake and not stop_requested():
         time.sleep(min(0.1, delays[attempt]))
+        notices.tick(f" (before retry {attempt + 1} of {len(delays)})")
       if stop_requested():  # on every process (the notice reaches all): no more retries
         raise restore_faults.CheckpointRestoreError(
-          f"restoring checkpoint step {step} from {self.directory} failed {attempt + 1} times, "
-          f"without evidence that the step is broken: {why}; a stop was requested before the "
-          f"next retry; nothing was moved"
+          f"{doing} failed {attempt + 1} times, without evidence that the step is broken: "
+          f"{why}; a stop was requested before the next retry; nothing was moved"
         )
     raise AssertionError("unreachable")
 
@@ -355,13 +379,16 @@ class Checkpointer:
     return restored[_STATE], restored[_DATA]
 
   def wait(self) -> None:
-    """Blocks until pending asynchronous saves are complete.
+    """Blocks until pending asynchronous saves are complete, saying so every
+    storage_wait.NOTICE_EVERY_S.
 
     Raises:
       CheckpointSaveError: the save in flight failed.
     """
+    step = "" if self._writing is None else f" step {self._writing}"
+    notices = storage_wait.Notices(f"saving checkpoint{step} to {self.directory}")
     try:
-      self._manager.wait_until_finished()
+      storage_wait.wait(self._manager.wait_until_finished, notices)
     except Exception as e:
       self._save_failed(e, self._writing if self._writing is not None else -1)
     self._writing = None
@@ -370,16 +397,39 @@ class Checkpointer:
     self._manager.close()
 
 
+class _ArrayHandler(ocp.type_handlers.ArrayHandler):
+  """Orbax's handler of jax.Array, whose reads (of arrays and of their metadata) retry a GCS
+  request RESTORE_REQUEST_RETRIES times."""
+
+  async def metadata(self, infos):
+    return await super().metadata(_bounded(infos))
+
+  async def deserialize(self, infos, args=None):
+    return await super().deserialize(_bounded(infos), args)
+
+
+def _bounded(infos: Any) -> list[Any]:
+  """Copies of Orbax's ParamInfos (plain objects, shared with their caller) whose TensorStore
+  context sets RESTORE_REQUEST_RETRIES, inheriting every other resource from theirs."""
+  bounded = []
+  for info in infos:
+    info = copy.copy(info)
+    retries = {"gcs_request_retries": RESTORE_REQUEST_RETRIES}
+    info.ts_context = ts.Context(retries, parent=info.ts_context or ts.Context())
+    bounded.append(info)
+  return bounded
+
+
 @functools.cache
 def _register_array_handler() -> None:
-  """Orbax's handler of jax.Array with MIN_REPLICA_SLICE_BYTES, once per process (its registry
-  is per process: every Orbax save of this process then uses it; the files written are the
-  same)."""
+  """Orbax's handler of jax.Array with MIN_REPLICA_SLICE_BYTES and the restore's bounded
+  retries, once per process (its registry is per process: every Orbax save and restore of this
+  process then uses it; the files written are the same)."""
   from orbax.checkpoint._src.metadata import array_metadata_store  # as Orbax's default has
 
   ocp.type_handlers.register_type_handler(
     jax.Array,
-    ocp.type_handlers.ArrayHandler(
+    _ArrayHandler(
       min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
       array_metadata_store=array_metadata_store.Store(),
     ),
@@ -389,7 +439,8 @@ def _register_array_handler() -> None:
 
 def _first_line(error: BaseException) -> str:
   """The most telling line of `error`'s chain: the innermost cause that names a file, else its
-  own first line (TensorStore's outer message only repeats an array index)."""
+  own first line (TensorStore's outer message only repeats an array index), without the
+  TensorStore spec it ends with (a kilobyte of JSON)."""
   chain, seen = [], error
   while seen is not None and len(chain) < 20:
     chain.append(seen)
@@ -397,7 +448,7 @@ def _first_line(error: BaseException) -> str:
   for e in reversed(chain):
     for line in str(e).splitlines():
       if re.search(r"(file|database) ", line) and os.sep in line:
-        return line.strip()
+        return line.strip().split(" [tensorstore_spec=")[0]
   text = str(error).strip()
   return text.splitlines()[0] if text else type(error).__name__
 
