@@ -79,18 +79,19 @@ def write_json(path: str, value: Any, **kwargs) -> None:
     json.dump(value, f, indent=2, **kwargs)
 
 
-def write_results(path: str, results: dict, **kwargs) -> None:
+def write_results(path: str, results: dict, started: dict | None = None, **kwargs) -> None:
   """An experiment's results.json: `results` with its `provenance` (what produced them), which
-  is added to `results` too, so that what the experiment returns is what the file holds."""
-  results["provenance"] = provenance()
+  is added to `results` too, so that what the experiment returns is what the file holds.
+  `started`: the provenance taken as the experiment started (the commit its code is from and
+  the load it started beside, not the tree's or the machine's of when it ended); default now."""
+  results["provenance"] = started or provenance()
   write_json(path, results, **kwargs)
 
 
 def provenance() -> dict[str, Any]:
   """The commit (with '+dirty' for uncommitted changes), the UTC date and the machine (CPU model
-  and matmul features, cores, accelerator, and its 1, 5 and 15-minute load averages when the
-  results were written: beyond the experiment's own cores, other work sharing the machine) of
-  this run: what a docs figure is checked against."""
+  and matmul features, cores, accelerator, and its 1, 5 and 15-minute load averages: other work
+  sharing the machine) of this run, now: what a docs figure is checked against."""
   import datetime
   import subprocess
   import sys

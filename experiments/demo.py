@@ -162,6 +162,7 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
 
 def main(argv: list[str], f: types.SimpleNamespace) -> dict:
   args = cli.values(f)
+  started = common.provenance()
   results = run(QUICK if args.quick else FULL, args.workdir, args.verbose)
   out = common.out_dir(args.out, "demo", args.workdir, args.quick)
   if out == common.results_dir("demo"):  # the committed results: with the code's fingerprint
@@ -169,7 +170,7 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
     fingerprint.record(results, quick)
     results["seconds"]["fingerprint"] = quick["seconds"]["total"]
   _report(results, out)
-  common.write_results(os.path.join(out, "results.json"), results)
+  common.write_results(os.path.join(out, "results.json"), results, started)
   print(f"results.json, table.md and label_efficiency.png in {out}")
   return results
 
