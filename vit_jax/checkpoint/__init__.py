@@ -7,6 +7,7 @@
   train_state  the trainer's Orbax checkpoints (async saves, keep-N, resume, data position)
   restore_faults  what a failed restore of a training step says about that step (evidence that
                it is broken, or an error to retry)
+  storage_wait  a restore or save that waits on storage: a line every 30 s, a stop honoured
   local_tier   frequent saves of each process's own shards to its own disk, and restoring the
                newest step of either tier
   loader       any of the above, with the architecture that goes with it
