@@ -325,7 +325,7 @@ def test_an_unusable_local_dir_is_one_line_naming_the_setting(tmp_path, where):
   ],
 )
 def test_a_profile_request_is_served_within_the_run_or_set_aside(tmp_path, caplog, data, window):
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger="absl")  # whatever verbosity an earlier test left
   config = ml_collections.ConfigDict(dict(first_step=0, num_steps=3, processes="0"))
   request = tmp_path / profiling.REQUEST_FILE
   request.write_bytes(data)
