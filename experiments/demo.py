@@ -1,14 +1,14 @@
 r"""The README's demo: what pretraining buys when labels are few, on real offline data, on a CPU.
 
-  python -m experiments.demo                 # ~22 minutes of CPU time on 2 cores
-  python -m experiments.demo --quick         # ~1 minute: the same stages, tiny budgets (CI)
+  python -m experiments.demo                 # its time on 2 cores: results.json's `seconds`
+  python -m experiments.demo --quick         # the same stages, tiny budgets (CI)
 
 The paper's point is transfer: a model pretrained on a large dataset needs few labelled
 examples of a new task. The demo measures that in miniature, on the bundled datasets (the
 `builtin` source: uint8 arrays in memory):
 
   1. pretrain the 'demo' ViT on Fashion-MNIST: `configs/pretrain.py:dataset=fashion_mnist`
-     (1,000 steps of batch 128, validation top-1 and few-shot evaluation of the pre-logits);
+     (3,000 steps of batch 128, validation top-1 and few-shot evaluation of the pre-logits);
   2. for each number of labelled Animal-MNIST training images (`LABELS`: about 10, 100 and all
      900 per class, the first N of a fixed shuffle), with a fine-tuning budget that grows with
      N (`BUDGETS`):
@@ -60,8 +60,8 @@ class Budget:
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
-  pretrain_steps: int
-  pretrain_batch: int
+  pretrain_steps: int | None  # None: configs/pretrain.py's own (the quick profile cuts it)
+  pretrain_batch: int | None
   pretrain_examples: int | None  # pretrain on `train[:N]` (None: all 60,000)
   labels: tuple[int | None, ...]  # Animal-MNIST training images per run (None: all)
   budgets: tuple[Budget, ...]  # one per entry of `labels`
@@ -73,8 +73,8 @@ class Profile:
 # finetune preset) is what the budget affords. Fewer labels take fewer steps: each run sees its
 # N images 30-40 times.
 FULL = Profile(
-  pretrain_steps=1000,
-  pretrain_batch=128,
+  pretrain_steps=None,
+  pretrain_batch=None,
   pretrain_examples=None,
   labels=(100, 1000, None),
   budgets=(Budget(100, 32), Budget(300, 128), Budget(1000, 128)),
