@@ -8,6 +8,10 @@ Arguments (`configs/pretrain.py:key=value,...`, see configs/common.py):
   lr        0: the paper's base learning rate for this model and dataset (Table 3)
   loss      sigmoid | softmax                                        default sigmoid (softmax for
             imagenet2012 and the demo)
+  recipe    paper | augreg | plain2022 (configs/recipes.py)          default paper (the demo:
+            DEMO_RECIPE)
+  aug       augreg / plain2022's augmentation level: none, light1, light2, medium1, medium2,
+            strong1, strong2                                         default the recipe's own
   runlocal  shrink to a seconds-long CPU run
 
 Recipe, exactly the paper's Table 3 (`RECIPES` below; all: Adam β1=0.9, β2=0.999, batch 4096,
@@ -79,7 +83,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from vit_jax import models
-from vit_jax.configs import common
+from vit_jax.configs import common, recipes
 
 # Images per epoch of each pretraining set (the paper's sizes).
 EPOCH_SIZES = {"jft": 303_000_000, "imagenet21k": 14_197_122, "imagenet2012": 1_281_167}
@@ -195,6 +199,8 @@ _DEMO = dict(
   batch_size=128,
   warmup_steps=100,
 )
+# The demo's recipe (configs/recipes.py), the best of experiments/small_data.py on Fashion-MNIST.
+DEMO_RECIPE = "paper"
 _DEMO_DOWNSTREAM = {
   name: dict(source="builtin", name=name, train_split="train", eval_split="test", pp_eval=_DEMO_PP)
   for name in ("animal_mnist", "mnist_5k")
@@ -246,24 +252,67 @@ def recipe(dataset: str, model: str, epochs: int = 0, lr: float = 0.0) -> dict:
   )
 
 
+def _later_recipe(dataset: str, model: str, name: str, epochs: int, lr: float) -> dict:
+  """The schedule of the augreg / plain2022 recipes on a pod dataset (configs/recipes.py sets
+  the rest): Table 3's length where it has one for `model` (else `epochs=` is needed), batch
+  4096; plain2022 on ImageNet-1k: 90 epochs of batch 1024 on train[:99%]."""
+  table = RECIPES[dataset].get(models.resolve_name(model))
+  base = {k: v for k, v in _DATASET_RECIPES[dataset].items()}
+  batch = 4096
+  dataset_fields = dict(base.pop("dataset"))
+  if name == "plain2022" and dataset == "imagenet2012":
+    batch = recipes.PLAIN2022_IMAGENET["batch_size"]
+    epochs = epochs or recipes.PLAIN2022_IMAGENET["epochs"]
+    dataset_fields["train_split"] = recipes.PLAIN2022_IMAGENET["train_split"]
+  epochs = epochs or (table[0][0] if table else 0)
+  if not epochs:
+    raise ValueError(
+      f"recipe={name} on {dataset} has no length for {models.resolve_name(model)}; give epochs="
+    )
+  images = EPOCH_SIZES[dataset] * (0.99 if dataset_fields["train_split"] == "train[:99%]" else 1)
+  return dict(
+    base,
+    dataset=dataset_fields,
+    epochs=epochs,
+    total_steps=round(epochs * images / batch),
+    base_lr=lr or recipes.BASE_LR,
+    batch_size=batch,
+    warmup_steps=recipes.WARMUP_STEPS,
+  )
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The pretraining config; see the module docstring for arguments and commands."""
   arg = common.parse_arg(
-    arg, dataset="imagenet21k", model="", epochs=0, lr=0.0, loss="", runlocal=False
+    arg,
+    dataset="imagenet21k",
+    model="",
+    epochs=0,
+    lr=0.0,
+    loss="",
+    recipe="",
+    aug="",
+    runlocal=False,
   )
   common.check_choice("pretrain", "dataset", arg.dataset, (*RECIPES, "fashion_mnist"))
   demo = arg.dataset == "fashion_mnist"
+  recipe_name = arg.recipe or (DEMO_RECIPE if demo else "paper")
+  common.check_choice("pretrain", "recipe", recipe_name, recipes.RECIPES)
   model_name = arg.model or ("demo" if demo else "B/16")
+  level = recipes.aug_level(recipe_name, arg.dataset, model_name, arg.aug)
   if demo:
     r = dict(_DEMO, grad_clip_norm=1.0, loss="softmax")
     downstream = _DEMO_DOWNSTREAM
-  else:
+  elif recipe_name == "paper":
     r = dict(
       recipe(arg.dataset, model_name, arg.epochs, arg.lr),
       dataset=_DATASET_RECIPES[arg.dataset]["dataset"],
       batch_size=4096,
       warmup_steps=10_000,
     )
+    downstream = _FEWSHOT_DOWNSTREAM
+  else:
+    r = _later_recipe(arg.dataset, model_name, recipe_name, arg.epochs, arg.lr)
     downstream = _FEWSHOT_DOWNSTREAM
   loss = arg.loss or r["loss"]
   if loss not in ("sigmoid", "softmax"):
@@ -303,6 +352,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
   )
   add_fewshot_evals(config, downstream, every)
+  recipes.apply(config, recipe_name, level)
+  if arg.lr:  # an explicit learning rate wins over the recipe's
+    config.schedule.base_lr = arg.lr
   if arg.runlocal:
     common.runlocal(config)
   return config

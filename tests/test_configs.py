@@ -23,6 +23,10 @@ ARGS = {
     "dataset=imagenet2012,model=B/32",
     "dataset=fashion_mnist",
     "dataset=imagenet21k,loss=softmax",
+    "dataset=imagenet2012,model=S/16,recipe=plain2022",
+    "dataset=imagenet21k,model=B/16,recipe=augreg",
+    "dataset=jft,model=R50x1,recipe=plain2022",
+    "dataset=fashion_mnist,recipe=augreg,aug=light2",
   ],
   "finetune": [
     "dataset=imagenet2012",
@@ -62,7 +66,7 @@ TRAIN_SOURCES = (
 
 
 def _config_files():
-  return sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "common"))
+  return sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "common", "recipes"))
 
 
 def _get(name, arg):
