@@ -201,6 +201,8 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
       representation layer; `runlocal` sets it, so that a shrunk run still loads a real checkpoint.
     total_steps, batch_size (global), accum_steps (micro-batches per step).
     loss: 'softmax_xent' | 'sigmoid_xent' | 'mpp' (masked patch prediction, with `config.mpp`).
+    label_smoothing: ε in [0, 1) of the supervised losses' training targets, (1 − ε)·t + ε/K
+      for K classes, after mixup/cutmix (vit_jax.objectives.supervised); 0 (default) is off.
     optimizer, schedule, grad_clip_norm: see vit_jax.optim.
     ema_decay: 0 (off) or the decay of Polyak averaging of the parameters (vit_jax.ema); when on,
       the average is what the evaluators see and what the checkpoint exports.
@@ -217,6 +219,7 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
   config.batch_size = 512
   config.accum_steps = 1
   config.loss = "softmax_xent"
+  config.label_smoothing = 0.0
   config.grad_clip_norm = 1.0
   config.ema_decay = 0.0
   config.mesh = mesh_config()

@@ -1,4 +1,5 @@
-"""Random augmentations measured over many draws: crop areas and aspects, flip rate, mixup weights."""
+"""Random augmentations measured over many draws: crop areas and aspects, flip rate, mixup weights,
+CutMix boxes and the mixup/CutMix switch."""
 
 import jax
 import numpy as np
@@ -119,3 +120,111 @@ def test_mixup_of_a_sharded_batch_is_that_of_the_whole_batch():
   split = jax.device_get(jax.jit(lambda b: mixup.mix(b, key, 0.4, 10))(sharded))
   for k in ("image", "label"):
     np.testing.assert_allclose(split[k], whole[k], atol=1e-6)
+
+
+def _distinct_batch(n=6, size=12, num_classes=5, seed=0):
+  """Images whose every pixel differs from the previous example's (a pasted pixel is told from
+  an own one exactly), int labels, all examples good."""
+  rng = np.random.default_rng(seed)
+  images = rng.uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
+  images += np.arange(n, dtype=np.float32)[:, None, None, None] * 3  # disjoint value ranges
+  return {
+    "image": images,
+    "label": rng.integers(0, num_classes, n).astype(np.int32),
+    "mask": np.ones([n], np.float32),
+  }
+
+
+def test_cutmix_pastes_one_box_of_the_partners_pixels_and_mixes_labels_by_its_area():
+  num_classes, size = 5, 12
+  batch = _distinct_batch(size=size, num_classes=num_classes)
+  images, one_hot = batch["image"], np.eye(num_classes)[batch["label"]]
+  partner = np.roll(np.arange(len(images)), 1)
+  cut = jax.jit(lambda key: mixup.cutmix(batch, key, 1.0, num_classes))
+  areas, interior_sides = [], []
+  for i in range(200):
+    out = jax.device_get(cut(jax.random.PRNGKey(i)))
+    pasted = out["image"] == images[partner]  # [B, H, W, C]
+    # Exactly: each pixel is the partner's or the example's own, nothing in between.
+    np.testing.assert_array_equal(out["image"], np.where(pasted, images[partner], images))
+    box = pasted[0, :, :, 0]
+    # One box for the whole batch and all channels, an axis-aligned rectangle.
+    assert np.all(pasted == box[None, :, :, None])
+    rows, cols = box.any(axis=1), box.any(axis=0)
+    np.testing.assert_array_equal(box, rows[:, None] & cols[None, :])
+    for line in (rows, cols):  # contiguous
+      where = np.flatnonzero(line)
+      assert where.size == 0 or where[-1] - where[0] + 1 == where.size
+    area = box.sum() / float(size * size)
+    # The labels are mixed by the pasted share of the image (float64 reference).
+    np.testing.assert_allclose(
+      out["label"], (1 - area) * one_hot + area * one_hot[partner], atol=1e-6, rtol=0
+    )
+    areas.append(area)
+    h, w = rows.sum(), cols.sum()
+    if h and not (rows[0] or rows[-1] or cols[0] or cols[-1]):
+      interior_sides.append((h, w))  # not clipped: ⌊√(1 − λ)·12⌋ on both sides
+  areas = np.array(areas)
+  # Beta(1, 1): 1 − λ is uniform, clipping only shrinks the box; every size occurs.
+  assert areas.min() == 0.0 or areas.min() < 0.05
+  assert areas.max() > 0.6 and 0.15 < areas.mean() < 0.5
+  assert interior_sides and all(h == w for h, w in interior_sides)
+
+
+def test_cutmix_never_pastes_a_skipped_example():
+  batch = _distinct_batch(n=3, num_classes=3)
+  batch["label"] = np.array([0, 1, 2], np.int32)
+  batch["mask"] = np.array([1.0, 0.0, 1.0], np.float32)  # example 1 was skipped
+  for i in range(20):
+    out = jax.device_get(mixup.cutmix(batch, jax.random.PRNGKey(i), 1.0, 3))
+    # Example 2's partner would be example 1: it keeps its own image and label, exactly.
+    np.testing.assert_array_equal(out["image"][2], batch["image"][2])
+    np.testing.assert_array_equal(out["label"][2], [0.0, 0.0, 1.0])
+
+
+def test_with_mixup_and_cutmix_each_step_does_one_with_probability_one_half():
+  batch = _distinct_batch(n=4)
+  images, partner = batch["image"], np.roll(np.arange(4), 1)
+  step = jax.jit(lambda key: mixup.mix_or_cut(batch, key, 5, mixup_alpha=1.0, cutmix_alpha=1.0))
+  cutmixed = 0
+  for i in range(DRAWS // 4):
+    out = jax.device_get(step(jax.random.PRNGKey(i)))["image"]
+    if np.all((out == images) | (out == images[partner])):
+      cutmixed += 1
+    else:  # mixup: every pixel a blend of the two with one weight
+      lam = (out - images[partner]) / (images - images[partner])
+      assert np.ptp(lam) < 1e-3
+  n = DRAWS // 4
+  assert abs(cutmixed - n / 2) <= 4 * np.sqrt(n / 4)
+
+
+def test_only_mixup_draws_what_it_drew_before_cutmix_existed():
+  batch = _distinct_batch()
+  key = jax.random.PRNGKey(3)
+  alone = jax.device_get(mixup.mix(batch, key, 0.4, 5))
+  via = jax.device_get(mixup.mix_or_cut(batch, key, 5, mixup_alpha=0.4, cutmix_alpha=0.0))
+  for k in ("image", "label"):
+    np.testing.assert_array_equal(via[k], alone[k])
+  off = mixup.mix_or_cut(batch, key, 5)
+  assert off is batch
+
+
+@pytest.mark.parametrize("field", ["mixup_alpha", "cutmix_alpha"])
+@pytest.mark.parametrize("value", [-0.5, float("nan")])
+def test_a_negative_alpha_is_refused_in_one_line(field, value):
+  with pytest.raises(ValueError) as error:
+    mixup.check_alphas(**{"mixup_alpha": 0.0, "cutmix_alpha": 0.0, field: value})
+  assert f"config.dataset.{field}=" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_cutmix_of_a_sharded_batch_is_that_of_the_whole_batch():
+  """As mixup's: the box and the partners across device boundaries are those of one device."""
+  batch = _distinct_batch(n=16, size=8, num_classes=10)
+  mesh = sharding.make_mesh(common.mesh_config(data=8))
+  sharded = {k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim)) for k, v in batch.items()}
+  for seed in range(3):
+    key = jax.random.PRNGKey(seed)
+    whole = jax.device_get(mixup.mix_or_cut(batch, key, 10, 0.4, 1.0))
+    split = jax.device_get(jax.jit(lambda b, k=key: mixup.mix_or_cut(b, k, 10, 0.4, 1.0))(sharded))
+    for k in ("image", "label"):
+      np.testing.assert_array_equal(split[k], whole[k])

@@ -21,7 +21,7 @@ from vit_jax.objectives import supervised
 from vit_jax.runtime import logging_util, workdir
 
 
-def _step_fn(accum_steps, loss="softmax_xent", multi_label=False, num_classes=4):
+def _step_fn(accum_steps, loss="softmax_xent", multi_label=False, num_classes=4, **mixing):
   model = models.get_model("testing", num_classes=num_classes)
   # SGD: the update is the gradient itself (Adam's normalisation would magnify float noise of
   # near-zero gradients, which is not what this compares).
@@ -29,8 +29,11 @@ def _step_fn(accum_steps, loss="softmax_xent", multi_label=False, num_classes=4)
   schedule = optax.constant_schedule(0.1)
   tx = optim.make_optimizer(config.optimizer, schedule, grad_clip_norm=1.0)
   mesh = sharding.make_mesh(pretrain.common.mesh_config(), jax.devices()[:1])
-  objective = supervised.Supervised(loss, num_classes, multi_label)
-  fn = train.make_train_step(objective, model, tx, schedule, accum_steps, mesh)
+  smoothing = mixing.pop("label_smoothing", 0.0)
+  objective = supervised.Supervised(loss, num_classes, multi_label, label_smoothing=smoothing)
+  fn = train.make_train_step(
+    objective, model, tx, schedule, accum_steps, mesh, num_classes=num_classes, **mixing
+  )
   params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)["params"]
   state = dict(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=jax.random.key(1))
   return jax.jit(fn), state
@@ -45,11 +48,21 @@ def _batch(n=8, num_classes=4, seed=0):
   )
 
 
-def test_two_micro_batches_equal_one_batch():
+@pytest.mark.parametrize(
+  "regularisers",
+  [
+    {},
+    # The step's mixing happens on the global batch before the split into micro-batches.
+    dict(cutmix_alpha=1.0),
+    dict(mixup_alpha=0.4, cutmix_alpha=1.0, label_smoothing=0.1),
+  ],
+  ids=["plain", "cutmix", "mixup_cutmix_smoothing"],
+)
+def test_two_micro_batches_equal_one_batch(regularisers):
   batch = _batch()
   out = {}
   for accum in (1, 2):
-    step, state = _step_fn(accum)
+    step, state = _step_fn(accum, **regularisers)
     window = train.empty_window()
     for _ in range(2):
       state, window, _ = step(state, batch, window)
@@ -59,6 +72,22 @@ def test_two_micro_batches_equal_one_batch():
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
   for key in ("loss", "accuracy", "grad_norm", "examples"):
     np.testing.assert_allclose(out[1][1][key], out[2][1][key], rtol=1e-6)
+
+
+def test_cutmix_changes_the_step_and_a_negative_alpha_stops_the_build():
+  batch = _batch()
+  plain, state = _step_fn(1)
+  cut, _ = _step_fn(1, cutmix_alpha=1.0)
+  # Steps 0 and 1 (keys of the step): at least one pastes a non-empty box.
+  losses = []
+  for step in (plain, cut):
+    window, s = train.empty_window(), state
+    for _ in range(2):
+      s, window, _ = step(s, batch, window)
+    losses.append(train.window_metrics(window)["loss"])
+  assert losses[0] != losses[1]
+  with pytest.raises(ValueError, match=r"config\.dataset\.cutmix_alpha=-1\.0 must be >= 0"):
+    _step_fn(1, cutmix_alpha=-1.0)
 
 
 def test_window_metrics_are_means_over_the_logging_window():

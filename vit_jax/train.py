@@ -13,8 +13,8 @@ made for an example is keyed on the seed, the step and its index i in the global
 augmentations in tf.data on (seed, stream position); its dropout masks and masked-patch
 corruption on fold_in(layer key of fold_in(rng, s), i) (`batch['index']`, vit_jax.models.ops.
 dropout), never on its row in a micro-batch, so `accum_steps` does not change them; mixup's
-weight on step s's key and its partner on the index (vit_jax.mixup). The step is part of the
-state. Nothing depends on wall-clock time or on how often metrics are fetched.
+and cutmix's weight and box on step s's key and the partner on the index (vit_jax.mixup). The
+step is part of the state. Nothing depends on wall-clock time or on how often metrics are fetched.
 
 Metrics: each step adds its sums (loss, correct top-1, examples, gradient norm) to an on-device
 window that the host reads and resets at every log step, so a logged loss or accuracy is the mean
@@ -121,18 +121,21 @@ def make_train_step(
   ema_decay: float | None = None,
   mixup_alpha: float = 0.0,
   num_classes: int = 0,
+  cutmix_alpha: float = 0.0,
 ):
   """Returns train_step(state, batch, window) -> (state, window, learning_rate), un-jitted.
 
   The loss is `objective`'s per-example loss of `model`, averaged over the examples whose mask
   is 1, computed over the whole global batch whatever `accum_steps` is: micro-batches sum
-  masked losses and gradients, divided once at the end. With `mixup_alpha` > 0 the global batch
-  is mixed first (vit_jax.mixup, labels one-hot over `num_classes`). Each example carries its
-  index in the global batch (`index`), which keys its random draws with the step's key, the
-  same in every micro-batch. The step adds its sums to `window` (see `Window`) and records
+  masked losses and gradients, divided once at the end. With `mixup_alpha` or `cutmix_alpha` > 0
+  the global batch is mixed first (vit_jax.mixup, labels one-hot over `num_classes`). Each
+  example carries its index in the global batch (`index`), which keys its random draws with the
+  step's key, the same in every micro-batch. The step adds its sums to `window` (see `Window`) and records
   there the first step with a non-finite loss or gradient norm. With `ema_decay` the state's
   `ema` is averaged towards the new parameters (vit_jax.ema).
   """
+
+  mixup.check_alphas(mixup_alpha, cutmix_alpha)
 
   def micro_step(params, micro, key):
     def loss_sum(p):
@@ -157,8 +160,7 @@ def make_train_step(
     params, step = state["params"], state["step"]
     model_key, mixup_key = jax.random.split(jax.random.fold_in(state["rng"], step))
     batch = _select(batch)
-    if mixup_alpha > 0:
-      batch = mixup.mix(batch, mixup_key, mixup_alpha, num_classes)
+    batch = mixup.mix_or_cut(batch, mixup_key, num_classes, mixup_alpha, cutmix_alpha)
     batch["index"] = jnp.arange(batch["mask"].shape[0], dtype=jnp.int32)
     if accum_steps == 1:
       grads, loss_sum, correct = micro_step(params, batch, model_key)
@@ -293,6 +295,7 @@ def build(
     ema_decay,
     mixup_alpha=float(config.dataset.mixup_alpha),
     num_classes=num_classes,
+    cutmix_alpha=float(config.dataset.cutmix_alpha),
   )
   return TrainStep(
     objective=objective,

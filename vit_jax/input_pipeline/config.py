@@ -34,6 +34,9 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
     pp_train, pp_eval: preprocessing specs, see `vit_jax.input_pipeline.preprocess`.
     mixup_alpha: > 0 enables mixup (Beta(alpha, alpha)) of the global training batch, done by the
       trainer on device (vit_jax.mixup); the pipeline's labels stay as they are.
+    cutmix_alpha: > 0 enables CutMix (Yun et al. 2019; Beta(alpha, alpha), one box per step),
+      likewise on device (vit_jax.mixup). With both alphas > 0 each step does one of the two,
+      CutMix with probability 0.5 (timm's switch_prob). 0 (the default) is off; < 0 is an error.
     max_skipped_fraction: the share of skipped examples (undecodable, too large, lost with a
       damaged file) among the records a host read above which the run stops, checked once the
       host read 1,000 records or one epoch (vit_jax.input_pipeline.bad_data). 0.001: a curated
@@ -70,6 +73,7 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
   c.pp_train = "decode|inception_crop|flip_lr|value_range(-1, 1)"
   c.pp_eval = "decode|resize_small|central_crop|value_range(-1, 1)"
   c.mixup_alpha = 0.0
+  c.cutmix_alpha = 0.0
   c.max_skipped_fraction = 0.001
   c.max_image_pixels = 100_000_000
   c.num_threads = 0

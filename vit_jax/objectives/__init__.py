@@ -16,7 +16,8 @@ trainer everything that depends on the loss:
     accepts_model_init                 whether a run may start from a pretrained checkpoint
 
   supervised  softmax or sigmoid cross-entropy on labels (`config.loss` 'softmax_xent' |
-              'sigmoid_xent'); top-1, or precision@1 for multi-label data
+              'sigmoid_xent'), optionally label-smoothed (`config.label_smoothing`); top-1,
+              or precision@1 for multi-label data
   mpp         masked patch prediction (§4.6, `config.loss = 'mpp'`, `config.mpp`)
   segmentation  per-pixel softmax cross-entropy with an ignore label (`config.loss =
               'seg_softmax_xent'`, `config.segmentation`); `correct` is pixel accuracy
@@ -49,10 +50,19 @@ def get(config: ml_collections.ConfigDict, num_classes: int) -> Objective:
   """The objective of a stage config: `config.loss`, with `config.mpp` for 'mpp'."""
   from vit_jax.objectives import mpp, segmentation, supervised  # noqa: PLC0415
 
+  label_smoothing = float(config.get("label_smoothing", 0.0))
+  if label_smoothing and config.loss in ("mpp", "seg_softmax_xent"):
+    raise ValueError(
+      f"config.label_smoothing={label_smoothing} applies to the supervised losses "
+      f"(softmax_xent, sigmoid_xent), not to config.loss={config.loss!r}; set it to 0"
+    )
   if config.loss == "mpp":
     return mpp.MaskedPatchPrediction(config.mpp)
   if config.loss == "seg_softmax_xent":
     return segmentation.Segmentation(num_classes, config.segmentation)
   return supervised.Supervised(
-    config.loss, num_classes, multi_label=bool(config.dataset.get("multi_label", False))
+    config.loss,
+    num_classes,
+    multi_label=bool(config.dataset.get("multi_label", False)),
+    label_smoothing=label_smoothing,
   )

@@ -4,6 +4,13 @@ The losses take float32 logits [batch, classes] and dense targets [batch, classe
 multi-hot or soft mixup targets) and return [batch]; the trainer and the classification
 evaluator weight them with the batch mask.
 
+Label smoothing (Szegedy et al. 2016; the DeiT and AugReg recipes, `config.label_smoothing` ε)
+changes the training loss only: its targets become (1 − ε)·t + ε/K for K classes, t the one-hot,
+multi-hot or mixup/cutmix targets (the trainer mixes before the loss). The sigmoid loss gets the
+same formula, each class's binary target moved towards ε/K, as timm's `BinaryCrossEntropy` does
+(Wightman et al. 2021 train with it); big_vision leaves it off there, as does the default ε = 0.
+What counts as correct, and every evaluator's loss, use the un-smoothed targets.
+
 This file must not import TensorFlow.
 """
 
@@ -32,6 +39,19 @@ def sigmoid_xent(logits: jax.Array, targets: jax.Array) -> jax.Array:
 LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}
 
 
+def check_label_smoothing(epsilon: float) -> None:
+  """Raises ValueError unless 0 <= `epsilon` < 1 (1 would leave no trace of the labels)."""
+  if not 0.0 <= float(epsilon) < 1.0:
+    raise ValueError(f"config.label_smoothing={epsilon!r} must be in [0, 1); 0 turns it off")
+
+
+def smooth(targets: jax.Array, epsilon: float) -> jax.Array:
+  """(1 − ε)·targets + ε/K, targets float32 [batch, K]; the targets themselves at ε = 0."""
+  if not epsilon:
+    return targets
+  return (1.0 - epsilon) * targets + epsilon / targets.shape[-1]
+
+
 def dense_targets(labels: jax.Array, num_classes: int) -> jax.Array:
   """int labels [batch] → one-hot [batch, classes]; dense targets pass through as float32."""
   if labels.ndim == 1:
@@ -48,11 +68,13 @@ def top1_correct(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class Supervised:
-  """`loss` ('softmax_xent' | 'sigmoid_xent') on `num_classes` labels."""
+  """`loss` ('softmax_xent' | 'sigmoid_xent') on `num_classes` labels, the training targets
+  smoothed by `label_smoothing` (see the module docstring)."""
 
   loss: str
   num_classes: int
   multi_label: bool = False
+  label_smoothing: float = 0.0
   name: str = "supervised"
   accepts_model_init: bool = True
 
@@ -61,6 +83,7 @@ class Supervised:
       raise ValueError(
         f"config.loss={self.loss!r}; expected one of {(*LOSSES, 'mpp', 'seg_softmax_xent')}"
       )
+    check_label_smoothing(self.label_smoothing)
 
   def model(self, model_config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None):
     return models.get_model(model_config, self.num_classes, mesh=mesh)
@@ -74,7 +97,7 @@ class Supervised:
       rngs={"dropout": key},
     )
     targets = dense_targets(batch["label"], self.num_classes)
-    per_example = LOSSES[self.loss](logits, targets)
+    per_example = LOSSES[self.loss](logits, smooth(targets, self.label_smoothing))
     if self.multi_label:  # precision@1: the top class is one of the labels
       correct = top1_correct(logits, targets)
     else:
