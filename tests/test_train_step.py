@@ -186,6 +186,22 @@ def test_config_differences_list_only_frozen_fields():
   assert workdir.differences(saved, config) == ["dataset.image_size: 16 -> 24"]
 
 
+def test_a_run_from_before_a_field_existed_resumes_with_the_field_off():
+  config = _tiny()
+  saved = json.loads(config.to_json_best_effort())
+  del saved["label_smoothing"], saved["dataset"]["cutmix_alpha"]
+  assert workdir.differences(saved, config) == []
+  config.label_smoothing = 0.1  # on: not what the run was trained with
+  assert workdir.differences(saved, config) == ["label_smoothing: '<absent>' -> 0.1"]
+
+
+def test_every_added_field_is_a_config_field_whose_default_is_the_old_behaviour():
+  from vit_jax.configs import pretrain
+
+  fields = workdir.flatten(json.loads(pretrain.get_config("dataset=imagenet21k").to_json()))
+  assert {key: fields.get(key, "<absent>") for key in workdir.ADDED_FIELDS} == workdir.ADDED_FIELDS
+
+
 def test_write_json_is_atomic(tmp_path):
   path = tmp_path / "x.json"
   workdir.write_json(path, {"a": 1})

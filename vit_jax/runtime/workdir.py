@@ -62,6 +62,21 @@ RESUMABLE_FIELDS = (
   r"model\.remat",
 )
 
+# Fields added to the configs after runs were started without them, each with the value that
+# computes what the run computed before it existed: a workdir whose config.json lacks one resumes
+# when the field has that value now (e.g. a run started before label smoothing existed, resumed
+# with it off), and refuses otherwise, like any change.
+ADDED_FIELDS: dict[str, Any] = {
+  "label_smoothing": 0.0,
+  "dataset.cutmix_alpha": 0.0,
+  "model.posemb": "learn",
+  "model.stochastic_depth": 0.0,
+  "model.distill_token": False,
+  "distill.teacher": "",
+  "distill.teacher_model": "",
+  "distill.weight": 0.5,
+}
+
 
 def write_json(path: str | epath.PathLike, value: Any) -> None:
   """Writes `value` as JSON to `path` atomically (a temporary file renamed over the target)."""
@@ -97,6 +112,8 @@ def differences(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> 
   for key in sorted(set(old) | set(new)):
     if allowed.fullmatch(key) or old.get(key, "<absent>") == new.get(key, "<absent>"):
       continue
+    if key not in old and key in ADDED_FIELDS and new[key] == ADDED_FIELDS[key]:
+      continue  # a field added since the run started, at the value that changes nothing
     out.append(f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}")
   return out
 
