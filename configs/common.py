@@ -182,6 +182,21 @@ def profile_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(first_step=0, num_steps=3, processes="0"))
 
 
+def distill_config() -> ml_collections.ConfigDict:
+  """DeiT's hard-label distillation (vit_jax.objectives.distill), off while `teacher` is ''.
+
+  Fields:
+    teacher: '' or the teacher's checkpoint: anything the loader reads (an Orbax workdir or step
+      directory, e.g. a BiT ResNet trained by this trainer, or an `.npz`). It runs in eval
+      mode on the step's images; its top class is the hard label. Reloaded from here on resume.
+    teacher_model: '' (the architecture saved with the checkpoint, else the one its parameter
+      shapes imply) or a preset name for a checkpoint that carries no config.
+    weight: w in (1 - w)·CE(class head, label) + w·CE(distillation head, teacher's label); the
+      distillation head is `model.distill_token`'s, else both terms use the class head.
+  """
+  return ml_collections.ConfigDict(dict(teacher="", teacher_model="", weight=0.5))
+
+
 def dataset_config(**overrides: Any) -> ml_collections.ConfigDict:
   """`vit_jax.input_pipeline.dataset_config(**overrides)` (the data layer owns the fields)."""
   from vit_jax import input_pipeline  # imports TensorFlow; configs are built once per run
@@ -206,6 +221,7 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
     optimizer, schedule, grad_clip_norm: see vit_jax.optim.
     ema_decay: 0 (off) or the decay of Polyak averaging of the parameters (vit_jax.ema); when on,
       the average is what the evaluators see and what the checkpoint exports.
+    distill: see distill_config (off by default).
     mesh: see mesh_config; checkpoint: see checkpoint_config; profile: see profile_config.
     log_every_steps: metrics (and the non-finite-loss check) every N steps.
     evals, eval_batch_size: periodic evaluators (see vit_jax.evaluators).
@@ -222,6 +238,7 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
   config.label_smoothing = 0.0
   config.grad_clip_norm = 1.0
   config.ema_decay = 0.0
+  config.distill = distill_config()
   config.mesh = mesh_config()
   config.checkpoint = checkpoint_config()
   config.profile = profile_config()

@@ -93,7 +93,7 @@ def token_stride(model: Any) -> int:
 def native_image_size(params: dict[str, Any], model: Any) -> int:
   """The (square) input size that the checkpoint's position embeddings were trained at."""
   tokens = params["Transformer"]["posembed_input"]["pos_embedding"].shape[1]
-  return math.isqrt(tokens - int("cls" in params)) * token_stride(model)
+  return math.isqrt(tokens - checkpoint_lib.num_prefix_tokens(params)) * token_stride(model)
 
 
 class Classifier:

@@ -48,15 +48,18 @@ def to_global(tree: Any, shardings: Any) -> Any:
   )
 
 
-def load_init_params(config, abstract_params, head, param_shardings) -> Any:
+def load_init_params(config, abstract_params, head, param_shardings, head_dist=None) -> Any:
   """The pretrained parameters named by `config.model_init`, adapted to this model.
 
-  The new head comes from `head` (this model's initialisation), position embeddings are resized
+  The new head comes from `head` (this model's initialisation; DeiT's distillation head from
+  `head_dist`, for a model with `distill_token`), position embeddings are resized
   and `pre_logits` dropped or kept by vit_jax.checkpoint.load_pretrained. Every process reads
   the whole file (host memory), then keeps its shards.
   """
   expected = dict(abstract_params)
   expected["head"] = head
+  if head_dist is not None:
+    expected["head_dist"] = head_dist
   path = str(config.model_init)
   # A published `.npz` (or timm / HF `.safetensors`) is read by load_pretrained itself; an Orbax
   # workdir of a pretrain run is restored first and adapted in memory.
@@ -78,9 +81,17 @@ def initial_state(config: ml_collections.ConfigDict, built: Any) -> dict[str, An
       f"config.model_init with loss={config.loss!r}: this objective starts from scratch"
     )
   replicated = sharding.replicated(built.mesh)
-  head = jax.jit(lambda k: built.init_params(k)["head"], out_shardings=replicated)(built.init_key)
-  head = jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), head)
-  params = load_init_params(config, built.abstract_state["params"], head, shardings["params"])
+  names = [n for n in ("head", "head_dist") if n in built.abstract_state["params"]]
+  init_heads = lambda k: {n: built.init_params(k)[n] for n in names}  # noqa: E731
+  heads = jax.jit(init_heads, out_shardings=replicated)(built.init_key)
+  heads = jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), heads)
+  params = load_init_params(
+    config,
+    built.abstract_state["params"],
+    heads["head"],
+    shardings["params"],
+    head_dist=heads.get("head_dist"),
+  )
   opt_state = jax.jit(built.tx.init, out_shardings=shardings["opt_state"])(params)
   state = dict(state, params=params, opt_state=opt_state)
   if "ema" in state:  # the average starts at the pretrained weights

@@ -21,7 +21,8 @@ window that the host reads and resets at every log step, so a logged loss or acc
 over the window's examples, not the last step's. Training accuracy is top-1 for single-label data
 and precision@1 (the top-scoring class is one of the image's labels) for multi-label data.
 The model, the per-example loss and what counts as correct come from the objective of
-`config.loss` (vit_jax.objectives: supervised cross-entropy, or masked patch prediction).
+`config.loss` (vit_jax.objectives: supervised cross-entropy, or masked patch prediction), or of
+`config.distill` (DeiT's distillation: its teacher's parameters are the step's 4th argument).
 Images/s and MFU count only time spent training: evaluation and checkpoint saves are excluded.
 
 Workdir: a config that differs from the workdir's saved `config.json` in a field that may not
@@ -132,14 +133,18 @@ def make_train_step(
   example carries its index in the global batch (`index`), which keys its random draws with the
   step's key, the same in every micro-batch. The step adds its sums to `window` (see `Window`) and records
   there the first step with a non-finite loss or gradient norm. With `ema_decay` the state's
-  `ema` is averaged towards the new parameters (vit_jax.ema).
+  `ema` is averaged towards the new parameters (vit_jax.ema). A distillation objective's
+  teacher parameters are the step's 4th argument `teacher` (not part of the state: never
+  differentiated, updated or saved), passed on to its `per_example`.
   """
 
   mixup.check_alphas(mixup_alpha, cutmix_alpha)
 
-  def micro_step(params, micro, key):
+  def micro_step(params, micro, key, teacher):
+    extra = {} if teacher is None else {"teacher_params": teacher}
+
     def loss_sum(p):
-      per_example, correct = objective.per_example(model, p, micro, key)
+      per_example, correct = objective.per_example(model, p, micro, key, **extra)
       mask = micro["mask"]
       return jnp.sum(per_example * mask), jnp.sum(correct * mask)
 
@@ -156,19 +161,19 @@ def make_train_step(
     spec = P(None, sharding.BATCH_AXES, *([None] * (x.ndim - 2)))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
-  def train_step(state: State, batch: dict[str, jax.Array], window: Window):
+  def train_step(state: State, batch: dict[str, jax.Array], window: Window, teacher=None):
     params, step = state["params"], state["step"]
     model_key, mixup_key = jax.random.split(jax.random.fold_in(state["rng"], step))
     batch = _select(batch)
     batch = mixup.mix_or_cut(batch, mixup_key, num_classes, mixup_alpha, cutmix_alpha)
     batch["index"] = jnp.arange(batch["mask"].shape[0], dtype=jnp.int32)
     if accum_steps == 1:
-      grads, loss_sum, correct = micro_step(params, batch, model_key)
+      grads, loss_sum, correct = micro_step(params, batch, model_key, teacher)
     else:
       micro_batches = jax.tree_util.tree_map(split, batch)
 
       def body(carry, micro):
-        out = micro_step(params, micro, model_key)
+        out = micro_step(params, micro, model_key, teacher)
         return jax.tree_util.tree_map(jnp.add, carry, out), None
 
       zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.float32(0), jnp.float32(0))
@@ -223,17 +228,22 @@ class TrainStep(NamedTuple):
   state_shardings: State  # NamedSharding leaves
   step_fn: Callable  # make_train_step's, un-jitted
   mesh: jax.sharding.Mesh
+  teacher_shardings: Any = None  # distillation: the teacher's parameters' NamedShardings
 
   def jit_step(self, batch: dict[str, Any]) -> Callable:
     """The jitted step with the trainer's shardings, for a batch of these ranks (arrays or shapes).
 
-    Called as step(state, batch, window) -> (state, window, learning_rate); the state is donated.
+    Called as step(state, batch, window) -> (state, window, learning_rate), with distillation
+    step(state, batch, window, teacher_params); the state is donated.
     """
     batch_shardings = {k: sharding.batch_sharding(self.mesh, np.ndim(v)) for k, v in batch.items()}
     replicated = sharding.replicated(self.mesh)
+    in_shardings = (self.state_shardings, batch_shardings, replicated)
+    if self.teacher_shardings is not None:
+      in_shardings += (self.teacher_shardings,)
     return jax.jit(
       self.step_fn,
-      in_shardings=(self.state_shardings, batch_shardings, replicated),
+      in_shardings=in_shardings,
       out_shardings=(self.state_shardings, replicated, replicated),
       donate_argnums=(0,),
     )
@@ -254,7 +264,7 @@ def build(
       f"batch_size {batch_size} must be a multiple of accum_steps ({accum}) × the batch shards "
       f"of the mesh ({shards})"
     )
-  objective = objectives.get(config, num_classes)
+  objective = objectives.get(config, num_classes, mesh)
   model = objective.model(config.model, mesh)
   height, width = _image_shape(config)
   rng = jax.random.PRNGKey(config.seed)
@@ -309,6 +319,7 @@ def build(
     state_shardings=state_shardings,
     step_fn=step_fn,
     mesh=mesh,
+    teacher_shardings=_teacher_shardings(objective, mesh),
   )
 
 
@@ -355,6 +366,10 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
   # Model, optimizer, the state's shapes and shardings, the step function.
   built = build(config, mesh, num_classes)
   replicated = sharding.replicated(mesh)
+  # Distillation: the teacher's parameters, an argument of every step (reloaded, never saved).
+  teacher = ()
+  if built.teacher_shardings is not None:
+    teacher = (model_init.to_global(built.objective.teacher.params, built.teacher_shardings),)
 
   # ----------------------------------------------------------------------------------------------
   # Checkpoint: resume from the latest complete step, else initialise (from model_init if set).
@@ -440,13 +455,13 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
         if compiled is None:
           # Compiled ahead of time once: XLA's cost analysis gives the FLOPs for the MFU.
           account.enter("compile")
-          compiled = built.jit_step(batch).lower(state, batch, window).compile()
+          compiled = built.jit_step(batch).lower(state, batch, window, *teacher).compile()
           throughput = _report_compiled(compiled, state, built, batch, batch_size)
           throughput(step - 1)
           if stop.poll():  # a signal during the data's warm-up or the compile: nothing new
             raise stop.stopped(step - 1, total_steps, saved_in)
         account.enter("step")
-        state, window, learning_rate = compiled(state, batch, window)
+        state, window, learning_rate = compiled(state, batch, window, *teacher)
 
       if step % config.log_every_steps == 0 or step == total_steps:
         _check_finite(window, checkpointer)
@@ -540,6 +555,12 @@ def _report_compiled(compiled, state, built: TrainStep, batch, batch_size: int):
   height, width = batch["image"].shape[1:3]
   per_example = flops.model_flops_per_example(built.model, (height, width))
   return logging_util.Throughput(batch_size, per_example * batch_size / built.mesh.devices.size)
+
+
+def _teacher_shardings(objective: objectives.Objective, mesh: jax.sharding.Mesh) -> Any:
+  """The teacher's parameters laid out on `mesh` as a model's are; None without a teacher."""
+  teacher = getattr(objective, "teacher", None)
+  return None if teacher is None else sharding.tree_shardings(teacher.params, mesh)
 
 
 def _select(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:

@@ -157,7 +157,7 @@ def load(
     native = native[0] if native[0] == native[1] else None
   native = native or inference.native_image_size(params, model_config)
   image_size = image_size or native
-  prefix = int("cls" in params)
+  prefix = checkpoint.num_prefix_tokens(params)
   posemb = params["Transformer"]["posembed_input"]["pos_embedding"]
   posemb_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=native))
   posemb_grid = checkpoint.patch_grid(posemb_config, posemb.shape[1] - prefix)

@@ -19,7 +19,13 @@ The names below are the public API; `from vit_jax import checkpoint` is all a us
   checkpoint.save(params, "model.npz")              # the published vit_jax layout
 """
 
-from vit_jax.checkpoint.adapt import fit_posemb, load_pretrained, patch_grid, resize_posemb
+from vit_jax.checkpoint.adapt import (
+  fit_posemb,
+  load_pretrained,
+  num_prefix_tokens,
+  patch_grid,
+  resize_posemb,
+)
 from vit_jax.checkpoint.layouts import POSEMB
 from vit_jax.checkpoint.loader import (
   Loaded,
@@ -56,6 +62,7 @@ __all__ = [
   "load_model",
   "load_pretrained",
   "model_config_from_params",
+  "num_prefix_tokens",
   "patch_grid",
   "read_foreign_config",
   "representation_model",

@@ -31,6 +31,15 @@ _MAX_LISTED = 40
 # ---------------------------------------------------------------------------------------------
 # Position embeddings.
 
+# The heads a new task replaces: the classifier's and DeiT's distillation head.
+_HEADS = ("head/", "head_dist/")
+
+
+def num_prefix_tokens(params: Mapping[str, Any]) -> int:
+  """Slots of the position embedding before the patch grid (nested or flat parameters): the
+  class token's (`cls`) and DeiT's distillation token's (`dist_token`, vit_jax.models.vit)."""
+  return int("cls" in params) + int("dist_token" in params)
+
 
 def resize_posemb(
   posemb: np.ndarray,
@@ -148,7 +157,7 @@ def fit_posemb(
   new = shapes["Transformer"]["posembed_input"]["pos_embedding"]
   params = dict(params)
   if old.shape != new.shape:
-    prefix = int("cls" in params)
+    prefix = num_prefix_tokens(params)
     grid_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=(h, w)))
     grid = patch_grid(grid_config, new.shape[1] - prefix)
     transformer = dict(params["Transformer"])
@@ -169,7 +178,8 @@ def load_pretrained(
   """Loads pretrained parameters and adapts them to the model that produced `init_params`.
 
   - `pre_logits` is dropped when `model_config.representation_size` is None, else kept;
-  - `head` is replaced by `init_params`' freshly initialised head (the new number of classes);
+  - `head` is replaced by `init_params`' freshly initialised head (the new number of classes),
+    and so is a distillation head `head_dist` (DeiT);
   - `mask_embedding` and `mpp_head` of a masked patch prediction run (vit_jax.models.mpp) are dropped;
   - position embeddings are resized bicubically to the model's patch grid (`patch_grid`);
   - encoder blocks are stacked or unstacked as in `init_params`; dtypes follow `init_params`.
@@ -204,7 +214,7 @@ def load_pretrained(
     if any(k.startswith("pre_logits/") for k in restored):
       logging.info("load_pretrained: dropping pre_logits (representation_size=None)")
     restored = {k: v for k, v in restored.items() if not k.startswith("pre_logits/")}
-  restored = {k: v for k, v in restored.items() if not k.startswith("head/")}
+  restored = {k: v for k, v in restored.items() if not k.startswith(_HEADS)}
   mpp_keys = [k for k in restored if k.split("/")[0] in mpp.PARAMS]
   if mpp_keys and not any(k in expected for k in mpp_keys):
     logging.info(
@@ -213,7 +223,7 @@ def load_pretrained(
     )
     restored = {k: v for k, v in restored.items() if k not in mpp_keys}
   for name, value in expected.items():
-    if name.startswith("head/"):
+    if name.startswith(_HEADS):
       if isinstance(value, jax.ShapeDtypeStruct):
         raise ValueError(f"init_params[{name!r}] must be an array: it becomes the new head")
       restored[name] = value
@@ -221,8 +231,8 @@ def load_pretrained(
   old, new = restored.get(POSEMB), expected.get(POSEMB)
   if old is not None and new is not None and old.shape != new.shape and old.ndim == new.ndim == 3:
     if old.shape[2] == new.shape[2]:
-      old_prefix, new_prefix = int("cls" in restored), int("cls" in expected)
-      if old_prefix != new_prefix:
+      old_prefix, new_prefix = num_prefix_tokens(restored), num_prefix_tokens(expected)
+      if int("cls" in restored) != int("cls" in expected):
         raise ValueError(
           f"{path}: the checkpoint has {'a' if old_prefix else 'no'} class token but the model "
           f"has {'one' if new_prefix else 'none'} (classifier 'token' vs 'gap')"

@@ -85,7 +85,8 @@ def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDic
 
   Reads patch size and width from `embedding/kernel` [p, p, C, D], depth from the encoder
   blocks (stacked or not), heads from `query/kernel` [D, heads, D/heads], the MLP width, the
-  classifier ('token' iff there is a `cls` parameter), `representation_size` from
+  classifier ('token' iff there is a `cls` parameter), DeiT's `distill_token` (iff there is a
+  `dist_token`), `representation_size` from
   `pre_logits`, and for hybrids the ResNet's units per stage (`block{s}/unit{u}`) and width
   factor (`conv_root/kernel` [7, 7, 3, 64 * width]). The GELU (`gelu_approximate`) is not in
   the shapes: it keeps its default.
@@ -107,6 +108,7 @@ def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDic
     "inferred", int(p), int(hidden), int(mlp_dim), int(num_heads), int(num_layers)
   )
   config.classifier = "token" if "cls" in params else "gap"
+  config.distill_token = "dist_token" in params  # DeiT's (vit_jax.models.vit)
   config.scan = scan
   if "conv_root" in params:
     stages = sorted(int(k[len("block") :]) for k in params if re.fullmatch(r"block\d+", k))
@@ -218,7 +220,7 @@ def representation_model(
   """
   if representation not in ("pre_logits", "pooled"):
     raise ValueError(f"representation={representation!r}; expected 'pre_logits' or 'pooled'")
-  params = {k: v for k, v in params.items() if k != "head" and k not in mpp.PARAMS}
+  params = {k: v for k, v in params.items() if k not in ("head", "head_dist", *mpp.PARAMS)}
   rep_size = None
   if representation == "pre_logits" and "pre_logits" in params:
     rep_size = int(np.shape(params["pre_logits"]["kernel"])[-1])

@@ -61,6 +61,9 @@ def vit_config(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, re
       # The dtype the gradients are summed across devices in, where wider than `dtype`
       # (ops.gradient_dtype): 'bfloat16' keeps a bf16 model's as autodiff gives them.
       grad_reduce_dtype="bfloat16",
+      # DeiT's distillation token and head (vit.VisionTransformer; the objective is
+      # vit_jax.objectives.distill, chosen by config.distill.teacher).
+      distill_token=False,
     )
   )
 

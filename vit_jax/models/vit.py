@@ -6,6 +6,15 @@ MultiHeadDotProductAttention_1|LayerNorm_2|MlpBlock_3`, `Transformer/encoder_nor
 `head`), so a published `.npz` maps onto the tree without renaming. With `scan=True` the blocks
 are one scanned `Transformer/encoderblock` whose leaves have a leading layer axis.
 
+With `distill_token` (DeiT, Touvron et al. 2021) a second learned token `dist_token` [1, 1, D]
+follows the class token (the position embedding then covers 2 + patches tokens) and feeds a second
+head `head_dist`; the names are timm's and DeiT's, and without the token the tree is the published
+one. The contract (`VisionTransformer.__call__`): with `train=True` the model returns the pair
+(class-token logits, distillation-token logits), which the distillation objective weighs
+(vit_jax.objectives.distill); with `train=False` their average, as DeiT predicts, so evaluators,
+predict and export read one array of logits as for any ViT; `return_representation` gives the
+class token's pre-logits, the token a model without distillation has.
+
 Computation runs in `dtype` (e.g. bfloat16) while parameters stay in `param_dtype` (float32).
 Attention weights are sown into the `intermediates` collection when the caller makes it mutable
 (`model.apply(..., mutable=['intermediates'])`).
@@ -473,6 +482,10 @@ class VisionTransformer(nn.Module):
       so are summed across devices, when it is wider than `dtype` (bfloat16 compute with
       'float32': the weight gradients' matmuls accumulate into float32; `ops.dense`,
       `ops.broadcast_param`); otherwise, and for a ResNet stem, the dtype autodiff gives them.
+    distill_token: DeiT's distillation token `dist_token` after the class token, with its own
+      head `head_dist` (initialised as `head`); needs classifier 'token'. With `train=True` the
+      logits are the pair (class head, distillation head), with `train=False` their average
+      (see `__call__`).
   """
 
   num_classes: int | None
@@ -495,6 +508,7 @@ class VisionTransformer(nn.Module):
   attention_kernel: str = "auto"
   layer_norm_kernel: str = "auto"
   grad_reduce_dtype: Dtype | None = None
+  distill_token: bool = False
 
   @nn.compact
   def __call__(
@@ -514,7 +528,8 @@ class VisionTransformer(nn.Module):
     Args:
       images: [batch, height, width, 3], values in [-1, 1].
       train: enables dropout (needs the 'dropout' rng).
-      return_representation: return the pre-head representation [batch, R or D] instead.
+      return_representation: return the pre-head representation [batch, R or D] instead (with
+        `distill_token`, the class token's: the representation every ViT gives).
       corrupt_fn: applied to the patch embeddings [batch, patches, D] before the class token
         and position embeddings are added (masked patch prediction, vit_jax.models.mpp); it may create
         parameters of the calling module. None: no change.
@@ -532,10 +547,16 @@ class VisionTransformer(nn.Module):
 
     Returns:
       Logits [batch, num_classes] in float32, float64 for a float64 model (or the
-      representation, the patch tokens, or the list of token maps).
+      representation, the patch tokens, or the list of token maps). With `distill_token`:
+      `train=True` gives the pair (class-token logits, distillation-token logits), each
+      [batch, num_classes]; `train=False` gives (class + distillation) / 2 (DeiT's prediction).
     """
     if self.classifier not in ("token", "gap"):
       raise ValueError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
+    if self.distill_token and self.classifier != "token":
+      raise ValueError(
+        f"distill_token=True needs classifier='token' (DeiT's two tokens), got {self.classifier!r}"
+      )
     x = images.astype(self.dtype)
     if self.resnet is not None:
       x = resnet.resnet_stem(
@@ -564,7 +585,14 @@ class VisionTransformer(nn.Module):
     if self.classifier == "token":
       cls = self.param("cls", nn.initializers.zeros, (1, 1, width), self.param_dtype)
       cls = ops.broadcast_param(cls, (batch, 1, width), x.dtype, self.grad_reduce_dtype)
-      x = jnp.concatenate([cls, x], axis=1)
+      prefix_tokens = [cls]
+      if self.distill_token:  # initialised as DeiT's (timm: trunc_normal, std 0.02)
+        init = nn.initializers.normal(stddev=0.02)
+        dist = self.param("dist_token", init, (1, 1, width), self.param_dtype)
+        prefix_tokens.append(
+          ops.broadcast_param(dist, (batch, 1, width), x.dtype, self.grad_reduce_dtype)
+        )
+      x = jnp.concatenate([*prefix_tokens, x], axis=1)
     x = Encoder(
       num_layers=self.num_layers,
       mlp_dim=self.mlp_dim,
@@ -581,14 +609,17 @@ class VisionTransformer(nn.Module):
       grad_reduce_dtype=self.grad_reduce_dtype,
       name="Transformer",
     )(x, not train, jnp.arange(batch) if example_ids is None else example_ids, layers, feature_norm)
+    prefix = (1 + int(self.distill_token)) if self.classifier == "token" else 0
     if layers:
-      prefix = 1 if self.classifier == "token" else 0
       return [
         y[:, prefix:].reshape(batch, *grid, width).astype(ops.wide_dtype(y.dtype)) for y in x[1]
       ]
     if return_tokens:
-      return (x[:, 1:] if self.classifier == "token" else x).astype(ops.wide_dtype(x.dtype))
-    if self.classifier == "token":  # (a static slice: see MultiHeadDotProductAttention)
+      return x[:, prefix:].astype(ops.wide_dtype(x.dtype))
+    dist = None
+    if self.classifier == "token":  # (static slices: see MultiHeadDotProductAttention)
+      if self.distill_token:
+        dist = jax.lax.index_in_dim(x, 1, axis=1, keepdims=False)
       x = jax.lax.index_in_dim(x, 0, axis=1, keepdims=False)
     else:
       x = jnp.mean(x, axis=1)
@@ -599,13 +630,24 @@ class VisionTransformer(nn.Module):
       grad_reduce_dtype=self.grad_reduce_dtype,
     )
     if self.representation_size is not None:
-      x = jnp.tanh(dense(self.representation_size, name="pre_logits")(x))
+      pre_logits = dense(self.representation_size, name="pre_logits")
+      x = jnp.tanh(pre_logits(x))
+      if dist is not None:  # the same layer for both tokens
+        dist = jnp.tanh(pre_logits(dist))
     if return_representation or self.num_classes is None:
       return x.astype(ops.wide_dtype(x.dtype))
-    logits = dense(
+    head = functools.partial(
+      dense,
       self.num_classes,
       kernel_init=nn.initializers.zeros,
       bias_init=nn.initializers.constant(self.head_bias_init),
-      name="head",
-    )(x)
-    return logits.astype(ops.wide_dtype(logits.dtype))
+    )
+    logits = head(name="head")(x)
+    logits = logits.astype(ops.wide_dtype(logits.dtype))
+    if dist is None:
+      return logits
+    dist_logits = head(name="head_dist")(dist)
+    dist_logits = dist_logits.astype(ops.wide_dtype(dist_logits.dtype))
+    if train:  # both, for the distillation objective to weigh
+      return logits, dist_logits
+    return (logits + dist_logits) / 2

@@ -1,6 +1,6 @@
 """Training objectives: what the trainer optimises, behind one small interface.
 
-An `Objective` is chosen once from the config (`get(config, num_classes)`) and gives the
+An `Objective` is chosen once from the config (`get(config, num_classes, mesh)`) and gives the
 trainer everything that depends on the loss:
 
     model(model_config, mesh)          the Flax module to train; it also answers
@@ -14,10 +14,15 @@ trainer everything that depends on the loss:
                                        global batch: with `key` (the step's) it keys every
                                        random draw made for the example (dropout, corruption)
     accepts_model_init                 whether a run may start from a pretrained checkpoint
+    teacher                            (distill only) the frozen model whose parameters the
+                                       step takes as an argument and passes to `per_example`
+                                       as `teacher_params`; never trained or saved
 
   supervised  softmax or sigmoid cross-entropy on labels (`config.loss` 'softmax_xent' |
               'sigmoid_xent'), optionally label-smoothed (`config.label_smoothing`); top-1,
               or precision@1 for multi-label data
+  distill     DeiT's hard-label distillation around `supervised` (`config.distill.teacher`,
+              `config.model.distill_token`): a teacher's top class is a second label
   mpp         masked patch prediction (§4.6, `config.loss = 'mpp'`, `config.mpp`)
   segmentation  per-pixel softmax cross-entropy with an ignore label (`config.loss =
               'seg_softmax_xent'`, `config.segmentation`); `correct` is pixel accuracy
@@ -46,15 +51,26 @@ class Objective(Protocol):
   ) -> tuple[jax.Array, jax.Array]: ...
 
 
-def get(config: ml_collections.ConfigDict, num_classes: int) -> Objective:
-  """The objective of a stage config: `config.loss`, with `config.mpp` for 'mpp'."""
-  from vit_jax.objectives import mpp, segmentation, supervised  # noqa: PLC0415
+def get(
+  config: ml_collections.ConfigDict, num_classes: int, mesh: jax.sharding.Mesh | None = None
+) -> Objective:
+  """The objective of a stage config: `config.loss`, with `config.mpp` for 'mpp'; distillation
+  when `config.distill.teacher` is set (its teacher's modules are built for `mesh`)."""
+  from vit_jax.objectives import distill, mpp, segmentation, supervised  # noqa: PLC0415
 
   label_smoothing = float(config.get("label_smoothing", 0.0))
   if label_smoothing and config.loss in ("mpp", "seg_softmax_xent"):
     raise ValueError(
       f"config.label_smoothing={label_smoothing} applies to the supervised losses "
       f"(softmax_xent, sigmoid_xent), not to config.loss={config.loss!r}; set it to 0"
+    )
+  distill_config = config.get("distill")
+  if distill_config is not None and distill_config.teacher:
+    return distill.get(config, num_classes, mesh)
+  if config.model.get("distill_token"):
+    raise ValueError(
+      "model.distill_token=True without distill.teacher: the distillation head learns a "
+      "teacher's labels; set --config.distill.teacher=<checkpoint>"
     )
   if config.loss == "mpp":
     return mpp.MaskedPatchPrediction(config.mpp)

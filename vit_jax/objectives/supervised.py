@@ -96,7 +96,12 @@ class Supervised:
       example_ids=batch["index"],
       rngs={"dropout": key},
     )
-    targets = dense_targets(batch["label"], self.num_classes)
+    return self.loss_and_correct(logits, batch["label"])
+
+  def loss_and_correct(self, logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(loss [B], correct [B]) of logits [B, K] against int labels [B] or dense targets [B, K]
+    (what vit_jax.objectives.distill wraps); the loss's targets smoothed, `correct` not."""
+    targets = dense_targets(labels, self.num_classes)
     per_example = LOSSES[self.loss](logits, smooth(targets, self.label_smoothing))
     if self.multi_label:  # precision@1: the top class is one of the labels
       correct = top1_correct(logits, targets)
