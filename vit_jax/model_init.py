@@ -16,21 +16,28 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax import checkpoint, sharding
+from vit_jax import checkpoint, models, sharding
 from vit_jax.checkpoint import train_state
 
 # What `model_from_init` keeps of the stage's own model config (the rest is the checkpoint's).
-STAGE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "head_bias_init")
+STAGE_MODEL_FIELDS = (
+  "dropout_rate",
+  "attention_dropout_rate",
+  "stochastic_depth",
+  "dtype",
+  "head_bias_init",
+)
 
 
 def with_init_architecture(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of `config` whose model is the architecture of `config.model_init` (its saved
-  config, else its parameter shapes), with the stage's dropout, dtype, head initialisation and
-  choice of a representation layer."""
+  config, else its parameter shapes; its `posemb` with it), with the stage's dropout, stochastic
+  depth, dtype, head initialisation and choice of a representation layer."""
   stage_model = config.model
   model_config, _, _ = checkpoint.load_backbone(str(config.model_init))
   for key in STAGE_MODEL_FIELDS:
-    if key in stage_model and key in model_config:
+    # (A ViT saved before a field existed takes the stage's; a BiT ResNet has none of these.)
+    if key in stage_model and (key in model_config or not models.is_bit(model_config)):
       model_config[key] = stage_model[key]
   if "representation_size" in model_config and stage_model.get("representation_size") is None:
     model_config.representation_size = None

@@ -13,8 +13,10 @@ tests/test_reference_forward.py.
   logits = head(tanh(pre_logits(y)))  (pre-logits only where the tree has them)
 
 MSA is softmax(q k^T / sqrt(d_head)) v per head, then the output projection; MLP is
-Dense -> GELU -> Dense. The hybrid's patches are 1x1 (or p x p) patches of the feature map of a
-ResNet: a weight-standardised 7x7/2 conv, GroupNorm, ReLU and a 3x3/2 max-pool, then stages of
+Dense -> GELU -> Dense. Stochastic depth (Huang et al., 2016), given its decisions, multiplies
+each example's MSA and MLP terms of Eq. 2-3 by a scale: 1/(1 - rate) if kept, 0 if dropped.
+The hybrid's patches are 1x1 (or p x p) patches of the feature map of a ResNet: a
+weight-standardised 7x7/2 conv, GroupNorm, ReLU and a 3x3/2 max-pool, then stages of
 post-activation bottleneck units (GroupNorm after every conv, ReLU after the residual sum), the
 first unit of every stage but the first with stride 2, all convs and the pool 'SAME'-padded.
 
@@ -77,12 +79,17 @@ def self_attention(x: np.ndarray, p: Params) -> np.ndarray:
   return np.einsum("bqhd,hdc->bqc", heads, p["out"]["kernel"]) + p["out"]["bias"]
 
 
-def encoder_block(z: np.ndarray, p: Params, gelu_approximate: bool = True) -> np.ndarray:
-  """One pre-LN Transformer block, Eq. 2 and 3."""
-  z = self_attention(layer_norm(z, p["LayerNorm_0"]), p["MultiHeadDotProductAttention_1"]) + z
+def encoder_block(
+  z: np.ndarray, p: Params, gelu_approximate: bool = True, branch_scales: np.ndarray | None = None
+) -> np.ndarray:
+  """One pre-LN Transformer block, Eq. 2 and 3; `branch_scales` [2, batch] (stochastic depth)
+  multiplies each example's MSA term (row 0) and MLP term (row 1); None: 1."""
+  s = np.ones((2, z.shape[0])) if branch_scales is None else np.asarray(branch_scales, np.float64)
+  msa = self_attention(layer_norm(z, p["LayerNorm_0"]), p["MultiHeadDotProductAttention_1"])
+  z = s[0, :, None, None] * msa + z
   mlp = p["MlpBlock_3"]
   y = gelu(dense(layer_norm(z, p["LayerNorm_2"]), mlp["Dense_0"]), gelu_approximate)
-  return dense(y, mlp["Dense_1"]) + z
+  return s[1, :, None, None] * dense(y, mlp["Dense_1"]) + z
 
 
 def patches(x: np.ndarray, p: int) -> np.ndarray:
@@ -179,6 +186,7 @@ def forward(
   images: np.ndarray,
   gelu_approximate: bool = True,
   return_representation: bool = False,
+  branch_scales: np.ndarray | None = None,
 ) -> np.ndarray:
   """The ViT (or R50+ViT hybrid, where the tree has `conv_root`) in float64.
 
@@ -187,6 +195,8 @@ def forward(
     images: [batch, height, width, 3].
     gelu_approximate: the MLP's GELU, tanh approximation (True) or exact.
     return_representation: return y (after the pre-logits, if any) instead of the logits.
+    branch_scales: [blocks, 2, batch], stochastic depth's scale of each block's MSA and MLP
+      term for each example (`encoder_block`); None: none.
 
   Returns:
     Logits [batch, classes] (or the representation), float64.
@@ -206,8 +216,10 @@ def forward(
   encoder = params["Transformer"]
   assert "encoderblock" not in encoder, "scanned blocks: unstack them first"
   z = z + encoder["posembed_input"]["pos_embedding"]
-  for block in _numbered(encoder, r"encoderblock_(\d+)"):
-    z = encoder_block(z, block, gelu_approximate)
+  for i, block in enumerate(_numbered(encoder, r"encoderblock_(\d+)")):
+    z = encoder_block(
+      z, block, gelu_approximate, None if branch_scales is None else branch_scales[i]
+    )
   z = layer_norm(z, encoder["encoder_norm"])
   y = z[:, 0] if token else z.mean(axis=1)
   if "pre_logits" in params:

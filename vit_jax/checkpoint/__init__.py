@@ -3,7 +3,8 @@
   npz          `.npz` / `.safetensors` files: read any published layout, write vit_jax's
   layouts      big_vision names and scan stacking, BiT's prefix (pure renames of flat names)
   timm_hf      timm and Hugging Face state dicts (names, qkv split, configs)
-  adapt        fitting pretrained parameters to a model: position embeddings, head, pre_logits
+  adapt        fitting pretrained parameters to a model: position embeddings (resized, or a
+               sincos2d model's table written for `save`), head, pre_logits
   train_state  the trainer's Orbax checkpoints (async saves, keep-N, resume, data position)
   restore_faults  what a failed restore of a training step says about that step (evidence that
                it is broken, or an error to retry)
@@ -17,14 +18,19 @@ The names below are the public API; `from vit_jax import checkpoint` is all a us
   params = checkpoint.load("ViT-B_16.npz")          # or a trainer workdir, or a step directory
   loaded = checkpoint.load_model("<workdir>")       # .model, .params, .model_config, .config
   checkpoint.save(params, "model.npz")              # the published vit_jax layout
+  # a posemb='sincos2d' model: its computed table written first, as the published files have it
+  checkpoint.save(checkpoint.with_posemb_table(params, model_config, 224), "model.npz")
 """
 
 from vit_jax.checkpoint.adapt import (
   fit_posemb,
+  ignore_sincos_table,
+  image_grid,
   load_pretrained,
   num_prefix_tokens,
   patch_grid,
   resize_posemb,
+  with_posemb_table,
 )
 from vit_jax.checkpoint.layouts import POSEMB
 from vit_jax.checkpoint.loader import (
@@ -56,6 +62,8 @@ __all__ = [
   "file_layout",
   "fit_posemb",
   "flatten_params",
+  "ignore_sincos_table",
+  "image_grid",
   "is_params_file",
   "load",
   "load_backbone",
@@ -73,4 +81,5 @@ __all__ = [
   "stack_encoder_blocks",
   "unflatten_params",
   "unstack_encoder_blocks",
+  "with_posemb_table",
 ]

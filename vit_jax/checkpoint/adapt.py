@@ -5,6 +5,12 @@ checkpoint trained at another resolution or for other classes: the position embe
 resized on the patch grid (paper §3.2), the head replaced, `pre_logits` kept or dropped, and
 any remaining difference in names or shapes reported in one error that lists them in the
 network's order. Reading and writing files is vit_jax.checkpoint.npz's business.
+
+A `posemb='sincos2d'` model has no position embedding parameter: it computes its table for the
+grid it sees, so it needs no resizing. `with_posemb_table` writes that table into its parameters
+as the learned one (the published layout, for `save`); read back into a sincos2d model, such a
+table is recognised and not used (one log line), while a learned table, which a sincos2d model
+would throw away, is refused in one line naming `posemb` (`ignore_sincos_table`).
 """
 
 import logging
@@ -19,13 +25,20 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vit_jax import models
 from vit_jax.checkpoint import layouts
 from vit_jax.checkpoint.layouts import POSEMB
 from vit_jax.checkpoint.npz import Params, flatten_params, load, unflatten_params
-from vit_jax.models import mpp
+from vit_jax.models import mpp, vit
 
 # Entries beyond this many are counted, not listed, in error messages.
 _MAX_LISTED = 40
+# What a checkpoint without a position embedding table is, and what to do with it.
+_NO_TABLE = (
+  f"the checkpoint has no {POSEMB}: a posemb='sincos2d' model's (it computes its own), so the "
+  "model must have posemb='sincos2d' too (config.model.posemb), or write the table into the "
+  "parameters first with checkpoint.with_posemb_table"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,11 +104,25 @@ def resize_posemb(
   return np.concatenate([prefix, resized], axis=1)
 
 
+def image_grid(model_config: Any, image_size: int | Sequence[int]) -> tuple[int, int]:
+  """The patch grid (gh, gw) of the model at `image_size` (`s` or `(h, w)`): the image size over
+  the patch size, after the hybrid's ResNet downsampling."""
+  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+  resnet = model_config.get("resnet")
+  if resnet is not None:
+    # Stride-2 SAME root conv and max-pool, then one stride-2 SAME stage per stage after the first.
+    for _ in range(2 + len(resnet["num_layers"]) - 1):
+      h, w = -(-h // 2), -(-w // 2)
+  p = model_config.patch_size
+  ph, pw = (p, p) if isinstance(p, int) else tuple(p)
+  return h // ph, w // pw
+
+
 def patch_grid(model_config: Any, num_patches: int) -> tuple[int, int]:
   """The model's patch grid (gh, gw).
 
   Computed from `model_config.image_size` (int or (h, w)) and the patch size, including the
-  hybrid's ResNet downsampling; without `image_size`, the grid must be square.
+  hybrid's ResNet downsampling (`image_grid`); without `image_size`, the grid must be square.
 
   Args:
     model_config: the model ConfigDict.
@@ -113,21 +140,82 @@ def patch_grid(model_config: Any, num_patches: int) -> tuple[int, int]:
         "to (height, width) so the position embeddings can be laid out"
       )
     return s, s
-  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-  resnet = model_config.get("resnet")
-  if resnet is not None:
-    # Stride-2 SAME root conv and max-pool, then one stride-2 SAME stage per stage after the first.
-    for _ in range(2 + len(resnet["num_layers"]) - 1):
-      h, w = -(-h // 2), -(-w // 2)
-  p = model_config.patch_size
-  ph, pw = (p, p) if isinstance(p, int) else tuple(p)
-  grid = (h // ph, w // pw)
+  grid = image_grid(model_config, image_size)
   if grid[0] * grid[1] != num_patches:
     raise ValueError(
       f"model_config.image_size={image_size} gives a {grid[0]}x{grid[1]} patch grid, but the "
       f"model's position embedding has {num_patches} patches"
     )
   return grid
+
+
+def with_posemb_table(
+  params: Mapping[str, Any], model_config: Any, image_size: int | Sequence[int]
+) -> Params:
+  """A `posemb='sincos2d'` model's parameters with its position embeddings written as the
+  learned table `Transformer/posembed_input/pos_embedding` [1, prefix + gh*gw, D] (float32) for
+  `image_size`: the published layout, which the official loaders and a `posemb='learn'` model
+  read unchanged (the same function at that resolution; at another one it is resized like any
+  learned table). Call it before `save`. Other models' parameters come back unchanged.
+
+  Args:
+    params: nested parameters (or a variables dict with one 'params' entry).
+    model_config: the model ConfigDict.
+    image_size: the resolution the table is for, `s` or `(h, w)`.
+
+  Returns:
+    A new nested dict (its leaves are `params`' own).
+  """
+  flat = flatten_params(params)
+  if model_config.get("posemb", "learn") != "sincos2d":
+    return unflatten_params(flat)
+  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+  # The learned twin's table shape: its tokens (class and any other prefix token included).
+  twin = models.get_model(model_config, None, posemb="learn")
+  shapes = jax.eval_shape(
+    lambda: twin.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]
+  )
+  _, tokens, width = shapes["Transformer"]["posembed_input"]["pos_embedding"].shape
+  grid = image_grid(model_config, (h, w))
+  table = vit.fixed_posemb(grid, width, tokens - grid[0] * grid[1])
+  flat[POSEMB] = table.astype(np.float32)
+  return unflatten_params(flat)
+
+
+def ignore_sincos_table(flat: dict[str, Any], source: str) -> None:
+  """Removes the position embedding table of `flat` (flat names) for a `posemb='sincos2d'`
+  model, which computes its own: with one log line when it is a sincos2d table (as
+  `with_posemb_table` writes it, for any grid), else a ValueError naming `posemb` (a learned
+  table would be thrown away)."""
+  table = flat.pop(POSEMB, None)
+  if table is None:
+    return
+  if not _is_sincos_table(np.asarray(table, np.float64)):
+    raise ValueError(
+      f"{source}: the checkpoint has a learned position embedding table {POSEMB} "
+      f"{tuple(np.shape(table))}, which a posemb='sincos2d' model would throw away; "
+      "fine-tune it with posemb='learn' (config.model.posemb)"
+    )
+  logging.info(
+    "%s: %s %s is the sincos2d table; the posemb='sincos2d' model computes its own",
+    source,
+    POSEMB,
+    tuple(np.shape(table)),
+  )
+
+
+def _is_sincos_table(table: np.ndarray) -> bool:
+  """Whether [1, T, D] is `vit.fixed_posemb` of some grid, to float32 rounding."""
+  if table.ndim != 3 or table.shape[0] != 1 or table.shape[2] % 4 or table.shape[2] < 8:
+    return False
+  _, tokens, width = table.shape
+  rows = np.abs(table[0]).max(axis=1)
+  prefix = int(np.argmax(rows > 0)) if rows.any() else tokens  # zero rows: the prefix tokens
+  n = tokens - prefix
+  for gh in (d for d in range(1, n + 1) if n % d == 0):
+    if np.allclose(table, vit.fixed_posemb((gh, n // gh), width, prefix), rtol=0, atol=1e-6):
+      return True
+  return False
 
 
 def fit_posemb(
@@ -149,10 +237,16 @@ def fit_posemb(
   """
   if "Transformer" not in params:  # a BiT ResNet: no position embeddings, any resolution
     return dict(params)
+  if getattr(model, "posemb", "learn") == "sincos2d":  # computed for any grid: no table to fit
+    flat = flatten_params(params)
+    ignore_sincos_table(flat, "fit_posemb")
+    return unflatten_params(flat)
   h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]
   )
+  if "posembed_input" not in params["Transformer"]:
+    raise ValueError(_NO_TABLE)
   old = params["Transformer"]["posembed_input"]["pos_embedding"]
   new = shapes["Transformer"]["posembed_input"]["pos_embedding"]
   params = dict(params)
@@ -181,7 +275,9 @@ def load_pretrained(
   - `head` is replaced by `init_params`' freshly initialised head (the new number of classes),
     and so is a distillation head `head_dist` (DeiT);
   - `mask_embedding` and `mpp_head` of a masked patch prediction run (vit_jax.models.mpp) are dropped;
-  - position embeddings are resized bicubically to the model's patch grid (`patch_grid`);
+  - position embeddings are resized bicubically to the model's patch grid (`patch_grid`); a
+    `posemb='sincos2d'` model needs none (a sincos2d table in the file is not used, a learned
+    one refused: `ignore_sincos_table`), and a sincos2d checkpoint (no table) fits only one;
   - encoder blocks are stacked or unstacked as in `init_params`; dtypes follow `init_params`.
 
   Args:
@@ -228,7 +324,11 @@ def load_pretrained(
         raise ValueError(f"init_params[{name!r}] must be an array: it becomes the new head")
       restored[name] = value
 
+  if POSEMB not in expected and "Transformer/encoder_norm/scale" in expected:  # sincos2d
+    ignore_sincos_table(restored, os.fspath(path))
   old, new = restored.get(POSEMB), expected.get(POSEMB)
+  if new is not None and old is None and "Transformer/encoder_norm/scale" in restored:
+    raise ValueError(f"{os.fspath(path)}: {_NO_TABLE}")
   if old is not None and new is not None and old.shape != new.shape and old.ndim == new.ndim == 3:
     if old.shape[2] == new.shape[2]:
       old_prefix, new_prefix = num_prefix_tokens(restored), num_prefix_tokens(expected)

@@ -64,10 +64,15 @@ def load_model(
   `model_config` overrides the architecture; otherwise it is the workdir's saved one or the
   one the parameter shapes imply (`model_config_from_params`). The head's width is the
   checkpoint's (no head: the model returns its representation). Parameters of masked patch
-  prediction (`mpp_head`, `mask_embedding`) are dropped: the model is the plain ViT.
+  prediction (`mpp_head`, `mask_embedding`) are dropped: the model is the plain ViT; so is the
+  table a `posemb='sincos2d'` model computes itself (`adapt.ignore_sincos_table`).
   """
   model_config, params, stage_config = load_backbone(os.fspath(path), model_config)
   params = {k: v for k, v in params.items() if k not in mpp.PARAMS}
+  if model_config.get("posemb") == "sincos2d":  # a table written by with_posemb_table: unused
+    flat = npz.flatten_params(params)
+    adapt.ignore_sincos_table(flat, os.fspath(path))
+    params = npz.unflatten_params(flat)
   head = params.get("head")
   if head is not None:
     bias = head["bias"] if "bias" in head else head["conv2d"]["bias"]
@@ -86,10 +91,11 @@ def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDic
   Reads patch size and width from `embedding/kernel` [p, p, C, D], depth from the encoder
   blocks (stacked or not), heads from `query/kernel` [D, heads, D/heads], the MLP width, the
   classifier ('token' iff there is a `cls` parameter), DeiT's `distill_token` (iff there is a
-  `dist_token`), `representation_size` from
-  `pre_logits`, and for hybrids the ResNet's units per stage (`block{s}/unit{u}`) and width
-  factor (`conv_root/kernel` [7, 7, 3, 64 * width]). The GELU (`gelu_approximate`) is not in
-  the shapes: it keeps its default.
+  `dist_token`), `representation_size` from `pre_logits`, `posemb='sincos2d'` when there is no
+  position embedding table (a sincos2d model of this package or of big_vision), and for hybrids
+  the ResNet's units per stage (`block{s}/unit{u}`) and width factor (`conv_root/kernel`
+  [7, 7, 3, 64 * width]). The GELU (`gelu_approximate`) is not in the shapes: it keeps its
+  default.
   """
   if "root_block" in params:  # a BiT ResNet (vit_jax.models.bit)
     return _bit_config(params)
@@ -110,6 +116,8 @@ def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDic
   config.classifier = "token" if "cls" in params else "gap"
   config.distill_token = "dist_token" in params  # DeiT's (vit_jax.models.vit)
   config.scan = scan
+  if "posembed_input" not in encoder:  # no table: a model that computes its own
+    config.posemb = "sincos2d"
   if "conv_root" in params:
     stages = sorted(int(k[len("block") :]) for k in params if re.fullmatch(r"block\d+", k))
     units = [

@@ -258,15 +258,25 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
   """Writes parameters as an `.npz` in the published vit_jax (or, for BiT, BiT) layout.
 
   Scan-stacked encoder blocks are written unstacked, and bfloat16 leaves as float32 (exact), so
-  the file reads anywhere the published checkpoints do. The file is written next to `path` under
-  a temporary name and renamed over it, so a failure never leaves a truncated `path` behind. In a
-  multi-host job call this from one process, with fully addressable arrays.
+  the file reads anywhere the published checkpoints do. A `posemb='sincos2d'` model has no
+  position embedding parameter: `checkpoint.with_posemb_table` adds its table first (without
+  it, the file is written with a warning, and only sincos2d models read it). The file is
+  written next to `path` under a temporary name and renamed over it, so a failure never leaves
+  a truncated `path` behind. In a multi-host job call this from one process, with fully
+  addressable arrays.
 
   Args:
     params: nested dict of arrays (or a variables dict with a single 'params' entry).
     path: destination; `.npz` is not appended.
   """
   flat = layouts.unstack_flat(flatten_params(params))
+  if "Transformer/encoder_norm/scale" in flat and layouts.POSEMB not in flat:
+    logging.warning(
+      "save %s: no %s (a posemb='sincos2d' model's parameters): the published loaders and "
+      "posemb='learn' models need it; write it first with checkpoint.with_posemb_table",
+      os.fspath(path),
+      layouts.POSEMB,
+    )
   flat = layouts.with_bit_prefix(flat)
   for name, value in flat.items():
     if isinstance(value, jax.ShapeDtypeStruct):

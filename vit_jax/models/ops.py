@@ -4,9 +4,10 @@ The attention core (`attention`: softmax(q k^T / sqrt(d)) v in heads-major layou
 hand-written backward pass), LayerNorm (`layer_norm`) and the tanh GELU (`gelu_tanh`), each the
 function of its flax counterpart with a backward pass that XLA compiles into fewer, cheaper
 fusions; dropout with a mask per example (`dropout`: an example's mask follows its id, not its
-row in the batch); cuDNN's fused attention (`cudnn_attention`); and the one decision of which
-implementation runs (`attention_path`, `use_cpu_kernel`): XLA, cuDNN on an NVIDIA GPU, or the
-C++ kernels of vit_jax.kernels.cpu on a one-device CPU. The modules of vit_jax.models.vit call
+row in the batch) and stochastic depth's decision per example (`drop_path_keep`, likewise);
+cuDNN's fused attention (`cudnn_attention`); and the one decision of which implementation runs
+(`attention_path`, `use_cpu_kernel`): XLA, cuDNN on an NVIDIA GPU, or the C++ kernels of
+vit_jax.kernels.cpu on a one-device CPU. The modules of vit_jax.models.vit call
 these through this module's attributes (so that experiments/ablate_step.py can swap one).
 
 This file must not import TensorFlow.
@@ -71,6 +72,25 @@ def dropout(x: jax.Array, rate: float, key: jax.Array, example_ids: jax.Array) -
     )
   row_keys = jnp.repeat(keys, rows, axis=0, total_repeat_length=x.shape[0])  # [n·k, 2]
   return jax.lax.select(keep_mask(x.shape, rows, row_keys, keep), x / keep, jnp.zeros_like(x))
+
+
+def drop_path_keep(rate: jax.Array | float, key: jax.Array, example_ids: jax.Array) -> jax.Array:
+  """bool [n]: whether each example keeps a residual branch under stochastic depth (drop-path,
+  Huang et al., 2016) at drop rate `rate`.
+
+  Example i keeps it iff uniform(fold_in(key, example_ids[i])) >= rate, with probability
+  1 - rate: like `dropout`, a function of the key and the example's id only, whatever batch,
+  micro-batch or sharding the example is in. The uniform is drawn in float32 with or without
+  JAX_ENABLE_X64, so a float64 run makes the float32 run's decisions.
+
+  Args:
+    rate: the drop probability, a Python float or a traced scalar (a scanned block's).
+    key: the branch's key (typed or raw).
+    example_ids: int [n], one id per example.
+  """
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, example_ids)
+  uniform = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
+  return uniform >= jnp.asarray(rate, jnp.float32)
 
 
 def keep_mask(shape: tuple[int, ...], rows: int, row_keys: jax.Array, keep: float) -> jax.Array:

@@ -1,11 +1,11 @@
 """Model presets by name: ViT-Ti/S/B/L/H, the R50 hybrids, BiT ResNets, and the CPU-sized ones.
 
 Presets are the architecture only (paper Table 1; BiT's ResNetV2 depths and widths); training-time
-choices (dropout, dtype, remat, scan, head bias) come from the stage configs as overrides. A BiT
-config is recognised by its `block_units` field (`is_bit`); ViT-only fields (dropout,
-representation layer, scan) do not exist there. Each preset is defined once, here, and the
-configs in `configs/` refer to it by name; vit_jax.models.build makes the Flax module. This file
-must not import TensorFlow.
+choices (dropout, stochastic depth, dtype, remat, scan, head bias) come from the stage configs as
+overrides. A BiT config is recognised by its `block_units` field (`is_bit`); ViT-only fields
+(dropout, representation layer, scan, posemb, stochastic_depth) do not exist there. Each preset
+is defined once, here, and the configs in `configs/` refer to it by name;
+vit_jax.models.build makes the Flax module. This file must not import TensorFlow.
 """
 
 import difflib
@@ -64,6 +64,12 @@ def vit_config(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, re
       # DeiT's distillation token and head (vit.VisionTransformer; the objective is
       # vit_jax.objectives.distill, chosen by config.distill.teacher).
       distill_token=False,
+      # Position embeddings (vit.POSEMB_TYPES): the paper's learned table, or 'sincos2d', the
+      # fixed 2-D sin-cos ones of Beyer et al. (2022), with no parameter.
+      posemb="learn",
+      # Stochastic depth (Huang et al., 2016): the drop-path rate of the last block, 0 at the
+      # first, linear in between (vit.stochastic_depth_rates); 0.0: none. Training only.
+      stochastic_depth=0.0,
     )
   )
 

@@ -21,7 +21,13 @@ Attention weights are sown into the `intermediates` collection when the caller m
 
 Dropout draws each example's mask from the layer's 'dropout' key and the example's id
 (`example_ids`, default its row; `Dropout`, `ops.dropout`), so an example is dropped the same
-way in any batch, micro-batch or sharding (the trainer's invariance, vit_jax.train).
+way in any batch, micro-batch or sharding (the trainer's invariance, vit_jax.train); so does
+stochastic depth (`stochastic_depth`, `ops.drop_path_keep`), which drops whole residual branches.
+
+Two parts of the "better plain ViT baselines" (Beyer et al., 2022) and AugReg (Steiner et al.,
+2021) recipes, off by default: fixed 2-D sin-cos position embeddings (`posemb='sincos2d'`,
+`sincos2d_posemb`: no parameter, computed for the actual patch grid, so any resolution and
+aspect ratio without resizing) and stochastic depth (Huang et al., 2016).
 
 Layout for speed, not for the parameters (which keep the checkpoint format): the Dense layers run
 as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, the attention core
@@ -43,6 +49,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax.kernels import cpu as cpu_kernels
 from vit_jax.models import ops, resnet
@@ -247,8 +254,20 @@ class MlpBlock(nn.Module):
     return Dropout(rate=self.dropout_rate)(y, deterministic, example_ids).reshape(x.shape)
 
 
+# What a block's `drop_path` argument holds: its drop rate (a float32 scalar) and its key.
+DropPath = tuple[jax.Array, jax.Array]
+
+
 class Encoder1DBlock(nn.Module):
-  """A pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (Eq. 2–3)."""
+  """A pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (Eq. 2–3).
+
+  With `drop_path` (rate r, key), stochastic depth: each residual branch of each example is
+  kept with probability 1 - r and then scaled by 1/(1 - r), else dropped (the example's block
+  output is then its input, on that branch). The two branches decide independently, under
+  fold_in(key, 0) (attention) and fold_in(key, 1) (MLP), per example id (`ops.drop_path_keep`);
+  the decisions, bool [2, batch], are sown as `drop_path_keep` in `intermediates` when that
+  collection is mutable.
+  """
 
   mlp_dim: int
   num_heads: int
@@ -263,11 +282,31 @@ class Encoder1DBlock(nn.Module):
 
   @nn.compact
   def __call__(
-    self, x: jax.Array, deterministic: bool, example_ids: jax.Array | None = None
+    self,
+    x: jax.Array,
+    deterministic: bool,
+    example_ids: jax.Array | None = None,
+    drop_path: DropPath | None = None,
   ) -> jax.Array:
+    """x: [batch, tokens, width] → the same; example_ids int [batch] or None (the rows);
+    drop_path: None (no stochastic depth), or (rate, key) for training."""
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     ln_kw = dict(kernel=self.layer_norm_kernel, **kw)
     kw["grad_reduce_dtype"] = self.grad_reduce_dtype
+    keep = None  # bool [2, batch]: stochastic depth's decisions for the two branches
+    if drop_path is not None and not deterministic:
+      rate, key = drop_path
+      ids = jnp.arange(x.shape[0]) if example_ids is None else example_ids
+      keep = jnp.stack([ops.drop_path_keep(rate, jax.random.fold_in(key, i), ids) for i in (0, 1)])
+      if self.is_mutable_collection("intermediates"):
+        self.sow("intermediates", "drop_path_keep", keep)
+
+    def branch(y, i):  # the residual branch i (0: attention, 1: MLP) as added to x
+      if keep is None:
+        return y
+      kept = y / (1 - jnp.asarray(rate, y.dtype))
+      return jnp.where(keep[i].reshape(-1, *(1,) * (y.ndim - 1)), kept, jnp.zeros_like(y))
+
     y = LayerNorm(name="LayerNorm_0", **ln_kw)(x)
     y = MultiHeadDotProductAttention(
       self.num_heads,
@@ -277,7 +316,7 @@ class Encoder1DBlock(nn.Module):
       **kw,
     )(y, deterministic, example_ids)
     y = Dropout(rate=self.dropout_rate)(y, deterministic, example_ids)
-    x = x + y
+    x = x + branch(y, 0)
     y = LayerNorm(name="LayerNorm_2", **ln_kw)(x)
     y = MlpBlock(
       self.mlp_dim,
@@ -286,7 +325,7 @@ class Encoder1DBlock(nn.Module):
       name="MlpBlock_3",
       **kw,
     )(y, deterministic, example_ids)
-    return x + y
+    return x + branch(y, 1)
 
 
 class _ScannedEncoder1DBlock(Encoder1DBlock):
@@ -297,20 +336,84 @@ class _ScannedEncoder1DBlock(Encoder1DBlock):
 
   @nn.compact
   def __call__(
-    self, x: jax.Array, deterministic: bool, example_ids: jax.Array | None = None
+    self,
+    x: jax.Array,
+    deterministic: bool,
+    example_ids: jax.Array | None = None,
+    drop_path: DropPath | None = None,
   ) -> tuple[jax.Array, jax.Array | None]:
-    y = super().__call__(x, deterministic, example_ids)
+    y = super().__call__(x, deterministic, example_ids, drop_path)
     return y, (y if self.keep_outputs else None)
 
 
+def stochastic_depth_rates(stochastic_depth: float, num_layers: int) -> np.ndarray:
+  """Each block's drop-path rate, float [num_layers]: growing linearly with depth from 0 at the
+  first block to `stochastic_depth` at the last, DeiT's convention (timm's
+  `linspace(0, drop_path_rate, depth)`). A one-block model's is 0."""
+  return np.linspace(0.0, stochastic_depth, num_layers)
+
+
+# `posemb` values: the paper's learned 1-D table, or fixed 2-D sin-cos embeddings.
+POSEMB_TYPES = ("learn", "sincos2d")
+
+
+def sincos2d_posemb(grid: tuple[int, int], width: int, temperature: float = 10_000.0) -> np.ndarray:
+  """Fixed 2-D sin-cos position embeddings [gh*gw, width], float64, tokens in row-major order.
+
+  big_vision's `posemb_sincos_2d` (the code of Beyer et al., 2022; "follows the MoCo v3 logic"):
+  with the patch at row y, column x and the frequencies omega_k = temperature^(-k / (width/4 - 1))
+  for k = 0 .. width/4 - 1 (from 1 down to 1/temperature, both included), the embedding is
+  [sin(x omega), cos(x omega), sin(y omega), cos(y omega)]. (MoCo v3's own code divides k by
+  width/4 instead, so its lowest frequency stops short of 1/temperature; big_vision's is the one
+  its sincos2d checkpoints, which store no table, were trained with.) Computed in float64 on the
+  host: the caller rounds it once to its dtype.
+
+  Args:
+    grid: (gh, gw), the patch grid.
+    width: the tokens' width D, a multiple of 4 and at least 8.
+  """
+  if width % 4 or width < 8:
+    raise ValueError(
+      f"posemb='sincos2d' needs hidden_size divisible by 4 and at least 8, got {width}"
+    )
+  y, x = np.mgrid[: grid[0], : grid[1]]
+  omega = 1.0 / temperature ** (np.arange(width // 4) / (width // 4 - 1))
+  y = np.outer(y.reshape(-1), omega)
+  x = np.outer(x.reshape(-1), omega)
+  return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+
+
+def fixed_posemb(grid: tuple[int, int], width: int, num_prefix_tokens: int) -> np.ndarray:
+  """The `posemb='sincos2d'` table as a learned one is laid out: [1, prefix + gh*gw, width],
+  float64, zero rows for the class (and any other prefix) token, then `sincos2d_posemb`.
+
+  The class token gets no position embedding, as in big_vision (which adds the table before
+  prepending its class token) and MoCo v3 (a zero row): a zero row here.
+  """
+  table = sincos2d_posemb(grid, width)
+  return np.concatenate([np.zeros((num_prefix_tokens, width)), table])[None]
+
+
 class AddPositionEmbs(nn.Module):
-  """Adds learned 1-D position embeddings [1, tokens, width] (Eq. 1)."""
+  """Adds position embeddings [1, tokens, width] (Eq. 1): learned ('learn', the parameter
+  `pos_embedding`) or fixed 2-D sin-cos ones for the patch grid ('sincos2d', `fixed_posemb`: no
+  parameter; the tokens before the grid's, the class token, get zeros)."""
 
   param_dtype: Dtype = jnp.float32
   grad_reduce_dtype: Dtype | None = None
+  posemb: str = "learn"
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, grid: tuple[int, int] | None = None) -> jax.Array:
+    """x: [batch, tokens, width]; grid: (gh, gw), the patch grid of the last gh*gw tokens
+    (needed by 'sincos2d')."""
+    if self.posemb == "sincos2d":
+      prefix = x.shape[1] - (grid[0] * grid[1] if grid is not None else 0)
+      if grid is None or prefix < 0:
+        raise ValueError(f"posemb='sincos2d' needs the patch grid of the {x.shape[1]} tokens")
+      return x + jnp.asarray(fixed_posemb(grid, x.shape[2], prefix), x.dtype)
+    if self.posemb != "learn":
+      raise ValueError(f"posemb={self.posemb!r}; expected one of {POSEMB_TYPES}")
     pos_embedding = self.param(
       "pos_embedding",
       nn.initializers.normal(stddev=0.02),
@@ -357,7 +460,13 @@ class PatchEmbedding(nn.Module):
 
 
 class Encoder(nn.Module):
-  """Position embeddings, `num_layers` blocks and the final LayerNorm (`Transformer/...`)."""
+  """Position embeddings, `num_layers` blocks and the final LayerNorm (`Transformer/...`).
+
+  With `stochastic_depth` > 0, in training, block i drops its residual branches at the rate
+  `stochastic_depth_rates(stochastic_depth, num_layers)[i]` under the key fold_in(k, i), k drawn
+  once here from the 'dropout' rng: the same decisions with `scan` (the rates and keys are
+  scanned inputs) as without, and under `remat`.
+  """
 
   num_layers: int
   mlp_dim: int
@@ -372,6 +481,8 @@ class Encoder(nn.Module):
   attention_kernel: str = "auto"
   layer_norm_kernel: str = "auto"
   grad_reduce_dtype: Dtype | None = None
+  posemb: str = "learn"
+  stochastic_depth: float = 0.0
 
   @nn.compact
   def __call__(
@@ -381,15 +492,26 @@ class Encoder(nn.Module):
     example_ids: jax.Array | None = None,
     layers: tuple[int, ...] = (),
     norm_layers: bool = False,
+    grid: tuple[int, int] | None = None,
   ) -> jax.Array | tuple[jax.Array, list[jax.Array]]:
     """x: [batch, tokens, width] → [batch, tokens, width]; example_ids int [batch] or None.
 
     With `layers` (block indices in [0, num_layers)) it returns (output, [the output of each
     of those blocks, [batch, tokens, width]]), each through the final LayerNorm if
-    `norm_layers`.
+    `norm_layers`. `grid` (gh, gw) is the patch grid of the last gh*gw tokens ('sincos2d').
     """
-    x = AddPositionEmbs(self.param_dtype, self.grad_reduce_dtype, name="posembed_input")(x)
+    x = AddPositionEmbs(
+      self.param_dtype, self.grad_reduce_dtype, self.posemb, name="posembed_input"
+    )(x, grid)
     x = Dropout(rate=self.dropout_rate)(x, deterministic, example_ids)
+    drop_path = None  # (rates [L], keys [L]) of stochastic depth
+    if self.stochastic_depth > 0.0 and not deterministic:
+      rates = jnp.asarray(
+        stochastic_depth_rates(self.stochastic_depth, self.num_layers), jnp.float32
+      )
+      key = self.make_rng("dropout")
+      keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(self.num_layers))
+      drop_path = (rates, keys)
     block_kw = dict(
       mlp_dim=self.mlp_dim,
       num_heads=self.num_heads,
@@ -410,18 +532,26 @@ class Encoder(nn.Module):
       # counting self) is a Python bool and must stay static.
       block_cls = nn.remat(block_cls, prevent_cse=not self.scan, static_argnums=(2,))
     if self.scan:
+      # The blocks' drop-path rates and keys are scanned (each block its own); the rest is
+      # broadcast.
+      args, in_axes = (deterministic, example_ids), nn.broadcast
+      if drop_path is not None:
+        args, in_axes = (*args, drop_path), (nn.broadcast, nn.broadcast, 0)
       x, outputs = nn.scan(
         block_cls,
         variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
-        in_axes=nn.broadcast,
+        in_axes=in_axes,
         length=self.num_layers,
-      )(name="encoderblock", **block_kw)(x, deterministic, example_ids)
+      )(name="encoderblock", **block_kw)(x, *args)
       kept = [outputs[i] for i in layers]
     else:
       outputs = {}
       for i in range(self.num_layers):
-        x = block_cls(name=f"encoderblock_{i}", **block_kw)(x, deterministic, example_ids)
+        block_drop_path = None if drop_path is None else (drop_path[0][i], drop_path[1][i])
+        x = block_cls(name=f"encoderblock_{i}", **block_kw)(
+          x, deterministic, example_ids, block_drop_path
+        )
         outputs[i] = x
       kept = [outputs[i] for i in layers]
     encoder_norm = LayerNorm(
@@ -486,6 +616,17 @@ class VisionTransformer(nn.Module):
       head `head_dist` (initialised as `head`); needs classifier 'token'. With `train=True` the
       logits are the pair (class head, distillation head), with `train=False` their average
       (see `__call__`).
+    posemb: the position embeddings: 'learn' (the paper's learned table,
+      `Transformer/posembed_input/pos_embedding`) or 'sincos2d' (fixed 2-D sin-cos embeddings of
+      Beyer et al., 2022, `sincos2d_posemb`: no parameter, computed for the actual patch grid,
+      so any resolution and aspect ratio needs no resizing; the class token gets none).
+      vit_jax.checkpoint.with_posemb_table writes a sincos2d model's table into its parameters,
+      as the published files and `posemb='learn'` models have it.
+    stochastic_depth: the largest drop-path rate (Huang et al., 2016), 0 for none: in training,
+      each example's two residual branches in block i are dropped at the rate
+      `stochastic_depth_rates(stochastic_depth, num_layers)[i]` (0 at the first block, growing
+      linearly to `stochastic_depth` at the last, as DeiT and timm schedule it), kept ones
+      scaled by 1/(1 - rate), decided per example id under the 'dropout' rng.
   """
 
   num_classes: int | None
@@ -509,6 +650,8 @@ class VisionTransformer(nn.Module):
   layer_norm_kernel: str = "auto"
   grad_reduce_dtype: Dtype | None = None
   distill_token: bool = False
+  posemb: str = "learn"
+  stochastic_depth: float = 0.0
 
   @nn.compact
   def __call__(
@@ -527,7 +670,7 @@ class VisionTransformer(nn.Module):
 
     Args:
       images: [batch, height, width, 3], values in [-1, 1].
-      train: enables dropout (needs the 'dropout' rng).
+      train: enables dropout and stochastic depth (needs the 'dropout' rng).
       return_representation: return the pre-head representation [batch, R or D] instead (with
         `distill_token`, the class token's: the representation every ViT gives).
       corrupt_fn: applied to the patch embeddings [batch, patches, D] before the class token
@@ -535,8 +678,9 @@ class VisionTransformer(nn.Module):
         parameters of the calling module. None: no change.
       return_tokens: return the encoder's output for the patch tokens [batch, patches, D]
         (at least float32, after the final LayerNorm, class token dropped) instead of the logits.
-      example_ids: int [batch], each image's id: its dropout masks are a function of the id and
-        the 'dropout' rng only (the trainer passes the index in the global batch). None: the row.
+      example_ids: int [batch], each image's id: its dropout masks and stochastic depth's
+        decisions are a function of the id and the 'dropout' rng only (the trainer passes the
+        index in the global batch). None: the row.
       feature_layers: block indices (0 is the first block, negative ones count from the last:
         -1 is the last) whose outputs to return as token maps instead of the logits: a list, in
         this order, of [batch, H/p, W/p, hidden_size] arrays (at least float32), the patch
@@ -557,6 +701,10 @@ class VisionTransformer(nn.Module):
       raise ValueError(
         f"distill_token=True needs classifier='token' (DeiT's two tokens), got {self.classifier!r}"
       )
+    if self.posemb not in POSEMB_TYPES:
+      raise ValueError(f"posemb={self.posemb!r}; expected one of {POSEMB_TYPES}")
+    if not 0.0 <= self.stochastic_depth < 1.0:
+      raise ValueError(f"stochastic_depth={self.stochastic_depth!r}; expected a rate in [0, 1)")
     x = images.astype(self.dtype)
     if self.resnet is not None:
       x = resnet.resnet_stem(
@@ -607,8 +755,17 @@ class VisionTransformer(nn.Module):
       attention_kernel=self.attention_kernel,
       layer_norm_kernel=self.layer_norm_kernel,
       grad_reduce_dtype=self.grad_reduce_dtype,
+      posemb=self.posemb,
+      stochastic_depth=self.stochastic_depth,
       name="Transformer",
-    )(x, not train, jnp.arange(batch) if example_ids is None else example_ids, layers, feature_norm)
+    )(
+      x,
+      not train,
+      jnp.arange(batch) if example_ids is None else example_ids,
+      layers,
+      feature_norm,
+      grid,
+    )
     prefix = (1 + int(self.distill_token)) if self.classifier == "token" else 0
     if layers:
       return [
