@@ -7,6 +7,7 @@ module (the files build on each other: `pretrain_mpp.py` on `pretrain.py`, all o
 anywhere once the package is installed (vit_jax.config_files).
 
   common        what the stage configs share: the argument syntax, `runlocal`, common blocks
+  recipes       training recipes as presets: the paper's, AugReg's, the 2022 plain ViT's
   pretrain      pretraining (§4.1, App. B.1): ImageNet-21k, JFT-like shards, ImageNet, the demo
   pretrain_mpp  masked patch prediction pretraining (§4.6, App. B.1.2)
   finetune      fine-tuning (§3.2, App. B.1.1) from a pretrained checkpoint

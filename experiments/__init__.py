@@ -5,6 +5,9 @@ Each runs from the repository root as `python -m experiments.<name> [--help]`:
   demo, folder_transfer              what pretraining buys (docs/demo.md)
   scale_study, mpp_study, inside_vit the paper's findings in miniature (docs/experiments/,
                                      docs/analysis.md)
+  small_data                         AugReg in miniature: the paper's, AugReg's and the 2022
+                                     recipes and distillation on 1-100% of Fashion-MNIST
+                                     (docs/experiments/small_data.md)
   segmentation                       semantic segmentation from patch tokens, §5
                                      (docs/segmentation.md)
   pod_plan                           the paper's configs compiled for TPU slices
