@@ -78,10 +78,10 @@ class Profile:
   transfer_labels: int
 
 
-# 2,000 steps of 128 images (256,000 images: 4.3 epochs of all 60,000, 427 of 600) per arm.
+# 1,500 steps of 128 images (192,000 images: 3.2 epochs of all 60,000, 320 of 600) per arm.
 FULL = Profile(
   fractions=(600, 6_000, 60_000),
-  steps=2_000,
+  steps=1_500,
   batch=128,
   test_examples=None,
   transfer_steps=300,

@@ -19,7 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 def test_every_arm_is_a_stage_config_with_the_same_budget(arm):
   profile = small_data.FULL
   config = config_files.from_flags(small_data.pretrain_flags(arm, 600, 1, profile, "/tmp/teacher"))
-  assert (config.total_steps, config.batch_size, config.seed) == (2_000, 128, 1)
+  assert (config.total_steps, config.batch_size, config.seed) == (1_500, 128, 1)
   assert config.dataset.train_split == "train[:600]"
   assert config.dataset.eval_split == "test"
   vit = arm != "bit"
