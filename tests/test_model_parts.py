@@ -492,3 +492,28 @@ def test_main_trains_with_both_and_its_workdir_comes_back_as_sincos2d(tmp_path):
     dict(model=models.get_model_config("testing"), model_init=str(workdir))
   )
   assert model_init.with_init_architecture(stage).model.posemb == "sincos2d"
+
+  # What reads a workdir reads a sincos2d one: predict at the saved size, the conversion to the
+  # published layout (the table written, read by a learned model to the same logits), and the
+  # analysis (its position-embedding figure from that table).
+  from vit_jax import inference  # noqa: PLC0415
+  from vit_jax.analysis import capture  # noqa: PLC0415
+  from vit_jax.tools import convert  # noqa: PLC0415
+
+  classifier = inference.Classifier(str(workdir))
+  assert classifier.image_size == 16
+  native = _images(2, 16, 16)
+  written = convert.convert(str(workdir), str(tmp_path / "npz"), to="npz")
+  as_learned = ml_collections.ConfigDict(loaded.model_config.to_dict())
+  as_learned.posemb = "learn"
+  learned = checkpoint.load_model(written["weights"], as_learned)
+  assert learned.model.posemb == "learn"
+  np.testing.assert_allclose(
+    _apply(learned.model, learned.params, native),
+    _apply(loaded.model, loaded.params, native),
+    atol=1e-5,
+  )
+  subject = capture.load(str(workdir))
+  assert subject.grid == subject.posemb_grid == (4, 4)
+  table = subject.checkpoint_params["Transformer"]["posembed_input"]["pos_embedding"]
+  np.testing.assert_allclose(table, vit.fixed_posemb((4, 4), 32, 1), atol=1e-6)

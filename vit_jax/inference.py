@@ -91,8 +91,19 @@ def token_stride(model: Any) -> int:
 
 
 def native_image_size(params: dict[str, Any], model: Any) -> int:
-  """The (square) input size that the checkpoint's position embeddings were trained at."""
-  tokens = params["Transformer"]["posembed_input"]["pos_embedding"].shape[1]
+  """The (square) input size that the checkpoint's position embeddings were trained at.
+
+  Raises:
+    ValueError: the checkpoint has no table (fixed sin-cos embeddings, `posemb='sincos2d'`,
+      fit any size) and so no size of its own: give one.
+  """
+  posemb = params.get("Transformer", {}).get("posembed_input")
+  if posemb is None:
+    raise ValueError(
+      "the checkpoint has fixed sin-cos position embeddings (no table) and no saved config "
+      "giving its image size: pass image_size (--image_size)"
+    )
+  tokens = posemb["pos_embedding"].shape[1]
   return math.isqrt(tokens - checkpoint_lib.num_prefix_tokens(params)) * token_stride(model)
 
 

@@ -158,16 +158,23 @@ def load(
   native = native or inference.native_image_size(params, model_config)
   image_size = image_size or native
   prefix = checkpoint.num_prefix_tokens(params)
-  posemb = params["Transformer"]["posembed_input"]["pos_embedding"]
+  sincos = model_config.get("posemb", "learn") == "sincos2d"
+  # Fixed sin-cos embeddings run from the model's own function (`run_params` has no table); the
+  # figures read them as the table they are at the native size.
+  table = checkpoint.with_posemb_table(params, model_config, native) if sincos else params
+  posemb = table["Transformer"]["posembed_input"]["pos_embedding"]
   posemb_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=native))
   posemb_grid = checkpoint.patch_grid(posemb_config, posemb.shape[1] - prefix)
 
   mesh_config = ml_collections.ConfigDict(dict(data=-1, fsdp=fsdp, model=model_parallel))
   mesh = sharding.make_mesh(mesh_config, jax.local_devices())
   module, run_params = checkpoint.representation_model(model_config, params, "pooled", image_size)
-  tokens = run_params["Transformer"]["posembed_input"]["pos_embedding"].shape[1]
-  grid_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=image_size))
-  grid = checkpoint.patch_grid(grid_config, tokens - prefix)
+  if sincos:
+    grid = checkpoint.image_grid(model_config, image_size)
+  else:
+    tokens = run_params["Transformer"]["posembed_input"]["pos_embedding"].shape[1]
+    grid_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=image_size))
+    grid = checkpoint.patch_grid(grid_config, tokens - prefix)
   run_params = jax.device_put(run_params, sharding.tree_shardings(run_params, mesh))
   logging.info(
     "analysis: %s from %s at %dpx: %dx%d tokens of %d px, %d layers x %d heads",
@@ -182,7 +189,7 @@ def load(
   return Subject(
     model=module,
     params=run_params,
-    checkpoint_params=params,
+    checkpoint_params=table,
     model_config=model_config,
     image_size=int(image_size),
     pp=(dataset.get("pp_eval") if dataset else None) or inference.DEFAULT_PP,

@@ -19,7 +19,9 @@ The architecture comes from `--model` (a preset), else the `config.json` of the 
 workdir, or timm / transformers), else the parameter shapes. The GELU travels in the config:
 vit_jax's default tanh approximation is written as timm's `gelu_tanh` / transformers'
 `gelu_pytorch_tanh`, and timm / transformers files (exact GELU by default) become models with
-`gelu_approximate=False`, so the converted model computes what the original did. Only numpy and
+`gelu_approximate=False`, so the converted model computes what the original did. A model with
+fixed 2-D sin-cos position embeddings (`posemb='sincos2d'`, no parameter) is written with them as
+the table of the published layout, at the resolution of its saved config. Only numpy and
 safetensors' numpy API are used: no torch.
 """
 
@@ -107,6 +109,19 @@ def read_model(
       if layout in (timm_hf.TIMM, timm_hf.HF):
         fields = timm_hf.config_fields(checkpoint.read_foreign_config(path))
         model_config.gelu_approximate = fields.get("gelu_approximate", False)
+  if model_config.get("posemb", "learn") == "sincos2d":
+    # Fixed sin-cos embeddings have no parameter: written as the table they are at the
+    # resolution the model was trained at, the published layout every reader expects.
+    saved = checkpoint.saved_config(path)
+    size = saved.dataset.get("image_size") if saved is not None and "dataset" in saved else None
+    if not size:
+      raise ValueError(
+        f"--in={path}: posemb='sincos2d' weights with no saved image size to write their "
+        "position embedding table for; convert the trainer workdir they came from"
+      )
+    params = checkpoint.with_posemb_table(
+      params, model_config, tuple(size) if isinstance(size, (list, tuple)) else int(size)
+    )
   flat = layouts.unstack_flat(checkpoint.flatten_params(params))
   model_config.scan = False  # the written blocks are unstacked
   return model_config, flat, layout
