@@ -7,7 +7,8 @@ Each runs from the repository root as `python -m experiments.<name> [--help]`:
                                      docs/analysis.md)
   small_data                         AugReg in miniature: the paper's, AugReg's and the 2022
                                      recipes and distillation on 1-100% of Fashion-MNIST
-                                     (docs/experiments/small_data.md)
+                                     (docs/experiments/small_data.md; small_data_gpu.sh:
+                                     with three seeds on a lent GPU)
   segmentation                       semantic segmentation from patch tokens, §5
                                      (docs/segmentation.md)
   pod_plan                           the paper's configs compiled for TPU slices

@@ -8,7 +8,7 @@ examples of a new task. The demo measures that in miniature, on the bundled data
 `builtin` source: uint8 arrays in memory):
 
   1. pretrain the 'demo' ViT on Fashion-MNIST: `configs/pretrain.py:dataset=fashion_mnist`
-     (3,000 steps of batch 128, validation top-1 and few-shot evaluation of the pre-logits);
+     (6,000 steps of batch 128, validation top-1 and few-shot evaluation of the pre-logits);
   2. for each number of labelled Animal-MNIST training images (`LABELS`: about 10, 100 and all
      900 per class, the first N of a fixed shuffle), with a fine-tuning budget that grows with
      N (`BUDGETS`):
@@ -48,6 +48,7 @@ from vit_jax import baselines
 from vit_jax.runtime import cli
 
 DOWNSTREAM = "animal_mnist"  # 9,000 training images in 10 classes, 1,000 test images
+WORKDIR = "/tmp/vit_demo"  # --workdir's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +157,7 @@ def probe_flags(profile: Profile, n: int | None, pretrained: str) -> list[str]:
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The experiment's flags (vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
-    **common.define_stage_flags(values, "/tmp/vit_demo", "tiny budgets (~1 minute, for CI)")
+    **common.define_stage_flags(values, WORKDIR, "tiny budgets (~1 minute, for CI)")
   )
 
 
@@ -169,27 +170,39 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
     quick = run(QUICK, os.path.join(args.workdir, "fingerprint"), args.verbose)
     fingerprint.record(results, quick)
     results["seconds"]["fingerprint"] = quick["seconds"]["total"]
+    # The full run's configs, as they are built with the default workdir (their paths).
+    results["configs"] = fingerprint.configs(stage_flags(FULL, WORKDIR))
   _report(results, out)
   common.write_results(os.path.join(out, "results.json"), results, started)
   print(f"results.json, table.md and label_efficiency.png in {out}")
   return results
 
 
+def stage_flags(profile: Profile, workdir: str) -> dict[str, list[str]]:
+  """Every training stage of `profile` by its workdir's name under `workdir`: its flags."""
+  pretrained = os.path.join(workdir, "pretrain")
+  stages = {"pretrain": pretrain_flags(profile, profile is QUICK)}
+  for n, budget in zip(profile.labels, profile.budgets, strict=True):
+    label = _label(n)
+    ft = finetune_flags(profile, n, budget)
+    stages[f"finetune_{label}"] = [*ft, f"--config.model_init={pretrained}"]
+    stages[f"scratch_{label}"] = [*ft, "--config.init_from_scratch=true"]
+    stages[f"probe_{label}"] = probe_flags(profile, n, pretrained)
+  return stages
+
+
 def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
   """Every stage and baseline of `profile`, in workdirs under `workdir`: the results' dict."""
   os.makedirs(workdir, exist_ok=True)
   total_start = time.perf_counter()
+  flags = stage_flags(profile, workdir)
 
-  def stage(title, flags, name):
-    return common.run_stage(title, flags, os.path.join(workdir, name), verbose=verbose)
+  def stage(title, name):
+    return common.run_stage(title, flags[name], os.path.join(workdir, name), verbose=verbose)
 
-  quick = profile is QUICK
-  pretrained = os.path.join(workdir, "pretrain")
   # What the training stages read (experiments/fingerprint.py): seconds of input pipeline each.
-  inputs = dict(pretrain=fingerprint.data(pretrain_flags(profile, quick)))
-  pretrain, pretrain_s = stage(
-    "1. pretrain the demo ViT on Fashion-MNIST", pretrain_flags(profile, quick), "pretrain"
-  )
+  inputs = dict(pretrain=fingerprint.data(flags["pretrain"]))
+  pretrain, pretrain_s = stage("1. pretrain the demo ViT on Fashion-MNIST", "pretrain")
   test = _split("test", profile.test_examples)
   start = time.perf_counter()
   # 100 L-BFGS iterations on Fashion-MNIST's 60k (~15 s; 1000 take minutes).
@@ -203,19 +216,13 @@ def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
     title = f"{label} labelled Animal-MNIST images"
     inputs[f"finetune_{label}"] = fingerprint.data(finetune_flags(profile, n, budget))
     ft, seconds[f"finetune_{label}"] = stage(
-      f"2. fine-tune the pretrained model on {title}",
-      finetune_flags(profile, n, budget) + [f"--config.model_init={pretrained}"],
-      f"finetune_{label}",
+      f"2. fine-tune the pretrained model on {title}", f"finetune_{label}"
     )
     scratch, seconds[f"scratch_{label}"] = stage(
-      f"2. train the same model from scratch on {title}, same budget",
-      finetune_flags(profile, n, budget) + ["--config.init_from_scratch=true"],
-      f"scratch_{label}",
+      f"2. train the same model from scratch on {title}, same budget", f"scratch_{label}"
     )
     probe, seconds[f"probe_{label}"] = stage(
-      f"2. linear probe of the pretrained pre-logits on {title}",
-      probe_flags(profile, n, pretrained),
-      f"probe_{label}",
+      f"2. linear probe of the pretrained pre-logits on {title}", f"probe_{label}"
     )
     start = time.perf_counter()
     pixels = baselines.pixel_baselines(DOWNSTREAM, _split("train", n), test_split=test)
@@ -236,7 +243,7 @@ def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
     )
   seconds["total"] = time.perf_counter() - total_start
   return dict(
-    quick=quick,
+    quick=profile is QUICK,
     pretrain=dict(pretrain, pixels=pretrain_pixels),
     labels=rows,
     inputs=inputs,

@@ -56,7 +56,7 @@ def numbers(results: dict[str, Any]) -> dict[str, float]:
   def walk(value, path):
     if isinstance(value, dict):
       for key, item in value.items():
-        if path or key not in ("provenance", "fingerprint", "seconds", "quick"):
+        if path or key not in ("provenance", "fingerprint", "seconds", "quick", "configs"):
           walk(item, [*path, str(key)])
     elif isinstance(value, bool | int | float) and path[-1] not in _MACHINE:
       flat["/".join(path)] = float(value)
@@ -102,6 +102,43 @@ def data(args: list[str]) -> dict[str, float]:
       f"{split}/mask_sum": float(np.sum(np.asarray(batch["mask"]) * position)),
     }
   return out
+
+
+def configs(stages: dict[str, list[str]]) -> dict[str, Any]:
+  """Each stage's config as its flags build it today, flattened to 'stage/field': value.
+
+  The --quick profile overrides budgets (steps, batch, splits), so a change of a default it
+  overrides (the demo's `total_steps`) would not move its numbers; the full profile's configs,
+  kept in results.json as `configs` and compared exactly (`check_configs`), catch it.
+  """
+  import json
+
+  from vit_jax import config_files
+  from vit_jax.runtime import workdir
+
+  out = {}
+  for stage, args in stages.items():
+    config = json.loads(config_files.from_flags(args).to_json_best_effort())
+    out |= {f"{stage}/{k}": v for k, v in workdir.flatten(config).items()}
+  return out
+
+
+def check_configs(committed_results: dict[str, Any], today: dict[str, Any], command: str) -> None:
+  """Raises AssertionError, naming `command`, where the full profile's configs built today are not
+  the ones the committed results were made with."""
+  committed = committed_results.get("configs")
+  if committed is None:
+    raise AssertionError(f"the committed results keep no configs: regenerate them ({command})")
+  lines = [
+    f"{key}: committed {committed.get(key, '<absent>')!r}, today {today.get(key, '<absent>')!r}"
+    for key in sorted(committed.keys() | today.keys())
+    if committed.get(key, "<absent>") != today.get(key, "<absent>")
+  ]
+  if lines:
+    raise AssertionError(
+      "the committed results were made with other configs than today's code builds for the "
+      f"full run: regenerate them with `{command}` on a quiet machine.\n  " + "\n  ".join(lines)
+    )
 
 
 def record(results: dict[str, Any], quick_results: dict[str, Any]) -> None:

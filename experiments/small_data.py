@@ -57,6 +57,7 @@ from vit_jax.runtime import cli
 
 UPSTREAM, DOWNSTREAM = "fashion_mnist", "animal_mnist"
 TRANSFER_LABELS = 1000
+WORKDIR = "/tmp/vit_small_data"  # --workdir's default
 
 # arm -> the flags that make it, on top of configs/pretrain.py:dataset=fashion_mnist. `distill`
 # also takes its teacher: the `bit` run of the same fraction and seed.
@@ -143,18 +144,29 @@ def transfer_flags(arm: str, pretrained: str, profile: Profile) -> list[str]:
   ]
 
 
+def stage_flags(profile: Profile, workdir: str, seeds: int = 1) -> dict[str, list[str]]:
+  """Every training stage of `profile` by its workdir under `workdir` (`<N>/<arm>_seed<s>` and
+  its `_transfer`): its flags."""
+  stages = {}
+  for n in profile.fractions:
+    for arm in ARMS:
+      for seed in range(seeds):
+        where = os.path.join(workdir, str(n), f"{arm}_seed{seed}")
+        teacher = os.path.join(workdir, str(n), f"bit_seed{seed}")
+        stages[f"{n}/{arm}_seed{seed}"] = pretrain_flags(arm, n, seed, profile, teacher)
+        stages[f"{n}/{arm}_seed{seed}_transfer"] = transfer_flags(arm, where, profile)
+  return stages
+
+
 def run(profile: Profile, workdir: str, seeds: int = 1, verbose: bool = False) -> dict[str, Any]:
   """Every baseline, arm and transfer of `profile`: the results' dict."""
   start_all = time.perf_counter()
   test = _split("test", profile.test_examples)
   seconds: dict[str, float] = {}
   rows: dict[str, Any] = {}
+  flags = stage_flags(profile, workdir, seeds)
   # What the arms' training stages read (experiments/fingerprint.py), on the first fraction.
-  first = os.path.join(workdir, str(profile.fractions[0]), "bit_seed0")
-  inputs = {
-    arm: fingerprint.data(pretrain_flags(arm, profile.fractions[0], 0, profile, first))
-    for arm in ARMS
-  }
+  inputs = {arm: fingerprint.data(flags[f"{profile.fractions[0]}/{arm}_seed0"]) for arm in ARMS}
   start = time.perf_counter()
   transfer_pixels = baselines.pixel_baselines(
     DOWNSTREAM, _split("train", profile.transfer_labels), test_split=test
@@ -168,20 +180,19 @@ def run(profile: Profile, workdir: str, seeds: int = 1, verbose: bool = False) -
     for arm in ARMS:
       runs = []
       for seed in range(seeds):
-        where = os.path.join(workdir, str(n), f"{arm}_seed{seed}")
-        teacher = os.path.join(workdir, str(n), f"bit_seed{seed}")
+        name = f"{n}/{arm}_seed{seed}"
         metrics, s = common.run_stage(
           f"{arm} on {n:,} Fashion-MNIST images, seed {seed}",
-          pretrain_flags(arm, n, seed, profile, teacher),
-          where,
+          flags[name],
+          os.path.join(workdir, name),
           verbose=verbose,
         )
         seconds[f"{n}/{arm}/{seed}"] = s
         ft, s = common.run_stage(
           f"{arm} ({n:,} images, seed {seed}) fine-tuned on {profile.transfer_labels:,} "
           "Animal-MNIST labels",
-          transfer_flags(arm, where, profile),
-          os.path.join(workdir, str(n), f"{arm}_seed{seed}_transfer"),
+          flags[f"{name}_transfer"],
+          os.path.join(workdir, f"{name}_transfer"),
           verbose=verbose,
         )
         seconds[f"{n}/{arm}/{seed}/transfer"] = s
@@ -290,7 +301,7 @@ def _plot(results: dict[str, Any], path: str) -> None:
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The experiment's flags (vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
-    **common.define_stage_flags(values, "/tmp/vit_small_data", "tiny budgets (for CI)"),
+    **common.define_stage_flags(values, WORKDIR, "tiny budgets (for CI)"),
     seeds=flags.DEFINE_integer("seeds", 1, "Runs per arm and fraction.", flag_values=values),
   )
 
@@ -306,6 +317,8 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict[str, Any]:
     quick = run(QUICK, os.path.join(args.workdir, "fingerprint"), verbose=args.verbose)
     fingerprint.record(results, quick)
     results["seconds"]["fingerprint"] = quick["seconds"]["total"]
+    # The full run's configs, as they are built with the default workdir (their paths).
+    results["configs"] = fingerprint.configs(stage_flags(FULL, WORKDIR, args.seeds))
   _report(results, out)
   common.write_results(os.path.join(out, "results.json"), results, started)
   print(f"results.json, table.md and small_data.png in {out}")

@@ -78,3 +78,12 @@ def test_quick_demo_then_predict(tmp_path):
   (top,) = clf.top_k([Image.open(path)], k=5)
   assert [index for index, _, _ in top] == list(np.argsort(-probabilities[0])[:5])
   assert [name for _, name, _ in top] == [builtin.ANIMAL_MNIST_CLASSES[i] for i, _, _ in top]
+
+
+def test_the_committed_results_were_made_with_todays_full_configs():
+  """The --quick run above overrides the budgets; a default it overrides (the pretraining's
+  `total_steps`) is caught here: the full run's configs, built today, are those the committed
+  results keep."""
+  committed = json.loads((REPO / "experiments/results/demo/results.json").read_text())
+  today = fingerprint.configs(demo.stage_flags(demo.FULL, demo.WORKDIR))
+  fingerprint.check_configs(committed, today, "python -m experiments.demo")

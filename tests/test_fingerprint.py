@@ -95,3 +95,15 @@ def test_the_resize_filter_of_before_moves_the_inputs(monkeypatch):
   )
   assert any("train/image_sum" in line for line in lines), lines
   assert not any("label_sum" in line or "mask_sum" in line for line in lines), lines
+
+
+def test_a_default_the_quick_profile_overrides_is_caught_by_the_configs():
+  """The demo's --quick sets its own pretraining steps, so its numbers cannot see the full
+  profile's `total_steps`; the configs of the full run can."""
+  from experiments import demo
+
+  committed = dict(configs=fingerprint.configs(demo.stage_flags(demo.FULL, demo.WORKDIR)))
+  fingerprint.check_configs(committed, dict(committed["configs"]), "cmd")
+  today = dict(committed["configs"], **{"pretrain/total_steps": 3000})
+  with pytest.raises(AssertionError, match=r"pretrain/total_steps: committed 6000, today 3000"):
+    fingerprint.check_configs(committed, today, "cmd")

@@ -51,3 +51,10 @@ def test_quick_study_end_to_end(tmp_path):
     assert 0.0 <= arm["val"] <= 1.0 and 0.0 <= arm["transfer"] <= 1.0
   committed = json.loads((REPO / "experiments/results/small_data/results.json").read_text())
   fingerprint.check(committed, results, "python -m experiments.small_data")
+
+
+def test_the_committed_results_were_made_with_todays_full_configs():
+  committed = json.loads((REPO / "experiments/results/small_data/results.json").read_text())
+  seeds = committed["seeds"]
+  today = fingerprint.configs(small_data.stage_flags(small_data.FULL, small_data.WORKDIR, seeds))
+  fingerprint.check_configs(committed, today, "python -m experiments.small_data")
