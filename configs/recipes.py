@@ -29,8 +29,8 @@ AugReg's levels (`AUG_LEVELS`): RandAugment (layers, magnitude) and Mixup's alph
 Only what a model has is set: a BiT ResNet has no class token, position embedding or dropout,
 so a recipe changes its optimizer and data only.
 
-The demo's datasets (Fashion-MNIST, 32px grey images on 2 CPU cores) pick their own recipe in
-configs/pretrain.py (`_DEMO`); what each recipe reaches there: experiments/results/small_data/.
+The demo (Fashion-MNIST, 32px grey images on 2 CPU cores) takes `DEMO_RECIPE` of
+configs/pretrain.py; what each recipe reaches on slices of it: docs/experiments/small_data.md.
 """
 
 
