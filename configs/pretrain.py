@@ -259,7 +259,7 @@ def _later_recipe(dataset: str, model: str, name: str, epochs: int, lr: float) -
   the rest): Table 3's length where it has one for `model` (else `epochs=` is needed), batch
   4096; plain2022 on ImageNet-1k: 90 epochs of batch 1024 on train[:99%]."""
   table = RECIPES[dataset].get(models.resolve_name(model))
-  base = {k: v for k, v in _DATASET_RECIPES[dataset].items()}
+  base = dict(_DATASET_RECIPES[dataset])
   batch = 4096
   dataset_fields = dict(base.pop("dataset"))
   if name == "plain2022" and dataset == "imagenet2012":

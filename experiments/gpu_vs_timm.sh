@@ -10,15 +10,8 @@
 # 5 rounds of 10 steps per side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
-fi
-python3 -c "import ml_collections, timm, torch, jax" || {
-  echo "gpu_vs_timm: ml_collections, timm, torch or jax is missing (see this script's header)" >&2
-  exit 2
-}
+source experiments/gpu_site.sh
+gpu_site gpu_vs_timm "ml_collections, timm, torch, jax"
 export PYTHONUNBUFFERED=1
 log="${OUT:-/tmp}/gpu_vs_timm.log"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$log"

@@ -7,18 +7,11 @@
 #
 # The machine's image has jax, flax and optax but not ml_collections: carry its wheel in .whl/
 # (pip download --no-deps --only-binary=:all: ml_collections==1.1.0 -d .whl), installed into
-# /tmp/site first (as experiments/gpu_vs_timm.sh does).
+# /tmp/site first (experiments/gpu_site.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
-fi
-python3 -c "import ml_collections, jax, tensorflow" || {
-  echo "small_data_gpu: ml_collections, jax or tensorflow is missing (see this script's header)" >&2
-  exit 2
-}
+source experiments/gpu_site.sh
+gpu_site small_data_gpu "ml_collections, jax, tensorflow"
 export PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
 log="$out/small_data_gpu.log"
