@@ -168,10 +168,7 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
   out = common.out_dir(args.out, "demo", args.workdir, args.quick)
   if out == common.results_dir("demo"):  # the committed results: with the code's fingerprint
     quick = run(QUICK, os.path.join(args.workdir, "fingerprint"), args.verbose)
-    fingerprint.record(results, quick)
-    results["seconds"]["fingerprint"] = quick["seconds"]["total"]
-    # The full run's configs, as they are built with the default workdir (their paths).
-    results["configs"] = fingerprint.configs(stage_flags(FULL, WORKDIR))
+    fingerprint.attach(results, quick, stage_flags(FULL, WORKDIR))
   _report(results, out)
   common.write_results(os.path.join(out, "results.json"), results, started)
   print(f"results.json, table.md and label_efficiency.png in {out}")

@@ -141,9 +141,17 @@ def check_configs(committed_results: dict[str, Any], today: dict[str, Any], comm
     )
 
 
-def record(results: dict[str, Any], quick_results: dict[str, Any]) -> None:
-  """Adds `quick_results`' numbers to `results` as its `fingerprint`."""
+def attach(
+  results: dict[str, Any], quick_results: dict[str, Any], full_stages: dict[str, list[str]]
+) -> None:
+  """What a full run that writes the committed results keeps beside its numbers: the --quick
+  profile's numbers, computed by the same code in the same process, as `fingerprint` (their
+  seconds as seconds/fingerprint), and the full profile's stages' configs as `configs`.
+  `full_stages` are built with the experiment's default workdir, so that the paths in them
+  compare."""
   results["fingerprint"] = numbers(quick_results)
+  results["seconds"]["fingerprint"] = quick_results["seconds"]["total"]
+  results["configs"] = configs(full_stages)
 
 
 def kind(key: str) -> str:

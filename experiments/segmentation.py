@@ -40,9 +40,10 @@ import types
 import numpy as np
 from absl import flags
 
-from experiments import common
+from experiments import common, fingerprint
 from vit_jax.runtime import cli
 
+WORKDIR = "/tmp/vit_segmentation"
 DATASET = "animal_mnist_seg"
 HEADS = ("linear", "progressive")
 # name → (title, model preset, initialised from the pretraining)
@@ -222,32 +223,40 @@ def pixel_baselines(profile: Profile, num_classes: int, class_names: list[str]) 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The experiment's flags (vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
-    **common.define_stage_flags(values, "/tmp/vit_segmentation", "tiny budgets (seconds, for CI)")
+    **common.define_stage_flags(values, WORKDIR, "tiny budgets (seconds, for CI)")
   )
 
 
-def main(argv: list[str], f: types.SimpleNamespace) -> dict:
-  args = cli.values(f)
-  profile = QUICK if args.quick else FULL
-  os.makedirs(args.workdir, exist_ok=True)
+def stage_flags(profile: Profile, workdir: str) -> dict[str, list[str]]:
+  """Every training stage of `profile` by its workdir's name under `workdir`: its flags."""
+  pretrained = os.path.join(workdir, "pretrain")
+  stages = {"pretrain": pretrain_flags(profile, profile is QUICK)}
+  for encoder, head in profile.runs:
+    stages[f"{encoder}_{head}"] = segment_flags(profile, encoder, head, pretrained)
+  return stages
+
+
+def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
+  """Every stage and baseline of `profile`, in workdirs under `workdir`: the results' dict."""
+  os.makedirs(workdir, exist_ok=True)
   total_start = time.perf_counter()
+  flags = stage_flags(profile, workdir)
 
-  def stage(title, flags, name):
-    return common.run_stage(title, flags, os.path.join(args.workdir, name), verbose=args.verbose)
+  def stage(title, name):
+    return common.run_stage(title, flags[name], os.path.join(workdir, name), verbose=verbose)
 
-  pretrained = os.path.join(args.workdir, "pretrain")
-  pretrain, seconds_pretrain = stage(
-    "1. pretrain the demo ViT on Fashion-MNIST", pretrain_flags(profile, args.quick), "pretrain"
+  # What the training stages read (experiments/fingerprint.py): the pretraining's images, and
+  # the canvases every segmentation run reads.
+  first = "_".join(profile.runs[0])
+  inputs = dict(
+    pretrain=fingerprint.data(flags["pretrain"]), segment=fingerprint.data(flags[first])
   )
+  pretrain, seconds_pretrain = stage("1. pretrain the demo ViT on Fashion-MNIST", "pretrain")
   seconds = dict(pretrain=seconds_pretrain)
   runs = {}
   for encoder, head in profile.runs:
     name = f"{encoder}_{head}"
-    metrics, seconds[name] = stage(
-      f"2. segment with the {head} head: {ENCODERS[encoder][0]}",
-      segment_flags(profile, encoder, head, pretrained),
-      name,
-    )
+    metrics, seconds[name] = stage(f"2. segment with the {head} head: {ENCODERS[encoder][0]}", name)
     runs[name] = {k[len("test/") :]: v for k, v in metrics.items() if k.startswith("test/")}
     runs[name].update(loss=metrics.get("loss"), train_pixel_accuracy=metrics.get("accuracy"))
   from vit_jax.input_pipeline import segmentation_synthetic
@@ -257,17 +266,27 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
   baselines = pixel_baselines(profile, len(class_names), class_names)
   seconds["baselines"] = time.perf_counter() - start
   seconds["total"] = time.perf_counter() - total_start
-  results = dict(
-    quick=args.quick,
+  return dict(
+    quick=profile is QUICK,
     profile=dataclasses.asdict(profile),
     pretrain={k: v for k, v in pretrain.items() if not k.startswith("fewshot")},
     runs=runs,
     baselines=baselines,
+    inputs=inputs,
     seconds=seconds,
   )
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
+  args = cli.values(f)
+  started = common.provenance()
+  results = run(QUICK if args.quick else FULL, args.workdir, args.verbose)
   out = common.out_dir(args.out, "segmentation", args.workdir, args.quick)
+  if out == common.results_dir("segmentation"):  # the committed results: with the fingerprint
+    quick = run(QUICK, os.path.join(args.workdir, "fingerprint"), args.verbose)
+    fingerprint.attach(results, quick, stage_flags(FULL, WORKDIR))
   _report(results, out)
-  common.write_results(os.path.join(out, "results.json"), results)
+  common.write_results(os.path.join(out, "results.json"), results, started)
   print(f"results.json, table.md and segmentation.png in {out}")
   return results
 

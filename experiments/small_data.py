@@ -330,10 +330,7 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict[str, Any]:
   out = common.out_dir(args.out, "small_data", args.workdir, args.quick)
   if out == common.results_dir("small_data"):  # the committed results: with the fingerprint
     quick = run(QUICK, os.path.join(args.workdir, "fingerprint"), verbose=args.verbose)
-    fingerprint.record(results, quick)
-    results["seconds"]["fingerprint"] = quick["seconds"]["total"]
-    # The full run's configs, as they are built with the default workdir (their paths).
-    results["configs"] = fingerprint.configs(stage_flags(FULL, WORKDIR, args.seeds))
+    fingerprint.attach(results, quick, stage_flags(FULL, WORKDIR, args.seeds))
   _report(results, out)
   common.write_results(os.path.join(out, "results.json"), results, started)
   print(f"results.json, table.md and small_data.png in {out}")

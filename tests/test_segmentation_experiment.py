@@ -1,4 +1,5 @@
-"""experiments/segmentation.py --quick end to end: every stage it chains, its table and plot.
+"""experiments/segmentation.py --quick end to end: every stage it chains, its table and plot,
+and its numbers compared with the committed results' fingerprint (experiments/fingerprint.py).
 
 The trainer runs on one device of this process (tests/conftest.py gives it eight, over which
 every compile and checkpoint save of a tiny model costs more), as tests/test_experiments_start.py
@@ -6,13 +7,18 @@ does; everything else runs as from the command line.
 """
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
-from experiments import segmentation
+from experiments import fingerprint, segmentation
 from vit_jax import input_pipeline
 from vit_jax.runtime import cli
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+COMMITTED = REPO / "experiments/results/segmentation/results.json"
+COMMAND = "python -m experiments.segmentation"
 
 
 @pytest.mark.slow  # the experiment's quick profile; the segment stage is tested in test_segmentation
@@ -29,6 +35,8 @@ def test_quick_segmentation_experiment(tmp_path, capsys, trainer_on_one_device):
   assert (out / "table.md").read_text().strip() == segmentation.table(results)
   assert (out / "segmentation.png").read_bytes()[:4] == b"\x89PNG"
   assert list(results["runs"]) == [f"{e}_{h}" for e, h in segmentation.QUICK.runs]
+  # The committed results are what today's code computes: their fingerprint is these numbers.
+  fingerprint.check(json.loads(COMMITTED.read_text()), results, COMMAND)
 
   # Every run and the baselines are scored on the same pixels: the counted ones of test[:32]
   # at the profile's resolution, counted here through the input pipeline.
@@ -52,3 +60,8 @@ def test_quick_segmentation_experiment(tmp_path, capsys, trainer_on_one_device):
   # All background: only the background has an IoU, its pixel share, over the classes present.
   present = len(np.unique(labels[counted]))
   assert results["baselines"]["background"]["miou"] == pytest.approx(background / present)
+
+
+def test_the_committed_results_were_made_with_todays_full_configs():
+  today = fingerprint.configs(segmentation.stage_flags(segmentation.FULL, segmentation.WORKDIR))
+  fingerprint.check_configs(json.loads(COMMITTED.read_text()), today, COMMAND)
