@@ -23,8 +23,9 @@ The fingerprint has two parts, compared with the tolerance each needs:
 import math
 from typing import Any
 
-# Keys (their last part) whose numbers are the machine's, not the code's: never compared.
-_MACHINE = ("seconds", "wall_seconds", "images_per_sec", "total")
+# Keys (their last part) whose numbers are the machine's, not the code's: never compared; nor
+# is any key that ends in "seconds".
+_MACHINE = ("images_per_sec", "total")
 # Counts: the same on every machine, compared exactly.
 _COUNTS = (
   "step", "steps", "examples", "num_examples", "train_examples", "test_examples", "batch_size",
@@ -48,6 +49,10 @@ TOLERANCE = dict(
 # so it is the inputs' part that catches such a change.
 
 
+def _machine(key: str) -> bool:
+  return key in _MACHINE or key.endswith("seconds")
+
+
 def numbers(results: dict[str, Any]) -> dict[str, float]:
   """The experiment's numbers, flattened to 'a/b/c' keys: every int, float and bool of `results`
   but the machine's own (wall times, throughput) and its provenance."""
@@ -58,23 +63,30 @@ def numbers(results: dict[str, Any]) -> dict[str, float]:
       for key, item in value.items():
         if path or key not in ("provenance", "fingerprint", "seconds", "quick", "configs"):
           walk(item, [*path, str(key)])
-    elif isinstance(value, bool | int | float) and path[-1] not in _MACHINE:
+    elif isinstance(value, bool | int | float) and not _machine(path[-1]):
       flat["/".join(path)] = float(value)
 
   walk(results, [])
   return flat
 
 
-def data(args: list[str]) -> dict[str, float]:
-  """The input of the training stage that the flags `args` configure: for its first training
-  batch (the config's batch size and seed) and its first evaluation batch, the float64 sum and
-  sum of squares of the images, their projection on a fixed random direction, and the sums of
-  the labels and the mask (weighted by position, so that an order change shows)."""
+def _config(stage):
+  """A stage's config: built from its flags (a list), or the config itself."""
+  from vit_jax import config_files
+
+  return config_files.from_flags(stage) if isinstance(stage, list) else stage
+
+
+def data(stage) -> dict[str, float]:
+  """The input of a training stage (its flags, or its config): for its first training batch
+  (the config's batch size and seed) and its first evaluation batch, the float64 sum and sum
+  of squares of the images, their projection on a fixed random direction, and the sums of the
+  labels and the mask (weighted by position, so that an order change shows)."""
   import numpy as np
 
-  from vit_jax import config_files, input_pipeline
+  from vit_jax import input_pipeline
 
-  config = config_files.from_flags(args)
+  config = _config(stage)
   one_host = dict(process_index=0, process_count=1)
   train = input_pipeline.make_train_iterator(
     config.dataset, global_batch_size=config.batch_size, seed=config.seed, **one_host
@@ -104,8 +116,9 @@ def data(args: list[str]) -> dict[str, float]:
   return out
 
 
-def configs(stages: dict[str, list[str]]) -> dict[str, Any]:
-  """Each stage's config as its flags build it today, flattened to 'stage/field': value.
+def configs(stages: dict[str, Any]) -> dict[str, Any]:
+  """Each stage's config as its flags (or the experiment's code) build it today, flattened to
+  'stage/field': value.
 
   The --quick profile overrides budgets (steps, batch, splits), so a change of a default it
   overrides (the demo's `total_steps`) would not move its numbers; the full profile's configs,
@@ -113,12 +126,11 @@ def configs(stages: dict[str, list[str]]) -> dict[str, Any]:
   """
   import json
 
-  from vit_jax import config_files
   from vit_jax.runtime import workdir
 
   out = {}
   for stage, args in stages.items():
-    config = json.loads(config_files.from_flags(args).to_json_best_effort())
+    config = json.loads(_config(args).to_json_best_effort())
     out |= {f"{stage}/{k}": v for k, v in workdir.flatten(config).items()}
   return out
 
@@ -141,9 +153,7 @@ def check_configs(committed_results: dict[str, Any], today: dict[str, Any], comm
     )
 
 
-def attach(
-  results: dict[str, Any], quick_results: dict[str, Any], full_stages: dict[str, list[str]]
-) -> None:
+def attach(results: dict[str, Any], quick_results: dict[str, Any], full_stages: dict) -> None:
   """What a full run that writes the committed results keeps beside its numbers: the --quick
   profile's numbers, computed by the same code in the same process, as `fingerprint` (their
   seconds as seconds/fingerprint), and the full profile's stages' configs as `configs`.

@@ -33,7 +33,7 @@ import types
 
 from absl import flags
 
-from experiments import common
+from experiments import common, fingerprint
 from vit_jax.runtime import cli
 
 DEVICES = 8
@@ -55,7 +55,9 @@ PLAN = [
 ]
 
 
-def stage_flags(dtype: str, reduce_dtype: str, seed: int, steps: int, test: str) -> list[str]:
+def run_flags(dtype: str, reduce_dtype: str, seed: int, steps: int, test: str) -> list[str]:
+  """One run of the demo's pretraining with the model in `dtype`, its gradients summed in
+  `reduce_dtype`."""
   return [
     "--config=configs/pretrain.py:dataset=fashion_mnist",
     f"--config.seed={seed}",
@@ -114,7 +116,7 @@ def table(results: dict) -> str:
     "MNIST-5k) | wall time |",
     "|---|---|---|---|---|",
   ]
-  for r in results["runs"]:
+  for r in results["runs"].values():
     m = r["metrics"]
     lines.append(
       f"| {r['label']} | {m['loss']:.4f} | {100 * m['val/accuracy']:.2f}% "
@@ -126,7 +128,7 @@ def table(results: dict) -> str:
 
 def wire_table(results: dict) -> str:
   """The bytes of the compiled multi-slice step (wire.md); empty without them."""
-  wires = [(r["label"], r["wire"]) for r in results["runs"] if r.get("wire")]
+  wires = [(r["label"], r["wire"]) for r in results["runs"].values() if r.get("wire")]
   if not wires:
     return ""
   lines = [
@@ -158,7 +160,35 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
   )
 
 
-def main(argv: list[str], f: types.SimpleNamespace) -> None:
+def stage_flags(quick: bool) -> dict[str, list[str]]:
+  """Every run's flags by its workdir's name (run<i>, in RUNS' order)."""
+  steps, test = (8, "test[:200]") if quick else (500, "test")
+  return {
+    f"run{i}": run_flags(dtype, reduce_dtype, seed, steps, test)
+    for i, (_, dtype, reduce_dtype, seed) in enumerate(RUNS)
+  }
+
+
+def run(quick: bool, workdir: str, verbose: bool = False, resume: bool = False) -> dict:
+  """Every run (and, for the full profile, its compiled step's bytes): the results' dict."""
+  start = time.perf_counter()
+  flags = stage_flags(quick)
+  # What the runs read (experiments/fingerprint.py): the same data for all of them.
+  inputs = fingerprint.data(flags["run0"])
+  results = dict(quick=quick, steps=8 if quick else 500, devices=DEVICES, runs={}, inputs=inputs)
+  for (label, dtype, reduce_dtype, seed), (name, stage) in zip(RUNS, flags.items(), strict=True):
+    metrics, seconds = common.run_stage(
+      label, stage, os.path.join(workdir, name), resume=resume, verbose=verbose
+    )
+    run = dict(label=label, flags=stage, metrics=metrics, seconds=seconds)
+    if dtype == "bfloat16" and seed == 0 and not quick:
+      run["wire"] = wire_bytes(reduce_dtype)
+    results["runs"][name] = run
+  results["seconds"] = dict(total=time.perf_counter() - start)
+  return results
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
   args = cli.values(f)
   given = os.environ.get("XLA_FLAGS", "")
   if f"device_count={DEVICES}" not in given:  # before JAX's backend starts in this process
@@ -168,28 +198,20 @@ def main(argv: list[str], f: types.SimpleNamespace) -> None:
 
   if jax.device_count() != DEVICES:
     raise SystemExit(f"grad_reduce: {jax.device_count()} devices, not {DEVICES} (XLA_FLAGS set?)")
-  steps, test = (8, "test[:200]") if args.quick else (500, "test")
+  started = common.provenance()
+  results = run(args.quick, args.workdir, args.verbose, args.resume)
   out = common.out_dir(args.out, "grad_reduce", args.workdir, args.quick)
-  start = time.perf_counter()
-  results = dict(quick=args.quick, steps=steps, devices=DEVICES, runs=[])
-  for i, (label, dtype, reduce_dtype, seed) in enumerate(RUNS):
-    stage = stage_flags(dtype, reduce_dtype, seed, steps, test)
-    workdir = os.path.join(args.workdir, f"run{i}")
-    metrics, seconds = common.run_stage(
-      label, stage, workdir, resume=args.resume, verbose=args.verbose
-    )
-    run = dict(label=label, flags=stage, metrics=metrics, seconds=seconds)
-    if dtype == "bfloat16" and seed == 0 and not args.quick:
-      run["wire"] = wire_bytes(reduce_dtype)
-    results["runs"].append(run)
-  results["seconds"] = dict(total=time.perf_counter() - start)
-  common.write_results(os.path.join(out, "results.json"), results)
+  if out == common.results_dir("grad_reduce"):  # the committed results: with the fingerprint
+    quick = run(True, os.path.join(args.workdir, "fingerprint"), args.verbose)
+    fingerprint.attach(results, quick, stage_flags(quick=False))
+  common.write_results(os.path.join(out, "results.json"), results, started)
   text, wires = table(results), wire_table(results)
   print(text + ("\n\n" + wires if wires else ""))
   common.finish_report(results, text, out)
   if wires:
     with open(os.path.join(out, "wire.md"), "w") as f:
       f.write(wires + "\n")
+  return results
 
 
 if __name__ == "__main__":

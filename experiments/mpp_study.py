@@ -34,10 +34,11 @@ import types
 
 from absl import flags
 
-from experiments import common
+from experiments import common, fingerprint
 from vit_jax import baselines
 from vit_jax.runtime import cli
 
+WORKDIR = "/tmp/vit_mpp_study"
 DOWNSTREAM = ("animal_mnist", "mnist_5k")
 INITS = ("scratch", "mpp", "supervised")  # each but scratch is pretrained first
 # Column heads of the table, and what each pretraining's accuracy (its last logging window) is.
@@ -197,53 +198,81 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
   """The experiment's flags (vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
     quick=flags.DEFINE_bool("quick", False, "Tiny budgets (CI).", flag_values=values),
-    workdir=flags.DEFINE_string(
-      "workdir", "/tmp/vit_mpp_study", "Workdirs of the runs.", flag_values=values
-    ),
+    workdir=flags.DEFINE_string("workdir", WORKDIR, "Workdirs of the runs.", flag_values=values),
     out=flags.DEFINE_string(
       "out", None, "The results' folder (default: see the module docstring).", flag_values=values
     ),
   )
 
 
-def main(argv: list[str], f: types.SimpleNamespace) -> dict:
-  args = cli.values(f)
-  profile = QUICK if args.quick else FULL
-  out = common.out_dir(args.out, "mpp_study", args.workdir, args.quick)
+def stage_configs(profile: Profile, workdir: str) -> dict:
+  """Every training stage of `profile` by its workdir's name under `workdir`: its config."""
+  stages, pretrained = {}, {}
+  for kind in (i for i in INITS if i != "scratch"):  # the pretrainings the inits start from
+    pretrained[kind] = os.path.join(workdir, f"pretrain_{kind}")
+    stages[f"pretrain_{kind}"] = pretrain_config(kind, profile)
+  for dataset in DOWNSTREAM:
+    for init in INITS:
+      config = finetune_config(dataset, init, profile, pretrained.get(init, ""))
+      stages[f"finetune_{dataset}_{init}"] = config
+  return stages
 
+
+def run(profile: Profile, workdir: str) -> dict:
+  """Every stage and baseline of `profile`, in workdirs under `workdir` (removed first, so that
+  a rerun measures from scratch): the results' dict."""
   from absl import logging
 
   from vit_jax import train
 
   logging.set_verbosity(logging.WARNING)
+  total_start = time.perf_counter()
+  configs = stage_configs(profile, workdir)
+  # What the stages read (experiments/fingerprint.py): the pretrainings' images, and each
+  # downstream dataset's.
+  inputs = {kind: fingerprint.data(configs[f"pretrain_{kind}"]) for kind in ("mpp", "supervised")}
+  inputs |= {d: fingerprint.data(configs[f"finetune_{d}_scratch"]) for d in DOWNSTREAM}
   results: dict = dict(
-    profile=dataclasses.asdict(profile), pretrain={}, finetune={}, baselines={}, seconds={}
+    quick=profile is QUICK,
+    profile=dataclasses.asdict(profile),
+    pretrain={},
+    finetune={d: {} for d in DOWNSTREAM},
+    baselines={},
+    inputs=inputs,
+    seconds={},
   )
-  workdirs = {}
-  for kind in (i for i in INITS if i != "scratch"):  # the pretrainings the inits start from
-    workdirs[kind] = os.path.join(args.workdir, f"pretrain_{kind}")
-    shutil.rmtree(workdirs[kind], ignore_errors=True)
+  for name, config in configs.items():
+    stage_workdir = os.path.join(workdir, name)
+    shutil.rmtree(stage_workdir, ignore_errors=True)
     start = time.perf_counter()
-    metrics = train.run(pretrain_config(kind, profile), workdirs[kind])
-    results["seconds"][f"pretrain_{kind}"] = time.perf_counter() - start
-    results["pretrain"][kind] = dict(loss=metrics["loss"], accuracy=metrics["accuracy"])
-    print(f"pretrain {kind}: {results['pretrain'][kind]}", flush=True)
-  for dataset in DOWNSTREAM:
-    results["finetune"][dataset] = {}
-    for init in INITS:
-      workdir = os.path.join(args.workdir, f"finetune_{dataset}_{init}")
-      shutil.rmtree(workdir, ignore_errors=True)
-      start = time.perf_counter()
-      metrics = train.run(finetune_config(dataset, init, profile, workdirs.get(init, "")), workdir)
-      results["seconds"][f"finetune_{dataset}_{init}"] = time.perf_counter() - start
+    metrics = train.run(config, stage_workdir)
+    results["seconds"][name] = time.perf_counter() - start
+    kind, _, rest = name.partition("_")
+    if kind == "pretrain":
+      results["pretrain"][rest] = dict(loss=metrics["loss"], accuracy=metrics["accuracy"])
+      print(f"pretrain {rest}: {results['pretrain'][rest]}", flush=True)
+    else:
+      dataset, init = rest.rsplit("_", 1)
       results["finetune"][dataset][init] = metrics["val/accuracy"]
       print(f"finetune {dataset} from {init}: {metrics['val/accuracy']:.4f}", flush=True)
+  for dataset in DOWNSTREAM:
     n = profile.max_train_examples
     results["baselines"][dataset] = baselines.pixel_baselines(
       dataset, f"train[:{n}]" if n else "train", test_split=scored_split(profile)
     )
+  results["seconds"]["total"] = time.perf_counter() - total_start
+  return results
 
-  common.write_results(os.path.join(out, "results.json"), results)
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
+  args = cli.values(f)
+  started = common.provenance()
+  results = run(QUICK if args.quick else FULL, args.workdir)
+  out = common.out_dir(args.out, "mpp_study", args.workdir, args.quick)
+  if out == common.results_dir("mpp_study"):  # the committed results: with the fingerprint
+    quick = run(QUICK, os.path.join(args.workdir, "fingerprint"))
+    fingerprint.attach(results, quick, stage_configs(FULL, WORKDIR))
+  common.write_results(os.path.join(out, "results.json"), results, started)
   table = _table(results)
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(table)

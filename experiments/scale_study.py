@@ -44,10 +44,11 @@ from typing import Any
 
 from absl import flags
 
-from experiments import common
+from experiments import common, fingerprint
 from vit_jax import baselines
 from vit_jax.runtime import cli
 
+WORKDIR = "/tmp/vit_scale_study"
 UPSTREAM = "fashion_mnist"
 UPSTREAM_TRAIN = 60_000
 DOWNSTREAM = ("animal_mnist", "mnist_5k")
@@ -285,6 +286,30 @@ def _cached(results: dict, key: str, fn):
 # The study.
 
 
+def _pretrain_dir(workdir: str, family: str, fraction: int) -> str:
+  return os.path.join(workdir, "pretrain", family, f"1of{fraction}")
+
+
+def _finetune_dir(workdir: str, family: str, fraction: int, dataset: str, lr: float) -> str:
+  return os.path.join(workdir, "finetune", family, f"1of{fraction}", dataset, str(lr))
+
+
+def stage_flags(profile: Profile, workdir: str) -> dict[str, list[str]]:
+  """Every training stage of `profile` by its workdir under `workdir`: its flags."""
+  stages = {}
+  for family in FAMILIES:
+    for fraction in profile.fractions:
+      pre_dir = _pretrain_dir(workdir, family, fraction)
+      stages[os.path.relpath(pre_dir, workdir)] = pretrain_args(family, fraction, profile)
+      for dataset in profile.finetune_datasets:
+        for lr in profile.learning_rates:
+          where = _finetune_dir(workdir, family, fraction, dataset, lr)
+          stages[os.path.relpath(where, workdir)] = finetune_args(
+            family, pre_dir, dataset, lr, profile
+          )
+  return stages
+
+
 def run_study(workdir: str, profile: Profile) -> dict[str, Any]:
   """Runs every stage not finished yet, then measures; returns (and writes) results.json."""
   os.makedirs(workdir, exist_ok=True)
@@ -309,10 +334,18 @@ def run_study(workdir: str, profile: Profile) -> dict[str, Any]:
 
   fewshot = FewShot(profile)
   start = time.perf_counter()
+  flags = stage_flags(profile, workdir)
+  # What the stages read (experiments/fingerprint.py): the largest pretraining set's images and
+  # the fine-tuning's, the same for both families.
+  first = _pretrain_dir("", "ViT", min(profile.fractions))
+  tuned = _finetune_dir("", "ViT", min(profile.fractions), DOWNSTREAM[0], profile.learning_rates[0])
+  results["inputs"] = dict(
+    pretrain=fingerprint.data(flags[first]), finetune=fingerprint.data(flags[tuned])
+  )
   for family in FAMILIES:
     for fraction in profile.fractions:
       key = f"{family}/1of{fraction}"
-      pre_dir = os.path.join(workdir, "pretrain", family, f"1of{fraction}")
+      pre_dir = _pretrain_dir(workdir, family, fraction)
       metrics, _ = common.run_stage(
         f"pretrain {family} on {UPSTREAM} 1/{fraction}",
         pretrain_args(family, fraction, profile),
@@ -344,7 +377,7 @@ def run_study(workdir: str, profile: Profile) -> dict[str, Any]:
       for dataset in profile.finetune_datasets:
         minival, dirs = {}, {}
         for lr in profile.learning_rates:
-          dirs[lr] = os.path.join(workdir, "finetune", family, f"1of{fraction}", dataset, str(lr))
+          dirs[lr] = _finetune_dir(workdir, family, fraction, dataset, lr)
           ft, _ = common.run_stage(
             f"fine-tune {family} 1/{fraction} on {dataset}, lr {lr}",
             finetune_args(family, pre_dir, dataset, lr, profile),
@@ -379,7 +412,8 @@ def run_study(workdir: str, profile: Profile) -> dict[str, Any]:
         f"baseline/{dataset}/finetune",
         lambda d=dataset: baselines.pixel_baselines(d, FINETUNE_TRAIN),
       )
-  results["seconds_this_invocation"] = time.perf_counter() - start
+  # This invocation's: with the stages an earlier one finished, less than the study took.
+  results["seconds"] = dict(total=time.perf_counter() - start)
   save()
   return results
 
@@ -508,9 +542,7 @@ def plot(results: dict[str, Any], out: str) -> list[str]:
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
   """The experiment's flags (vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
-    workdir=flags.DEFINE_string(
-      "workdir", "/tmp/vit_scale_study", "Workdirs of the runs.", flag_values=values
-    ),
+    workdir=flags.DEFINE_string("workdir", WORKDIR, "Workdirs of the runs.", flag_values=values),
     out=flags.DEFINE_string(
       "out", None, "The results' folder (default: see the module docstring).", flag_values=values
     ),
@@ -523,8 +555,12 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict[str, Any]:
   profile = QUICK if args.quick else FULL
   out = common.out_dir(args.out, "scale_study", args.workdir, args.quick)
   start = time.perf_counter()
+  started = common.provenance()
   results = run_study(args.workdir, profile)
-  common.write_results(os.path.join(out, "results.json"), results, sort_keys=True)
+  if out == common.results_dir("scale_study"):  # the committed results: with the fingerprint
+    quick = run_study(os.path.join(args.workdir, "fingerprint"), QUICK)
+    fingerprint.attach(results, quick, stage_flags(FULL, WORKDIR))
+  common.write_results(os.path.join(out, "results.json"), results, started, sort_keys=True)
   table = markdown_table(results)
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write(table)

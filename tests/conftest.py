@@ -31,7 +31,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # baselines' scikit-learn fits): `pytest -n 2` already runs one process per core, and OpenBLAS's
 # threads spin while they wait, so two of them per worker fight XLA's threads and the other
 # worker's for the cores (measured: docs/process.md).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+if "OPENBLAS_NUM_THREADS" not in os.environ:
+  os.environ["OPENBLAS_NUM_THREADS"] = "1"
+  os.environ[xla_env.SUITE_BLAS] = "1"  # the suite's setting, not the user's: see user_env
 
 # One directory for the run, made by the controller and removed at its end, holding
 # - one persistent compilation cache: the test processes, every xdist worker and every child

@@ -66,7 +66,9 @@ TRAIN_SOURCES = (
 
 
 def _config_files():
-  return sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "common", "recipes"))
+  return sorted(
+    p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "common", "recipes")
+  )
 
 
 def _get(name, arg):

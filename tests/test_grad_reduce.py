@@ -2,14 +2,23 @@
 are summed across devices (vit_jax.models.ops.dense and broadcast_param).
 
 The float32 path is held to float64 sums of the same bf16 products; the default path to plain
-autodiff, bit for bit; the bytes on the wire to the TPU compiler's multi-slice step (libtpu).
+autodiff, bit for bit; the bytes on the wire to the TPU compiler's multi-slice step (libtpu);
+experiments/grad_reduce.py's --quick profile to the committed results' fingerprint.
 """
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import fingerprint, grad_reduce
+from tests.helpers import xla_env
 from tests.helpers.libtpu_process import libtpu_test
 from vit_jax import models
 from vit_jax.models import ops
@@ -139,3 +148,35 @@ def test_the_bytes_between_slices_follow_the_reduction_dtype():
   assert shares["bfloat16"].get("bf16", 0) > 0.9, shares
   assert shares["float32"].get("f32", 0) > 0.99, shares
   assert shares["float32"]["bytes"] > 1.8 * shares["bfloat16"]["bytes"], shares
+
+
+COMMITTED = pathlib.Path(__file__).resolve().parent.parent / "experiments/results/grad_reduce"
+COMMAND = "python -m experiments.grad_reduce"
+
+
+@pytest.mark.slow  # five 8-step runs over eight simulated devices
+def test_quick_experiment_matches_the_committed_fingerprint(tmp_path):
+  """experiments/grad_reduce.py --quick as a user runs it (on the eight devices the command
+  gives itself): one row per run, and its numbers are the committed results' fingerprint
+  (experiments/fingerprint.py)."""
+  proc = subprocess.run(
+    [sys.executable, "-m", "experiments.grad_reduce", "--quick", f"--workdir={tmp_path}"],
+    capture_output=True,
+    text=True,
+    env=xla_env.user_env(),
+    cwd=COMMITTED.parent.parent.parent,
+    timeout=900,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  results = json.loads((tmp_path / "results" / "results.json").read_text())
+  assert list(results["runs"]) == [f"run{i}" for i in range(len(grad_reduce.RUNS))]
+  assert (tmp_path / "results" / "table.md").read_text().strip() == grad_reduce.table(results)
+  for run in results["runs"].values():
+    assert run["metrics"]["step"] == 8 and math.isfinite(run["metrics"]["loss"])
+  committed = json.loads((COMMITTED / "results.json").read_text())
+  fingerprint.check(committed, results, COMMAND)
+
+
+def test_the_committed_results_were_made_with_todays_full_configs():
+  committed = json.loads((COMMITTED / "results.json").read_text())
+  fingerprint.check_configs(committed, fingerprint.configs(grad_reduce.stage_flags(False)), COMMAND)

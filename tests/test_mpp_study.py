@@ -1,4 +1,5 @@
-"""experiments/mpp_study.py --quick end to end: every stage runs and the outputs are written."""
+"""experiments/mpp_study.py --quick end to end: every stage runs, the outputs are written, and
+its numbers are the committed results' fingerprint (experiments/fingerprint.py)."""
 
 import json
 import os
@@ -9,16 +10,19 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from experiments import fingerprint, mpp_study
 from tests.helpers import xla_env
 from vit_jax import inference
 from vit_jax.input_pipeline import builtin
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMITTED = os.path.join(REPO, "experiments/results/mpp_study/results.json")
+COMMAND = "python -m experiments.mpp_study"
 
 
 @pytest.mark.slow  # eight short training runs: ~4 min of CPU time
 def test_quick_study_writes_results_table_and_plot(tmp_path):
-  env = xla_env.child_env(PYTHONPATH=REPO)  # one CPU device, as a user runs it
+  env = xla_env.user_env(PYTHONPATH=REPO)  # one CPU device, XLA's defaults: as a user runs it
   out = subprocess.run(
     [
       sys.executable,
@@ -55,3 +59,11 @@ def test_quick_study_writes_results_table_and_plot(tmp_path):
   table = (tmp_path / "results" / "table.md").read_text()
   assert "| animal_mnist |" in table and "| mnist_5k |" in table
   assert (tmp_path / "results" / "plot.png").read_bytes()[:4] == b"\x89PNG"
+  with open(COMMITTED) as f:
+    fingerprint.check(json.load(f), results, COMMAND)
+
+
+def test_the_committed_results_were_made_with_todays_full_configs():
+  today = fingerprint.configs(mpp_study.stage_configs(mpp_study.FULL, mpp_study.WORKDIR))
+  with open(COMMITTED) as f:
+    fingerprint.check_configs(json.load(f), today, COMMAND)

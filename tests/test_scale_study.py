@@ -1,8 +1,10 @@
 """The ViT-vs-BiT scale study (experiments/scale_study.py): its protocol pieces, and `--quick`
-end to end (slow), including a rerun that skips every finished run."""
+end to end (slow), including a rerun that skips every finished run, compared with the committed
+results' fingerprint (experiments/fingerprint.py)."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -10,12 +12,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments import scale_study
+from experiments import fingerprint, scale_study
 from tests.helpers import xla_env
 from vit_jax import config_files, inference
 from vit_jax.input_pipeline import builtin
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMITTED = pathlib.Path(REPO) / "experiments/results/scale_study/results.json"
+COMMAND = "python -m experiments.scale_study"
 
 
 def test_learning_rate_is_picked_on_the_held_out_split():
@@ -78,7 +82,7 @@ def test_stage_flags_name_fields_the_configs_have(family, profile):
 
 @pytest.mark.slow  # four training stages (minutes on 2 shared cores)
 def test_quick_study_end_to_end_and_resume(tmp_path):
-  env = xla_env.child_env()  # as a user runs it: one CPU device
+  env = xla_env.user_env()  # as a user runs it: one CPU device, XLA's defaults
   cmd = [sys.executable, "-m", "experiments.scale_study", "--quick"]
   cmd += [f"--workdir={tmp_path}", f"--out={tmp_path / 'out'}"]
   out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
@@ -143,3 +147,10 @@ def test_quick_study_end_to_end_and_resume(tmp_path):
   assert "python -m vit_jax.main" not in again.stdout
   assert again.stdout.count("finished earlier") == 4
   assert json.loads((tmp_path / "out" / "results.json").read_text())["runs"] == runs
+  # The committed results are what today's code computes: their fingerprint is these numbers.
+  fingerprint.check(json.loads(COMMITTED.read_text()), results, COMMAND)
+
+
+def test_the_committed_results_were_made_with_todays_full_configs():
+  today = fingerprint.configs(scale_study.stage_flags(scale_study.FULL, scale_study.WORKDIR))
+  fingerprint.check_configs(json.loads(COMMITTED.read_text()), today, COMMAND)

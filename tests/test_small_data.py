@@ -36,7 +36,7 @@ def test_quick_study_end_to_end(tmp_path):
     [sys.executable, "-m", "experiments.small_data", "--quick", f"--workdir={tmp_path}"],
     capture_output=True,
     text=True,
-    env=xla_env.child_env(),
+    env=xla_env.user_env(),  # as a user runs it: the fingerprint's numbers to the bit
     cwd=REPO,
     timeout=1200,
   )

@@ -26,6 +26,8 @@ DEVICE_COUNT = "--xla_force_host_platform_device_count"
 OPT_LEVEL = "--xla_backend_optimization_level"
 FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters"
 SUITE = (f"{OPT_LEVEL}=0", f"{FUSION_EMITTERS}=false")
+# Set (by tests/conftest.py) where OPENBLAS_NUM_THREADS=1 is the suite's setting.
+SUITE_BLAS = "VIT_JAX_SUITE_SET_BLAS_THREADS"
 
 
 def flags(devices: int | None = None, environ=None, optimize: bool = False) -> str:
@@ -47,3 +49,16 @@ def flags(devices: int | None = None, environ=None, optimize: bool = False) -> s
 def child_env(devices: int | None = None, optimize: bool = False, **extra: str) -> dict:
   """os.environ for a child process: `flags(devices, optimize=optimize)`, plus `extra`."""
   return dict(os.environ, XLA_FLAGS=flags(devices, optimize=optimize), **extra)
+
+
+def user_env(devices: int | None = None, **extra: str) -> dict:
+  """os.environ for a child process that computes what a user's command computes, to the bit: an
+  experiment's --quick profile compared with the fingerprint that its full run recorded
+  (experiments/fingerprint.py). XLA's default optimisation (the suite's level 0 rounds
+  differently, and the few-shot accuracies of a few training steps move by points with it) and
+  OpenBLAS's default threads (the pixel baselines' fits), unless the user set them; plus
+  `extra`."""
+  env = child_env(devices, optimize=True, **extra)
+  if env.pop(SUITE_BLAS, None):
+    del env["OPENBLAS_NUM_THREADS"]
+  return env
