@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments import inside_vit
+from experiments import fingerprint, inside_vit
+from tests.helpers import xla_env
 from vit_jax import checkpoint, models
 from vit_jax.analysis import capture, metrics, report
 from vit_jax.checkpoint import train_state
@@ -367,16 +368,58 @@ def test_inside_vit_experiment_writes_the_readme_figures(tmp_path):
   _orbax_workdir(tmp_path / "pretrain", params, config, image_size=32)
   out = tmp_path / "figures"
   result = cli.call(
-    inside_vit,
-    [f"--workdir={tmp_path / 'pretrain'}", f"--out={out}", "--num_images=12", "--batch_size=8"],
+    inside_vit, ["--quick", f"--pretrained={tmp_path / 'pretrain'}", f"--out={out}"]
   )
   assert sorted(p.name for p in out.iterdir()) == sorted(
     [f"{name}.png" for name in inside_vit.FIGURES] + ["analysis.json"]
   )
   saved = json.loads((out / "analysis.json").read_text())
-  assert saved["images"]["count"] == 12 and result["token_grid"] == [8, 8]
+  assert saved["images"]["count"] == inside_vit.QUICK.num_images and result["token_grid"] == [8, 8]
   assert np.shape(saved["mean_attention_distance"]) == (2, 2)
   assert saved["figures"]["attention_rollout"] == "attention_rollout.png"
+  # The summary docs/analysis.md reads: each layer's heads' min, mean and max.
+  distance = np.asarray(saved["mean_attention_distance"])
+  assert saved["summary"]["layer2"]["max"] == pytest.approx(distance[1].max())
+  assert saved["summary"]["layer1"]["mean"] == pytest.approx(distance[0].mean())
+  assert not saved["pretrain"] and not saved["inputs"]  # nothing trained here
+
+
+def test_inside_vit_never_puts_another_models_figures_over_the_committed_ones(tmp_path):
+  with pytest.raises(SystemExit, match="--pretrained=.* would replace the committed results"):
+    cli.call(inside_vit, [f"--pretrained={tmp_path}"])
+  with pytest.raises(SystemExit, match="--pretrained=.*: no such workdir"):
+    cli.call(inside_vit, [f"--pretrained={tmp_path / 'absent'}", f"--out={tmp_path / 'out'}"])
+
+
+INSIDE_VIT = REPO / "experiments/results/inside_vit/analysis.json"
+
+
+@pytest.mark.slow  # the demo's pretraining for 30 steps, then the analysis of 64 images
+def test_quick_inside_vit_matches_the_committed_fingerprint(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, "-m", "experiments.inside_vit", "--quick", f"--workdir={tmp_path}"],
+    capture_output=True,
+    text=True,
+    env=xla_env.user_env(),  # as a user runs it: the fingerprint's numbers to the bit
+    cwd=REPO,
+    timeout=900,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  result = json.loads((tmp_path / "results" / "analysis.json").read_text())
+  assert result["pretrain"]["val/accuracy"] > 0.15  # 10 classes; measured 26-29% (tests/test_demo)
+  assert sorted(result["inputs"]["pretrain"]) == sorted(
+    f"{split}/{key}"
+    for split in ("train", "eval")
+    for key in ("image_sum", "image_sumsq", "image_projection", "label_sum", "mask_sum")
+  )
+  fingerprint.check(json.loads(INSIDE_VIT.read_text()), result, "python -m experiments.inside_vit")
+
+
+def test_inside_vit_committed_results_were_made_with_todays_full_configs():
+  today = fingerprint.configs(inside_vit.stage_flags(inside_vit.FULL))
+  fingerprint.check_configs(
+    json.loads(INSIDE_VIT.read_text()), today, "python -m experiments.inside_vit"
+  )
 
 
 def test_the_tool_imports_without_tensorflow():
