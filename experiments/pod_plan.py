@@ -1,12 +1,14 @@
 r"""The paper's pretraining configs compiled for TPU slices: memory, FLOPs, implied TPUv3-core-days.
 
   python -m experiments.pod_plan          # writes experiments/results/pod_plan/
+  python -m experiments.pod_plan --quick  # one compile of B/32 on a v3-32 (tests)
 
 needs libtpu (`pip install -e ".[tpu]"`) and no TPU. For each (model, topology) it compiles the
 trainer's step of `configs/pretrain.py:dataset=jft,model=<model>` (batch 4096, with
 `model.scan=True`) with vit_jax.tools.plan; when a configuration does not fit, the planner's
 search picks the fastest proposed setting that leaves a tenth of the HBM free. Writes results.json
-and table.md (docs/pod_planning.md's table) to --out_dir (default experiments/results/pod_plan/).
+and table.md (docs/pod_planning.md's table) to --out_dir (default experiments/results/pod_plan/;
+the committed copy keeps the fingerprint of the code that wrote it: experiments/fingerprint.py).
 
 Memory and FLOPs are the TPU compiler's. Step times and core-days are estimates at an assumed
 fraction of peak (--efficiency); the column "efficiency implied by the paper" is the fraction
@@ -26,7 +28,7 @@ import types
 
 from absl import flags
 
-from experiments import common
+from experiments import common, fingerprint
 from vit_jax.runtime import cli
 from vit_jax.tools import plan as planner
 
@@ -38,15 +40,29 @@ PAPER_CORE_DAYS = {"L/16": 680, "H/14": 2500}
 # (v4, v5p: one megacore device per chip) or chips (v5e, v6e).
 TOPOLOGIES = ("v3:16x16", "v4:8x8x8", "v5p:8x8x8", "v5e:16x16", "v6e:16x16")
 RUNS = [(model, topology) for topology in TOPOLOGIES for model in ("B/16", "L/16", "H/14")]
+# --quick: one compile that fits (half a minute on 2 cores), for the tests' fingerprint.
+QUICK_RUNS = [("B/32", "v3:4x4")]
+WORKDIR = "/tmp/vit_pod_plan"  # with --quick and no --out_dir, results in <WORKDIR>/results
 
 
-def run_one(model: str, topology: str, efficiency: float, max_trials: int) -> dict:
+def plan_config(model: str):
+  """`configs/pretrain.py:dataset=jft,model=<model>` with scanned blocks: the same step, with one
+  block compiled instead of 12-32 (about a minute per compile on a 2-core machine instead of 16+
+  for an unrolled B/16 on a 512-device slice)."""
   from vit_jax.configs import pretrain  # noqa: PLC0415 (imports JAX: after the command's quiet_libtpu)
 
   config = pretrain.get_config(f"dataset=jft,model={model}")
-  # Scanned blocks: the same step, with one block compiled instead of 12-32 (about a minute per
-  # compile on a 2-core machine instead of 16+ for an unrolled B/16 on a 512-device slice).
   config.model.scan = True
+  return config
+
+
+def stage_configs(runs: list[tuple[str, str]]) -> dict:
+  """The config each (model, topology) compiles, by the row's name."""
+  return {f"{model} on {topology}": plan_config(model) for model, topology in runs}
+
+
+def run_one(model: str, topology: str, efficiency: float, max_trials: int) -> dict:
+  config = plan_config(model)
   start = time.perf_counter()
   base = planner.plan(config, topology, efficiency=efficiency)
   chosen, overrides = base, {}
@@ -54,9 +70,9 @@ def run_one(model: str, topology: str, efficiency: float, max_trials: int) -> di
     found = planner.search(config, topology, base, max_trials, efficiency=efficiency)
     if found:
       overrides, chosen = found[0]
-  steps = EPOCHS[model] * JFT_IMAGES / int(config.batch_size)
+  steps = EPOCHS[model] * JFT_IMAGES / int(config.batch_size) if model in EPOCHS else None
   core_days = None
-  if chosen.step_seconds and topology.startswith("v3"):
+  if steps and chosen.step_seconds and topology.startswith("v3"):
     core_days = chosen.step_seconds * steps * chosen.num_devices / 86_400
   row = dict(
     model=model,
@@ -71,6 +87,20 @@ def run_one(model: str, topology: str, efficiency: float, max_trials: int) -> di
   )
   print(planner.format_plan(chosen), flush=True)
   return row
+
+
+def run(runs: list[tuple[str, str]], efficiency: float, max_trials: int, out: str) -> dict:
+  """Every (model, topology) of `runs`; results.json and table.md in `out` after each."""
+  start = time.perf_counter()
+  results = dict(quick=runs is QUICK_RUNS, rows={}, seconds={})
+  for model, topology in runs:
+    results["rows"][f"{model} on {topology}"] = run_one(model, topology, efficiency, max_trials)
+    results["seconds"]["total"] = time.perf_counter() - start
+    common.write_results(os.path.join(out, "results.json"), results, default=str)
+    with open(os.path.join(out, "table.md"), "w") as f:
+      f.write(table(list(results["rows"].values())))
+  results["seconds"]["total"] = time.perf_counter() - start
+  return results
 
 
 def table(rows: list[dict]) -> str:
@@ -112,7 +142,14 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
   """The experiment's flags (vit_jax.runtime.cli)."""
   return types.SimpleNamespace(
     out_dir=flags.DEFINE_string(
-      "out_dir", common.results_dir("pod_plan"), "results.json, table.md.", flag_values=values
+      "out_dir",
+      None,
+      "results.json, table.md (default experiments/results/pod_plan/; with --quick, "
+      f"{WORKDIR}/results/).",
+      flag_values=values,
+    ),
+    quick=flags.DEFINE_bool(
+      "quick", False, f"Only {QUICK_RUNS[0][0]} on {QUICK_RUNS[0][1]} (tests).", flag_values=values
     ),
     efficiency=flags.DEFINE_float(
       "efficiency",
@@ -129,17 +166,20 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
   )
 
 
-def main(argv: list[str], f: types.SimpleNamespace) -> None:
+def main(argv: list[str], f: types.SimpleNamespace) -> dict:
   args = cli.values(f)
   if not planner.libtpu_available():
     raise SystemExit(planner.install_hint())
-  rows = []
-  for model, topology in RUNS:
-    rows.append(run_one(model, topology, args.efficiency, args.max_trials))
-    common.write_results(os.path.join(args.out_dir, "results.json"), {"rows": rows}, default=str)
-    with open(os.path.join(args.out_dir, "table.md"), "w") as f:
-      f.write(table(rows))
-  print(table(rows))
+  out = common.out_dir(args.out_dir, "pod_plan", WORKDIR, args.quick)
+  os.makedirs(out, exist_ok=True)
+  started = common.provenance()
+  results = run(QUICK_RUNS if args.quick else RUNS, args.efficiency, args.max_trials, out)
+  if out == common.results_dir("pod_plan"):  # the committed results: with the fingerprint
+    quick = run(QUICK_RUNS, args.efficiency, args.max_trials, os.path.join(WORKDIR, "fingerprint"))
+    fingerprint.attach(results, quick, stage_configs(RUNS))
+  common.write_results(os.path.join(out, "results.json"), results, started, default=str)
+  print(table(list(results["rows"].values())))
+  return results
 
 
 if __name__ == "__main__":

@@ -303,7 +303,8 @@ def test_pod_plan_imports_and_parses_its_arguments(tmp_path, monkeypatch, capsys
   ends with the install hint and writes nothing. With libtpu it gets past that check to its
   table, with no configuration to compile: one compile of the paper's models takes minutes and
   libtpu one process at a time, which the slow libtpu tests of tests/test_plan.py arrange
-  (test_paper_pretraining_fits_a_v3_slice compiles pod_plan's setting)."""
+  (test_paper_pretraining_fits_a_v3_slice compiles pod_plan's setting, and
+  test_quick_pod_plan_matches_the_committed_fingerprint its --quick profile)."""
   from experiments import pod_plan
   from vit_jax.tools import plan as planner
 
@@ -313,8 +314,9 @@ def test_pod_plan_imports_and_parses_its_arguments(tmp_path, monkeypatch, capsys
   if not planner.libtpu_available():
     with pytest.raises(SystemExit, match=re.escape(planner.install_hint())):
       cli.call(pod_plan, args)
+    assert not (tmp_path / "pod_plan").exists()
   else:
     monkeypatch.setattr(pod_plan, "RUNS", [])
-    cli.call(pod_plan, args)
+    results = cli.call(pod_plan, args)
     assert capsys.readouterr().out.startswith("| model | slice | devices | settings |")
-  assert not (tmp_path / "pod_plan").exists()
+    assert results["rows"] == {} and not results["quick"]

@@ -8,7 +8,9 @@ The tests that compile for a topology (`libtpu_test`) each run in a pytest proce
 (tests/helpers/libtpu_process.py says why).
 """
 
+import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -16,8 +18,9 @@ import sys
 import jax
 import pytest
 
+from experiments import fingerprint, pod_plan
 from tests.helpers import compiled_step
-from tests.helpers.libtpu_process import libtpu_test, run_with_libtpu
+from tests.helpers.libtpu_process import libtpu_test, needs_libtpu, run_with_libtpu
 from vit_jax.configs import pretrain
 from vit_jax.cost import compiled_stats
 from vit_jax.tools import plan as planner
@@ -472,3 +475,29 @@ def test_paper_pretraining_fits_a_v3_slice(model):
   assert p.stats.total <= 16 * GiB
   compiled = compiled_step.compile_step(config, planner.topology_devices("v3:16x16"), 18_291)
   _assert_compiler_memory(p, compiled)
+
+
+POD_PLAN = pathlib.Path(REPO) / "experiments/results/pod_plan/results.json"
+
+
+@pytest.mark.slow  # one compile of B/32 for 32 TPU v3 cores (half a minute on 2 cores)
+@needs_libtpu
+def test_quick_pod_plan_matches_the_committed_fingerprint(tmp_path):
+  """experiments/pod_plan.py --quick: the TPU compiler's memory and FLOPs of its one row are
+  the committed results' fingerprint (experiments/fingerprint.py)."""
+  out = run_with_libtpu(
+    [sys.executable, "-m", "experiments.pod_plan", "--quick", f"--out_dir={tmp_path}"],
+    timeout=900,
+  )
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  results = json.loads((tmp_path / "results.json").read_text())
+  (row,) = results["rows"].values()
+  assert row["chosen"]["fits"] and row["chosen"]["num_devices"] == 32
+  assert (tmp_path / "table.md").read_text() == pod_plan.table([row])
+  fingerprint.check(json.loads(POD_PLAN.read_text()), results, "python -m experiments.pod_plan")
+
+
+def test_pod_plan_committed_results_were_made_with_todays_configs():
+  today = fingerprint.configs(pod_plan.stage_configs(pod_plan.RUNS))
+  committed = json.loads(POD_PLAN.read_text())
+  fingerprint.check_configs(committed, today, "python -m experiments.pod_plan")
