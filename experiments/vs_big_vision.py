@@ -3,11 +3,13 @@ collectives, compile time, and the largest per-device batch that fits.
 
   python -m experiments.vs_big_vision --big_vision_dir=/path/to/big_vision
       [--models=B/16,L/16,H/14] [--topologies=v3:2x2,v4:2x2x2,v5e:4x4,v5p:2x2x2]
+  python -m experiments.vs_big_vision --quick   # vit_jax's steps of a small row (tests)
 
 needs libtpu (`pip install -e ".[tpu]"`), no TPU, and a checkout of
 github.com/google-research/big_vision (not on PyPI; only its `big_vision/models/vit.py` is
 imported, by experiments/big_vision_step.py). Writes results.json and table.md to --out_dir
-(default experiments/results/vs_big_vision/).
+(default experiments/results/vs_big_vision/); the committed copy keeps the fingerprint of the
+code that wrote it (experiments/fingerprint.py: --quick's figures, which need no checkout).
 
 The run of each row, the same on both sides: the ViT paper's architecture (class token, a
 Dense+tanh representation layer), 224px, bfloat16 matmuls with float32 parameters, sigmoid
@@ -53,7 +55,7 @@ from typing import Any
 
 from absl import flags
 
-from experiments import common
+from experiments import common, fingerprint
 from vit_jax.runtime import cli
 from vit_jax.tools import plan as planner
 
@@ -68,6 +70,11 @@ RUNS = {
   "L/16": ("imagenet21k", 21_843, 0.1),
   "H/14": ("jft", 18_291, 0.0),
 }
+OTHER_MODEL = ("imagenet21k", 21_843, 0.1)  # a model without a row of its own ('testing')
+# --quick: vit_jax's two steps (no big_vision checkout needed) for the 'testing' ViT at 224px on a
+# v4:2x2x2, 8 images per device: seconds of compiles, for the tests' fingerprint.
+QUICK = dict(model="testing", topology="v4:2x2x2", batch=8, sides=("vit_jax",))
+WORKDIR = "/tmp/vit_vs_big_vision"  # with --quick and no --out_dir, results in <WORKDIR>/results
 TOPOLOGIES = ("v3:2x2", "v4:2x2x2", "v5e:4x4", "v5p:2x2x2")
 # Where a row's figures are compared: the per-device batch that a straight line of memory against
 # batch (bytes besides the batch's, bytes per image) puts just under the chip's HBM, so that the
@@ -87,7 +94,7 @@ def vit_jax_config(model: str, global_batch: int, image_size: int = 224):
   gets ImageNet-21k's settings)."""
   from vit_jax.configs import pretrain  # noqa: PLC0415
 
-  dataset, _, dropout = RUNS.get(model, ("imagenet21k", 0, 0.1))
+  dataset, _, dropout = RUNS.get(model, OTHER_MODEL)
   extra = "" if model in RUNS else ",epochs=7,lr=1e-3"
   config = pretrain.get_config(f"dataset={dataset},model={model}{extra}")
   config.batch_size = global_batch
@@ -119,7 +126,7 @@ def compile_one(
     image_size, num_classes: the row's (default 224 and RUNS' classes).
   """
   devices = planner.topology_devices(topology) if devices is None else list(devices)
-  classes = num_classes or RUNS[model][1]
+  classes = num_classes or RUNS.get(model, OTHER_MODEL)[1]
   global_batch = per_device_batch * len(devices)
   start = time.perf_counter()
   if side in ("vit_jax", SAME_STATE):
@@ -246,7 +253,11 @@ class Compiler:
     self.big_vision_dir = big_vision_dir
     self.cache_path = cache_path
     self.dump_dir = dump_dir
-    self.hashes = {side: source_hash(side, big_vision_dir) for side in (*SIDES, SAME_STATE)}
+    self.hashes = {  # without a checkout (--quick), vit_jax's sides only
+      side: source_hash(side, big_vision_dir)
+      for side in (*SIDES, SAME_STATE)
+      if big_vision_dir or side != "big_vision"
+    }
     self.cache = {}
     if os.path.exists(cache_path):
       with open(cache_path) as f:
@@ -389,14 +400,20 @@ def start_batch(model: str, topology: str) -> int:
 
 
 def run_row(
-  compile_, model: str, topology: str, start: int | None = None, search: bool = True
+  compile_,
+  model: str,
+  topology: str,
+  start: int | None = None,
+  search: bool = True,
+  sides: tuple[str, ...] = SIDES,
 ) -> dict:
-  """Both sides of a row: `compile_(side, model, topology, batch)` at the starting batch, then
-  (with `search`) the largest batch that fits (None where the device's HBM is unknown, e.g. CPU
-  devices, or not searched)."""
+  """The `sides` of a row (and vit_jax's step with big_vision's optimizer state):
+  `compile_(side, model, topology, batch)` at the starting batch, then (with `search`) the
+  largest batch that fits (None where the device's HBM is unknown, e.g. CPU devices, or not
+  searched)."""
   start = start or start_batch(model, topology)
   row = dict(model=model, topology=topology, batch=start, sides={})
-  for side in SIDES:
+  for side in sides:
     first = compile_(side, model, topology, start)
     largest, tried = None, [start]
     if first["hbm"] and search:
@@ -490,7 +507,12 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
 
   return types.SimpleNamespace(
     big_vision_dir=define("string", "big_vision_dir", None, "A big_vision checkout (required)."),
-    out_dir=define("string", "out_dir", common.results_dir("vs_big_vision"), "Results' folder."),
+    out_dir=define(
+      "string",
+      "out_dir",
+      None,
+      f"Results' folder (default experiments/results/vs_big_vision/; --quick: {WORKDIR}/results).",
+    ),
     cache=define("string", "cache", None, "Compile results (default <out_dir>/compiles.json)."),
     models=define("string", "models", ",".join(RUNS), "Rows' models."),
     topologies=define("string", "topologies", ",".join(TOPOLOGIES), "Rows' TPU slices."),
@@ -499,34 +521,72 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
     batch=define(
       "integer", "batch", None, "Each row's first per-device batch (else: start_batch)."
     ),
+    quick=define(
+      "bool", "quick", False, "Only vit_jax's steps of a 'testing' row (no checkout; tests)."
+    ),
     compile_one=define("string", "compile_one", None, "A child's one compile (JSON; internal)."),
   )
 
 
-def main(argv: list[str], f: types.SimpleNamespace) -> None:
+def stage_configs(rows: list[dict]) -> dict:
+  """vit_jax's config of each row of the results (its per-device batch on its devices), by the
+  row's name."""
+  return {
+    f"{r['model']} on {r['topology']}": vit_jax_config(
+      r["model"], r["batch"] * r["sides"]["vit_jax"]["at_start"]["num_devices"]
+    )
+    for r in rows
+  }
+
+
+def quick(out_dir: str, dump_dir: str | None = None) -> dict:
+  """The --quick profile: vit_jax's steps of the QUICK row; compiles.json in `out_dir`."""
+  start = time.perf_counter()
+  compile_ = Compiler("", os.path.join(out_dir, "compiles.json"), dump_dir)
+  row = run_row(compile_, QUICK["model"], QUICK["topology"], QUICK["batch"], False, QUICK["sides"])
+  name = f"{QUICK['model']} on {QUICK['topology']}"
+  return dict(quick=True, rows={name: row}, seconds=dict(total=time.perf_counter() - start))
+
+
+def main(argv: list[str], f: types.SimpleNamespace) -> dict | None:
   args = cli.values(f)
-  if not args.big_vision_dir:
-    raise SystemExit("vs_big_vision: --big_vision_dir is required (a big_vision checkout)")
   if not planner.libtpu_available():
     raise SystemExit(planner.install_hint())
+  out_dir = common.out_dir(args.out_dir, "vs_big_vision", WORKDIR, args.quick)
   if args.compile_one:
     result = compile_one(**json.loads(args.compile_one), big_vision_dir=args.big_vision_dir)
     print("RESULT " + json.dumps(result), flush=True)
-    return
+    return None
+  started = common.provenance()
+  if args.quick:
+    os.makedirs(out_dir, exist_ok=True)
+    results = quick(out_dir, args.dump_dir)
+    common.write_results(os.path.join(out_dir, "results.json"), results, started)
+    print(f"results.json in {out_dir}")
+    return results
+  if not args.big_vision_dir:
+    raise SystemExit("vs_big_vision: --big_vision_dir is required (a big_vision checkout)")
   from experiments import big_vision_step  # noqa: PLC0415
 
   big_vision_step.model_path(args.big_vision_dir)  # a wrong folder is one line, now
-  cache = args.cache or os.path.join(args.out_dir, "compiles.json")
+  cache = args.cache or os.path.join(out_dir, "compiles.json")
   compile_ = Compiler(args.big_vision_dir, cache, args.dump_dir)
-  rows = []
+  start = time.perf_counter()
+  results = dict(quick=False, rows={}, source_hashes=compile_.hashes, seconds={})
   for model in args.models.split(","):
     for topology in args.topologies.split(","):
-      rows.append(run_row(compile_, model, topology, start=args.batch, search=args.search))
-      results = dict(rows=rows, source_hashes=compile_.hashes)
-      common.write_results(os.path.join(args.out_dir, "results.json"), results)
-      with open(os.path.join(args.out_dir, "table.md"), "w") as f:
-        f.write(table(rows))
-  print(table(rows))
+      row = run_row(compile_, model, topology, start=args.batch, search=args.search)
+      results["rows"][f"{model} on {topology}"] = row
+      results["seconds"]["total"] = time.perf_counter() - start
+      common.write_results(os.path.join(out_dir, "results.json"), results, started)
+      with open(os.path.join(out_dir, "table.md"), "w") as f:
+        f.write(table(list(results["rows"].values())))
+  if out_dir == common.results_dir("vs_big_vision"):  # the committed results: the fingerprint
+    rows = list(results["rows"].values())
+    fingerprint.attach(results, quick(os.path.join(WORKDIR, "fingerprint")), stage_configs(rows))
+    common.write_results(os.path.join(out_dir, "results.json"), results, started)
+  print(table(list(results["rows"].values())))
+  return results
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """experiments/vs_big_vision.py and experiments/big_vision_step.py: the bisection for the largest
-batch, the report, big_vision's recipe step around a stand-in model, and (slow, with a big_vision
-checkout named by $BIG_VISION_DIR) both sides of the smallest row compiled for CPU devices."""
+batch, the report, big_vision's recipe step around a stand-in model, (slow, with a big_vision
+checkout named by $BIG_VISION_DIR) both sides of the smallest row compiled for CPU devices, and
+(slow, libtpu) the --quick profile against the committed results' fingerprint."""
 
+import json
 import os
+import pathlib
 import sys
 import types
 
@@ -11,10 +14,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments import big_vision_step, vs_big_vision
+from experiments import big_vision_step, fingerprint, vs_big_vision
+from tests.helpers.libtpu_process import needs_libtpu, run_with_libtpu
 from vit_jax.cost import compiled_stats
 
 GiB = 2**30
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _fake_result(batch: int, hbm: int = 16 * GiB, fixed: float = 3.0, per_example: float = 0.1):
@@ -152,3 +157,35 @@ def test_the_smallest_row_compiles_for_both_sides_on_cpu_devices():
   assert "big_vision.models.vit" in sys.modules
   line = vs_big_vision.table([row]).splitlines()[2]
   assert line.startswith("| testing | cpu:8 | 2 | ") and line.endswith("| — / — |")
+
+
+COMMITTED = pathlib.Path(REPO) / "experiments/results/vs_big_vision/results.json"
+COMMAND = (
+  "python -m experiments.vs_big_vision --big_vision_dir=... with the committed rows' "
+  "--models, --topologies and --batch"
+)
+
+
+@pytest.mark.slow  # two compiles of the 'testing' ViT's step for a v4:2x2x2 (libtpu)
+@needs_libtpu
+def test_quick_profile_matches_the_committed_fingerprint(tmp_path):
+  """vit_jax's side of the comparison, compiled today for the --quick row, is what it was when
+  the committed results were made (experiments/fingerprint.py)."""
+  out = run_with_libtpu(
+    [sys.executable, "-m", "experiments.vs_big_vision", "--quick", f"--out_dir={tmp_path}"],
+    timeout=900,
+  )
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  results = json.loads((tmp_path / "results.json").read_text())
+  (row,) = results["rows"].values()
+  assert set(row["sides"]) == {"vit_jax"} and row["vit_jax_mu_bf16"]["fits"]
+  # big_vision's state: the first moment in bf16, 2 bytes per parameter fewer.
+  ours, same_state = row["sides"]["vit_jax"]["at_start"]["stats"], row["vit_jax_mu_bf16"]["stats"]
+  assert ours["opt_state"] - same_state["opt_state"] == pytest.approx(ours["params"] / 2, rel=0.01)
+  fingerprint.check(json.loads(COMMITTED.read_text()), results, COMMAND)
+
+
+def test_the_committed_results_were_made_with_todays_configs():
+  committed = json.loads(COMMITTED.read_text())
+  today = fingerprint.configs(vs_big_vision.stage_configs(list(committed["rows"].values())))
+  fingerprint.check_configs(committed, today, COMMAND)
