@@ -111,9 +111,10 @@ def trainer(config) -> float:
   from absl import logging
 
   from vit_jax import train
+  from vit_jax.runtime import logging_util
 
   rates = []
-  original = train.logging_util.Throughput.__call__
+  original = logging_util.Throughput.__call__
 
   def record(self, step):
     out = original(self, step)
@@ -122,13 +123,13 @@ def trainer(config) -> float:
     return out
 
   verbosity = logging.get_verbosity()
-  train.logging_util.Throughput.__call__ = record
+  logging_util.Throughput.__call__ = record
   logging.set_verbosity(logging.WARNING)
   try:
     with tempfile.TemporaryDirectory() as workdir:
       train.run(config, workdir)
   finally:  # the meter and the log level as they were (a caller may train again)
-    train.logging_util.Throughput.__call__ = original
+    logging_util.Throughput.__call__ = original
     logging.set_verbosity(verbosity)
   return statistics.mean(rates[1:])
 

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from experiments import fingerprint, inside_vit
-from tests.helpers import xla_env
+from tests.helpers import experiment_run
 from vit_jax import checkpoint, models
 from vit_jax.analysis import capture, metrics, report
 from vit_jax.checkpoint import train_state
@@ -396,15 +396,7 @@ INSIDE_VIT = REPO / "experiments/results/inside_vit/analysis.json"
 
 @pytest.mark.slow  # the demo's pretraining for 30 steps, then the analysis of 64 images
 def test_quick_inside_vit_matches_the_committed_fingerprint(tmp_path):
-  proc = subprocess.run(
-    [sys.executable, "-m", "experiments.inside_vit", "--quick", f"--workdir={tmp_path}"],
-    capture_output=True,
-    text=True,
-    env=xla_env.user_env(),  # as a user runs it: the fingerprint's numbers to the bit
-    cwd=REPO,
-    timeout=900,
-  )
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  experiment_run.run("inside_vit", "--quick", f"--workdir={tmp_path}")
   result = json.loads((tmp_path / "results" / "analysis.json").read_text())
   assert result["pretrain"]["val/accuracy"] > 0.15  # 10 classes; measured 26-29% (tests/test_demo)
   assert sorted(result["inputs"]["pretrain"]) == sorted(

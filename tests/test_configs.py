@@ -58,7 +58,9 @@ CASES = [(name, arg) for name, args in ARGS.items() for arg in args]
 
 # Top-level fields of a trained stage's config and where each is read (no field nothing reads).
 TRAIN_SOURCES = (
-  "vit_jax/train.py",
+  "vit_jax/train/step.py",
+  "vit_jax/train/saver.py",
+  "vit_jax/train/loop.py",
   "vit_jax/main.py",
   "vit_jax/model_init.py",
   "vit_jax/objectives/__init__.py",

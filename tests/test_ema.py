@@ -86,14 +86,14 @@ def finetuned(tmp_path_factory):
   root = tmp_path_factory.mktemp("ema_finetune")
   path = random_weights.random_npz(str(root / "pretrained.npz"), seed=1)
   config = _finetune_config(path)
-  seen, report = [], train._report_compiled
+  seen, report = [], train.loop._report_compiled
 
   def recording_report(compiled, state, *args):
     seen.append(_host(state))  # called once, with the state the first step starts from
     return report(compiled, state, *args)
 
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(train, "_report_compiled", recording_report)
+    patch.setattr(train.loop, "_report_compiled", recording_report)
     metrics = train.run(config, str(root / "run"), devices=jax.devices()[:1])
   (state0,) = seen
   return config, root / "run", checkpoint.load(path), metrics, state0

@@ -9,8 +9,6 @@ experiments/grad_reduce.py's --quick profile to the committed results' fingerpri
 import json
 import math
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +16,7 @@ import numpy as np
 import pytest
 
 from experiments import fingerprint, grad_reduce
-from tests.helpers import xla_env
+from tests.helpers import experiment_run
 from tests.helpers.libtpu_process import libtpu_test
 from vit_jax import models
 from vit_jax.models import ops
@@ -159,15 +157,7 @@ def test_quick_experiment_matches_the_committed_fingerprint(tmp_path):
   """experiments/grad_reduce.py --quick as a user runs it (on the eight devices the command
   gives itself): one row per run, and its numbers are the committed results' fingerprint
   (experiments/fingerprint.py)."""
-  proc = subprocess.run(
-    [sys.executable, "-m", "experiments.grad_reduce", "--quick", f"--workdir={tmp_path}"],
-    capture_output=True,
-    text=True,
-    env=xla_env.user_env(),
-    cwd=COMMITTED.parent.parent.parent,
-    timeout=900,
-  )
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  experiment_run.run("grad_reduce", "--quick", f"--workdir={tmp_path}")
   results = json.loads((tmp_path / "results" / "results.json").read_text())
   assert list(results["runs"]) == [f"run{i}" for i in range(len(grad_reduce.RUNS))]
   assert (tmp_path / "results" / "table.md").read_text().strip() == grad_reduce.table(results)

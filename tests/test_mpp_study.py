@@ -3,15 +3,13 @@ its numbers are the committed results' fingerprint (experiments/fingerprint.py).
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from experiments import fingerprint, mpp_study
-from tests.helpers import xla_env
+from tests.helpers import experiment_run
 from vit_jax import inference
 from vit_jax.input_pipeline import builtin
 
@@ -22,23 +20,8 @@ COMMAND = "python -m experiments.mpp_study"
 
 @pytest.mark.slow  # eight short training runs: ~4 min of CPU time
 def test_quick_study_writes_results_table_and_plot(tmp_path):
-  env = xla_env.user_env(PYTHONPATH=REPO)  # one CPU device, XLA's defaults: as a user runs it
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "experiments.mpp_study",
-      "--quick",
-      f"--workdir={tmp_path}",
-      f"--out={tmp_path / 'results'}",
-    ],
-    capture_output=True,
-    text=True,
-    env=env,
-    cwd=REPO,
-    timeout=1200,
-  )
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  args = ["--quick", f"--workdir={tmp_path}", f"--out={tmp_path / 'results'}"]
+  experiment_run.run("mpp_study", *args)  # one CPU device, XLA's defaults: as a user runs it
   results = json.loads((tmp_path / "results" / "results.json").read_text())
   for dataset in ("animal_mnist", "mnist_5k"):
     assert set(results["finetune"][dataset]) == {"scratch", "mpp", "supervised"}

@@ -5,15 +5,13 @@ results' fingerprint (experiments/fingerprint.py)."""
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from experiments import fingerprint, scale_study
-from tests.helpers import xla_env
+from tests.helpers import experiment_run
 from vit_jax import config_files, inference
 from vit_jax.input_pipeline import builtin
 
@@ -82,11 +80,8 @@ def test_stage_flags_name_fields_the_configs_have(family, profile):
 
 @pytest.mark.slow  # four training stages (minutes on 2 shared cores)
 def test_quick_study_end_to_end_and_resume(tmp_path):
-  env = xla_env.user_env()  # as a user runs it: one CPU device, XLA's defaults
-  cmd = [sys.executable, "-m", "experiments.scale_study", "--quick"]
-  cmd += [f"--workdir={tmp_path}", f"--out={tmp_path / 'out'}"]
-  out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  args = ["--quick", f"--workdir={tmp_path}", f"--out={tmp_path / 'out'}"]
+  out = experiment_run.run("scale_study", *args, timeout=1800)  # as a user runs it
   assert out.stdout.count("python -m vit_jax.main") == 4  # 2 pretrain + 2 fine-tune, printed
 
   results = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -142,8 +137,7 @@ def test_quick_study_end_to_end_and_resume(tmp_path):
   for name in ("accuracy_vs_data.png", "accuracy_vs_compute.png"):
     assert (tmp_path / "out" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-  again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-  assert again.returncode == 0, again.stderr[-3000:]
+  again = experiment_run.run("scale_study", *args, timeout=600)
   assert "python -m vit_jax.main" not in again.stdout
   assert again.stdout.count("finished earlier") == 4
   assert json.loads((tmp_path / "out" / "results.json").read_text())["runs"] == runs

@@ -4,14 +4,12 @@ table and plot, and its numbers compared with the committed results' fingerprint
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from experiments import fingerprint, segmentation
-from tests.helpers import xla_env
+from tests.helpers import experiment_run
 from vit_jax import input_pipeline
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -21,16 +19,7 @@ COMMAND = "python -m experiments.segmentation"
 
 @pytest.mark.slow  # the experiment's quick profile; the segment stage is tested in test_segmentation
 def test_quick_segmentation_experiment(tmp_path):
-  proc = subprocess.run(
-    [sys.executable, "-m", "experiments.segmentation", "--quick", f"--workdir={tmp_path}"],
-    capture_output=True,
-    text=True,
-    env=xla_env.user_env(),
-    cwd=REPO,
-    timeout=900,
-  )
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  printed = proc.stdout
+  printed = experiment_run.run("segmentation", "--quick", f"--workdir={tmp_path}").stdout
   # Each stage's command is printed before it runs, so that a reader can rerun it.
   assert "python -m vit_jax.main --config=configs/pretrain.py:dataset=fashion_mnist" in printed
   assert "--config=configs/segment.py:dataset=animal_mnist_seg,model=R26x1,head=linear" in printed

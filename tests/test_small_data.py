@@ -3,13 +3,11 @@
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from experiments import fingerprint, small_data
-from tests.helpers import xla_env
+from tests.helpers import experiment_run
 from vit_jax import config_files
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -32,15 +30,7 @@ def test_every_arm_is_a_stage_config_with_the_same_budget(arm):
 
 @pytest.mark.slow  # eight training stages (a few minutes on 2 shared cores)
 def test_quick_study_end_to_end(tmp_path):
-  out = subprocess.run(
-    [sys.executable, "-m", "experiments.small_data", "--quick", f"--workdir={tmp_path}"],
-    capture_output=True,
-    text=True,
-    env=xla_env.user_env(),  # as a user runs it: the fingerprint's numbers to the bit
-    cwd=REPO,
-    timeout=1200,
-  )
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  experiment_run.run("small_data", "--quick", f"--workdir={tmp_path}")
   results = json.loads((tmp_path / "results" / "results.json").read_text())
   assert (tmp_path / "results" / "small_data.png").read_bytes()[:4] == b"\x89PNG"
   assert (tmp_path / "results" / "table.md").read_text().strip() == small_data.table(results)

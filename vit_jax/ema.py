@@ -31,3 +31,9 @@ def update(ema: Any, params: Any, decay: float) -> Any:
   return jax.tree_util.tree_map(
     lambda e, p: (decay * e + (1.0 - decay) * p).astype(e.dtype), ema, params
   )
+
+
+def evaluated(state: dict[str, Any]) -> Any:
+  """The parameters a trainer's state is evaluated (and exported) with: the average where the
+  state keeps one, else the parameters."""
+  return state.get("ema", state["params"])

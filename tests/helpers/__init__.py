@@ -3,6 +3,7 @@
 compiled_step           the trainer's step compiled for a set of devices (planner references)
 doc_commands            the commands of README.md and docs/, as tests/test_docs.py runs them
 doc_figures             the measured figures of README.md and docs/ and what backs each one
+experiment_run          an experiment's command run as a user runs it (its --quick fingerprint)
 fault_injection         `python -m vit_jax.main` with a fault injected at a chosen point
 float64_reference       float64 runs of the trainer, what float32 runs are measured against
 gcs                     a Google Cloud Storage API on loopback (also `python -m tests.helpers.gcs`)

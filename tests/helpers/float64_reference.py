@@ -80,7 +80,7 @@ def main(config_fn: str, workdir: str) -> None:
   jax.random.beta, jax.random.uniform = float32_beta, float32_uniform
   jax.random.randint = int32_randint
 
-  build = train.build
+  build = train.step.build
 
   def float64_build(config, mesh, num_classes):
     config32 = config.copy_and_resolve_references()
@@ -100,7 +100,7 @@ def main(config_fn: str, workdir: str) -> None:
 
     return built._replace(init_params=init_params, init_state=init_state)
 
-  train.build = float64_build
+  train.step.build = float64_build  # what the trainer's loop calls
   module, factory = config_fn.split(":")
   config = getattr(importlib.import_module(module), factory)()
   config.model.dtype = config.model.param_dtype = "float64"
