@@ -33,7 +33,6 @@ The demo (Fashion-MNIST, 32px grey images on 2 CPU cores) takes `DEMO_RECIPE` of
 configs/pretrain.py; what each recipe reaches on slices of it: docs/experiments/small_data.md.
 """
 
-
 import ml_collections
 
 from vit_jax import models
