@@ -1,6 +1,6 @@
 r"""The paper's central result in miniature: ViT vs BiT ResNet as the pretraining data grows.
 
-  python -m experiments.scale_study                # the full profile (81 minutes on 2 cores)
+  python -m experiments.scale_study                # the full profile (39 minutes on 2 cores)
   python -m experiments.scale_study --quick        # the same code paths, tiny budgets (tests)
 
 The ViT paper (§4.3, Fig. 3-5) finds that on small pretraining sets ViT transfers worse than
@@ -83,9 +83,10 @@ class Profile:
   runlocal: bool = False  # the configs' `runlocal`: tiny upstream evaluations
 
 
-# 81 minutes on 2 cores (measured): 6 pretraining runs (ViT ~5 min, BiT ~8.5 min each), 12
-# fine-tuning runs (~2.7 / ~3.6 min), the few-shot evaluations and the pixel baselines. Fine-tuning
-# covers Animal-MNIST only (MNIST-5k would double that part); both sets get few-shot transfer.
+# 39 minutes on 2 cores (measured at 3e5c302, the test suite running beside it for part of the
+# time): 6 pretraining runs (ViT 1.5-2.5 min, BiT 3.5-6 min each), 12 fine-tuning runs, the
+# few-shot evaluations and the pixel baselines. Fine-tuning covers Animal-MNIST only (MNIST-5k
+# would double that part); both sets get few-shot transfer.
 FULL = Profile(
   fractions=(16, 4, 1),
   pretrain_steps=500,
