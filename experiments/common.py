@@ -89,7 +89,7 @@ def write_results(path: str, results: dict, started: dict | None = None, **kwarg
 
 
 def provenance() -> dict[str, Any]:
-  """The commit (with '+dirty' for uncommitted changes), the UTC date and the machine (CPU model
+  """The commit (with '+dirty' for uncommitted changes outside experiments/results/), the UTC date and the machine (CPU model
   and matmul features, cores, accelerator, and its 1, 5 and 15-minute load averages: other work
   sharing the machine) of this run, now: what a docs figure is checked against."""
   import datetime
@@ -106,7 +106,8 @@ def provenance() -> dict[str, Any]:
       return None
 
   commit = git("rev-parse", "HEAD")
-  status = git("status", "--porcelain", "--untracked-files=no")
+  # Results written by earlier experiments of the same checkout are no change of the code.
+  status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!experiments/results")
   if commit and status:
     commit += "+dirty"
   accelerator = "none"

@@ -1,6 +1,6 @@
 r"""Semantic segmentation from ViT patch tokens, the paper's open question (§5), in miniature.
 
-  python -m experiments.segmentation            # 14 minutes of wall time on 2 shared cores
+  python -m experiments.segmentation            # 7 minutes of wall time on 2 cores
   python -m experiments.segmentation --quick    # seconds: the same stages, tiny budgets (CI)
 
 The task is `animal_mnist_seg` (vit_jax/input_pipeline/segmentation.py): 48x48 canvases holding
@@ -76,8 +76,8 @@ ALL_RUNS = tuple((encoder, head) for encoder in ENCODERS for head in HEADS)
 # Sized on 2 cores shared with other jobs (load average about 10), where at 48px the demo ViT
 # with the progressive head trained at about 75 images/s and BiT-R26x1 at about 13 (XLA:CPU's
 # convolutions): 300 steps of 16 canvases (4,800, 1.2 epochs of the 4,000) for every run, and
-# 300 steps of 128 at 32px of pretraining. The measured run (docs/segmentation.md) took 14m14s:
-# pretraining 3m36s, a ViT run 1m17s to 1m47s, a BiT run 2m20s.
+# 300 steps of 128 at 32px of pretraining. The run at 3e5c302 (docs/segmentation.md) took 6m23s
+# of stage time: pretraining 50 s, a ViT run 23 to 41 s, a BiT run 72 to 122 s.
 FULL = Profile(
   pretrain_flags=(
     "--config.total_steps=300",
