@@ -142,6 +142,7 @@ def finetune_config(dataset: str, init: str, profile: Profile, workdir: str):
 
 
 def _table(results: dict) -> str:
+  """table.md: test top-1 of each init fine-tuned, and the pixel baselines, per dataset."""
   lines = [
     "| downstream (test top-1) | "
     + " | ".join(INIT_NAMES[i] for i in INITS)
@@ -156,17 +157,20 @@ def _table(results: dict) -> str:
       f"{100 * b['knn3']:.1f}%",
     ]
     lines.append(f"| {dataset} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def _budgets(results: dict) -> str:
+  """The line printed under the table: the budgets and the pretrainings' accuracies."""
   pretrained = ", ".join(
     f"{PRETRAIN_ACCURACY[kind]} {100 * p['accuracy']:.1f}%"
     for kind, p in results["pretrain"].items()
   )
-  lines.append("")
-  lines.append(
+  return (
     f"Pretraining on Fashion-MNIST, {results['profile']['pretrain_steps']} steps at batch "
     f"{results['profile']['pretrain_batch']}: {pretrained} (last logging window). Fine-tuning: "
     f"{results['profile']['finetune_steps']} steps at batch {results['profile']['finetune_batch']}."
   )
-  return "\n".join(lines) + "\n"
 
 
 def _plot(results: dict, path: str) -> None:
@@ -230,8 +234,9 @@ def run(profile: Profile, workdir: str) -> dict:
   configs = stage_configs(profile, workdir)
   # What the stages read (experiments/fingerprint.py): the pretrainings' images, and each
   # downstream dataset's.
-  inputs = {kind: fingerprint.data(configs[f"pretrain_{kind}"]) for kind in ("mpp", "supervised")}
-  inputs |= {d: fingerprint.data(configs[f"finetune_{d}_scratch"]) for d in DOWNSTREAM}
+  inputs = {k: fingerprint.data(configs[f"pretrain_{k}"]) for k in INITS if k != "scratch"}
+  for dataset in DOWNSTREAM:  # the same data whatever the init
+    inputs[dataset] = fingerprint.data(configs[f"finetune_{dataset}_{INITS[0]}"])
   results: dict = dict(
     quick=profile is QUICK,
     profile=dataclasses.asdict(profile),
@@ -277,7 +282,7 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(table)
   _plot(results, os.path.join(out, "plot.png"))
-  print(table, flush=True)
+  print(table + "\n" + _budgets(results), flush=True)
   print(f"results in {out}", flush=True)
   return results
 

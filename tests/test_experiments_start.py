@@ -130,7 +130,8 @@ def test_mpp_study_quick_profile_runs_main(tmp_path, in_process, monkeypatch):
   assert (base["train_examples"], base["test_examples"]) == (40, 16)
   assert json.loads((out / "results.json").read_text())["finetune"] == results["finetune"]
   table = (out / "table.md").read_text()
-  assert "| MPP-pretrained |" in table and "MPP corrupted-patch accuracy" in table
+  assert "| MPP-pretrained |" in table and table == mpp_study._table(results)
+  assert "MPP corrupted-patch accuracy" in mpp_study._budgets(results)  # printed under it
   assert (out / "plot.png").read_bytes()[:4] == b"\x89PNG"
   # Fine-tuning from the MPP workdir dropped its head and [mask] embedding for a new head.
   tuned = train_state.restore_params(tmp_path / "finetune_animal_mnist_mpp")
