@@ -50,8 +50,6 @@ PROGRAM = textwrap.dedent(
 # Faults of a call that maps its 64 MiB afresh: 16,384 with 4 KiB pages, 32 with 2 MiB
 # transparent huge pages (where /sys/kernel/mm/transparent_hugepage/enabled says `always`).
 FRESH = 16
-# ...and of a call that reuses the block of the call before (measured 0-2).
-REUSED = 8
 
 
 def _run(env_extra):
@@ -73,10 +71,14 @@ def test_a_freed_step_buffer_is_reused_instead_of_faulted_in_again():
   kept = _run({})
   assert kept["status"] == xla_cpu_memory.APPLIED and kept["async_dispatch"] is False
   assert glibc["async_dispatch"] is True
-  # vit_jax's: the buffer of the call before is reused. Now and then the heap may still grow by
-  # a block (a small allocation took part of the freed one), so a few calls may fault.
-  reused = [f for f in kept["faults"] if f <= REUSED]
-  assert len(reused) >= 14, kept["faults"]
+  # vit_jax's: the buffer of the call before is reused. Now and then a call still maps it afresh
+  # (a small allocation took part of the freed block; 0-2 of 20 calls here, more on a loaded
+  # machine) or grows the heap by a few dozen pages, so the claim is about most calls, against
+  # glibc's every call.
+  fresh = sorted(glibc["faults"])[len(glibc["faults"]) // 2]
+  refaulted = [f for f in kept["faults"] if f >= fresh // 4]
+  assert len(refaulted) <= 5, (kept["faults"], fresh)
+  assert sum(kept["faults"]) <= sum(glibc["faults"]) // 3, (kept["faults"], glibc["faults"])
 
 
 def test_skipped_when_opted_out_on_an_accelerator_or_too_late(monkeypatch, tmp_path):
