@@ -8,7 +8,9 @@ Arguments (`configs/linear_probe.py:key=value,...`, see configs/common.py):
   image_size      input resolution; 0: the backbone's (its config.json), else 224  default 0
   model           a vit_jax.models preset; '' reads the architecture from the
                   checkpoint's config.json (or its parameter shapes)            default ''
-  representation  pre_logits (falls back to the pooled token) | pooled          default pre_logits
+  representation  pre_logits (falls back to the pooled token) | pooled |       default pre_logits
+                  blocks (every block's output averaged over the patches, the
+                  averages concatenated: depth x width features)
   runlocal        shrink to a seconds-long CPU run
 
 The backbone is `--config.model_init=<path>`: the workdir (or a step directory) of a pretrain or

@@ -13,9 +13,11 @@ examples of a new task. The demo measures that in miniature, on the bundled data
      900 per class, the first N of a fixed shuffle), with a fine-tuning budget that grows with
      N (`BUDGETS`):
        - fine-tune the pretrained model (`configs/finetune.py:dataset=animal_mnist,holdout=false`
-         on `train[:N]`),
-       - train the same architecture from scratch with the same budget,
-       - linear-probe the pretrained model's frozen pre-logits (`configs/linear_probe.py`),
+         on `train[:N]`), once per seed of `SEEDS` (the seed sets the data order, dropout and
+         stochastic depth; the N images are the same), to show what another seed moves,
+       - train the same architecture from scratch with the same budget (seed 0),
+       - linear-probe the pretrained model's frozen features (`configs/linear_probe.py`): its
+         pre-logits, and every block's output averaged over the patches (`representation=blocks`),
        - fit the raw-pixel baselines on the same N images (vit_jax/baselines.py: logistic
          regression and kNN-3 on pixels / 255),
      all scored on Animal-MNIST's test split;
@@ -67,6 +69,7 @@ class Profile:
   labels: tuple[int | None, ...]  # Animal-MNIST training images per run (None: all)
   budgets: tuple[Budget, ...]  # one per entry of `labels`
   test_examples: int | None  # score on `test[:N]` (None: the whole test split)
+  seeds: tuple[int, ...]  # the fine-tuning runs' seeds (the first one's workdir has no suffix)
 
 
 # Measured on 2 CPU cores: fine-tuning the demo's pretrained model on all of Animal-MNIST for 600
@@ -80,6 +83,7 @@ FULL = Profile(
   labels=(100, 1000, None),
   budgets=(Budget(100, 32), Budget(300, 128), Budget(1000, 128)),
   test_examples=None,
+  seeds=(0, 1, 2),
 )
 QUICK = Profile(
   pretrain_steps=30,
@@ -88,6 +92,7 @@ QUICK = Profile(
   labels=(200,),  # one row: the code paths of every stage, each run once
   budgets=(Budget(10, 16),),  # one compiled step for both fine-tuning runs
   test_examples=200,
+  seeds=(0,),  # a second seed is a flag (FULL's configs are checked by the tests)
 )
 
 
@@ -144,10 +149,11 @@ def finetune_flags(profile: Profile, n: int | None, budget: Budget) -> list[str]
   return flags
 
 
-def probe_flags(profile: Profile, n: int | None, pretrained: str) -> list[str]:
-  """The linear probe of `pretrained`'s frozen pre-logits on `train[:n]`, scored on the test split."""
+def probe_flags(profile: Profile, n: int | None, pretrained: str, representation: str) -> list[str]:
+  """The linear probe of `pretrained`'s frozen `representation` (pre_logits | blocks) on
+  `train[:n]`, scored on the test split."""
   return [
-    f"--config=configs/linear_probe.py:dataset={DOWNSTREAM}",
+    f"--config=configs/linear_probe.py:dataset={DOWNSTREAM},representation={representation}",
     f"--config.model_init={pretrained}",
     f"--config.dataset.train_split={_split('train', n)}",
     f"--config.dataset.eval_split={_split('test', profile.test_examples)}",
@@ -182,10 +188,18 @@ def stage_flags(profile: Profile, workdir: str) -> dict[str, list[str]]:
   for n, budget in zip(profile.labels, profile.budgets, strict=True):
     label = _label(n)
     ft = finetune_flags(profile, n, budget)
-    stages[f"finetune_{label}"] = [*ft, f"--config.model_init={pretrained}"]
+    for seed in profile.seeds:
+      seeded = [f"--config.seed={seed}"] if seed else []
+      stages[_finetune(label, seed)] = [*ft, *seeded, f"--config.model_init={pretrained}"]
     stages[f"scratch_{label}"] = [*ft, "--config.init_from_scratch=true"]
-    stages[f"probe_{label}"] = probe_flags(profile, n, pretrained)
+    stages[f"probe_{label}"] = probe_flags(profile, n, pretrained, "pre_logits")
+    stages[f"probe_blocks_{label}"] = probe_flags(profile, n, pretrained, "blocks")
   return stages
+
+
+def _finetune(label: str, seed: int) -> str:
+  """The workdir's name of a fine-tuning run."""
+  return f"finetune_{label}" + (f"_seed{seed}" if seed else "")
 
 
 def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
@@ -212,15 +226,22 @@ def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
     label = _label(n)
     title = f"{label} labelled Animal-MNIST images"
     inputs[f"finetune_{label}"] = fingerprint.data(finetune_flags(profile, n, budget))
-    ft, seconds[f"finetune_{label}"] = stage(
-      f"2. fine-tune the pretrained model on {title}", f"finetune_{label}"
-    )
+    finetuned = {}
+    for seed in profile.seeds:
+      name = _finetune(label, seed)
+      ft, seconds[name] = stage(f"2. fine-tune the pretrained model on {title}, seed {seed}", name)
+      finetuned[f"seed{seed}"] = ft["val/accuracy"]
     scratch, seconds[f"scratch_{label}"] = stage(
       f"2. train the same model from scratch on {title}, same budget", f"scratch_{label}"
     )
     probe, seconds[f"probe_{label}"] = stage(
       f"2. linear probe of the pretrained pre-logits on {title}", f"probe_{label}"
     )
+    blocks, seconds[f"probe_blocks_{label}"] = stage(
+      f"2. linear probe of every pretrained block's pooled output on {title}",
+      f"probe_blocks_{label}",
+    )
+    accuracies = list(finetuned.values())
     start = time.perf_counter()
     pixels = baselines.pixel_baselines(DOWNSTREAM, _split("train", n), test_split=test)
     seconds["baselines"] += time.perf_counter() - start
@@ -229,10 +250,14 @@ def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
       test_examples=pixels["test_examples"],
       steps=budget.steps,
       batch_size=budget.batch_size,
-      finetune=ft["val/accuracy"],
+      finetune=sum(accuracies) / len(accuracies),  # the mean over the seeds
+      finetune_seeds=finetuned,
+      finetune_spread=max(accuracies) - min(accuracies),
       scratch=scratch["val/accuracy"],
       probe=probe["linear_probe/logreg_accuracy"],
       probe_ridge=probe["linear_probe/ridge_accuracy"],
+      probe_blocks=blocks["linear_probe/logreg_accuracy"],
+      probe_blocks_ridge=blocks["linear_probe/ridge_accuracy"],
       pixels_logreg=pixels["logreg"],
       pixels_knn3=pixels["knn3"],
       finetune_test_examples=int(ft["val/num_examples"]),
@@ -250,14 +275,21 @@ def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
 
 def table(results: dict) -> str:
   """The markdown table of the results: one row per number of labelled images."""
+  seeds = len(next(iter(results["labels"].values()))["finetune_seeds"])
+  finetuned = (
+    f"mean of {seeds} seeds (lowest-highest)" if seeds > 1 else "one seed (the same twice)"
+  )
   lines = [
-    "| labelled images | fine-tuned (pretrained) | from scratch | linear probe (pretrained) "
-    "| pixels logreg | pixels kNN-3 | steps × batch |",
-    "|---|---|---|---|---|---|---|",
+    f"| labelled images | fine-tuned (pretrained): {finetuned} "
+    "| from scratch | linear probe (pretrained): every block's pooled output | the same: "
+    "pre-logits | pixels logreg | pixels kNN-3 | steps × batch |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for row in results["labels"].values():
+    accuracies = row["finetune_seeds"].values()
     lines.append(
-      f"| {row['train_examples']:,} | {row['finetune']:.1%} | {row['scratch']:.1%} "
+      f"| {row['train_examples']:,} | {row['finetune']:.1%} ({min(accuracies):.1%}-"
+      f"{max(accuracies):.1%}) | {row['scratch']:.1%} | {row['probe_blocks']:.1%} "
       f"| {row['probe']:.1%} | {row['pixels_logreg']:.1%} | {row['pixels_knn3']:.1%} "
       f"| {row['steps']} × {row['batch_size']} |"
     )
@@ -278,10 +310,12 @@ def _report(results: dict, out: str) -> None:
   print(text)
   for label, row in results["labels"].items():
     best = max(row["pixels_logreg"], row["pixels_knn3"])
+    worst = min(row["finetune_seeds"].values())
     print(
       f"{label:>4} labels: pretraining bought {100 * (row['finetune'] - row['scratch']):+.1f} "
       f"points over scratch; fine-tuned ViT {100 * (row['finetune'] - best):+.1f} points vs the "
-      "best pixel baseline"
+      f"best pixel baseline (its lowest seed {100 * (worst - best):+.1f}; seeds' spread "
+      f"{100 * row['finetune_spread']:.1f})"
     )
   common.finish_report(results, text, out)
   _plot(results, os.path.join(out, "label_efficiency.png"))
@@ -296,10 +330,14 @@ def _plot(results: dict, path: str) -> None:
   rows = list(results["labels"].values())
   n = [row["train_examples"] for row in rows]
   fig, ax = plt.subplots(figsize=(6.4, 5.0))
+  low = [100 * min(row["finetune_seeds"].values()) for row in rows]
+  high = [100 * max(row["finetune_seeds"].values()) for row in rows]
+  ax.fill_between(n, low, high, alpha=0.2, color="C0")
   for key, name, style in (
-    ("finetune", "ViT fine-tuned from Fashion-MNIST pretraining", "o-"),
+    ("finetune", "ViT fine-tuned from Fashion-MNIST pretraining (seeds' mean, range)", "o-"),
     ("scratch", "ViT from scratch (same budget)", "s-"),
-    ("probe", "linear probe of the pretrained ViT (frozen)", "^-"),
+    ("probe_blocks", "linear probe of the pretrained ViT: every block (frozen)", "^-"),
+    ("probe", "linear probe of the pretrained ViT: pre-logits (frozen)", "v:"),
     ("pixels_knn3", "pixels kNN-3", "x--"),
     ("pixels_logreg", "pixels logistic regression", "+--"),
   ):

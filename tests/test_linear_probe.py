@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint, linear_probe, models
+from vit_jax import checkpoint, evaluators, linear_probe, models
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import linear_probe as linear_probe_config
 
@@ -94,3 +94,38 @@ def test_representation_model_resizes_posemb_and_picks_the_layer():
   )
   with pytest.raises(ValueError, match="representation"):
     checkpoint.representation_model(config, params, "logits", 16)
+
+
+@pytest.mark.parametrize("preset", ["testing", "R26x1"])
+def test_blocks_representation_is_every_blocks_mean_map_in_order(preset):
+  """representation=blocks: each block's output averaged over its map, concatenated in block
+  order; against the maps themselves averaged in float64."""
+  overrides = dict(block_units=(1, 1)) if preset == "R26x1" else {}
+  model = models.get_model(preset, 10, **overrides)
+  images = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (3, 16, 16, 3)), jnp.float32)
+  params = model.init(jax.random.key(0), images, train=False)["params"]
+  features = np.asarray(evaluators.representation_fn(model, "blocks")(params, images))
+  depth = model.num_layers if preset == "testing" else len(model.block_units)
+  maps = models.forward_intermediates(model, params, images, tuple(range(depth)))
+  expected = np.concatenate([np.asarray(m, np.float64).mean(axis=(1, 2)) for m in maps], -1)
+  assert len(maps) == depth >= 2 and features.shape == expected.shape
+  np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-5)
+  # Not the model's own representation: that is the last block's pooled token, normalised.
+  own = evaluators.representation_fn(model)(params, images)
+  assert own.shape[1] == maps[-1].shape[-1] < features.shape[1]
+
+
+def test_the_stage_probes_every_blocks_features(tmp_path):
+  _, params = _backbone(image_size=16, representation_size=24)
+  _orbax_workdir(tmp_path / "pretrain", params, image_size=16)
+  config = linear_probe_config.get_config("dataset=digits,runlocal,representation=blocks")
+  config.model_init = str(tmp_path / "pretrain")
+  config.probe.max_examples = 200
+  results = linear_probe.run(config, str(tmp_path / "probe"))
+  testing = models.get_model_config("testing")
+  assert results["linear_probe/representation_size"] == testing.num_layers * testing.hidden_size
+  # Measured 0.430 (ridge) and 0.492 (logreg) for this init (0.307 and 0.341 from its pre-logits).
+  assert results["linear_probe/logreg_accuracy"] > 0.2
+  config.representation = "tokens"
+  with pytest.raises(ValueError, match="representation='tokens'"):
+    linear_probe.run(config, str(tmp_path / "probe2"))

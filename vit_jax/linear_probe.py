@@ -1,8 +1,8 @@
 """The linear-probe stage: `run(config, workdir)` (dispatched by `vit_jax.main`).
 
 Freezes a backbone from an earlier stage (an Orbax workdir or step directory, or an `.npz`),
-extracts its representation (the pre-logits when the checkpoint has them, else the pooled token)
-of every example of a training and a test split with one jitted function, and fits two linear
+extracts its representation (the pre-logits when the checkpoint has them, else the pooled token;
+or every block's pooled output, `representation=blocks`) of every example of a training and a test split with one jitted function, and fits two linear
 classifiers on the training features (vit_jax.evaluators.linear): the closed-form ridge
 regression to {-1, +1}^K targets and L-BFGS softmax regression, each regulariser chosen on a
 held-out slice of the training split. Writes `linear_probe.json` and TensorBoard scalars to the
@@ -71,7 +71,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   make_data = evaluators.input_pipeline_data(mesh, sharding.BATCH_AXES)
   probe = config.probe
   evaluator = evaluators.LinearProbeEvaluator(
-    evaluators.representation_fn(model),
+    evaluators.representation_fn(model, config.representation),
     make_data(dataset, dataset["train_split"], config.batch_size),
     make_data(dataset, dataset["eval_split"], config.batch_size),
     evaluators.num_classes_of(dataset),

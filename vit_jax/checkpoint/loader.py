@@ -207,6 +207,9 @@ def load_backbone(
   return ml_collections.ConfigDict(model_config.to_dict()), params, stage_config
 
 
+REPRESENTATIONS = ("pre_logits", "pooled", "blocks")  # what the linear probe can read
+
+
 def representation_model(
   model_config: ml_collections.ConfigDict,
   params: dict[str, Any],
@@ -219,15 +222,16 @@ def representation_model(
     model_config: the backbone's architecture.
     params: the checkpoint's parameters (a head, if any, is dropped).
     representation: 'pre_logits' (the Dense+tanh layer when the checkpoint has one, else the
-      pooled token) or 'pooled' (the class token / average pool before any pre-logits); a BiT
-      ResNet has only its pooled features.
+      pooled token), 'pooled' (the class token / average pool before any pre-logits; a BiT
+      ResNet has only its pooled features) or 'blocks' (the model of 'pooled', whose block maps
+      `evaluators.representation_fn` pools).
     image_size: the input resolution; position embeddings are resized to its patch grid.
 
   Returns:
     (the Flax module, its parameters as a nested dict of numpy arrays).
   """
-  if representation not in ("pre_logits", "pooled"):
-    raise ValueError(f"representation={representation!r}; expected 'pre_logits' or 'pooled'")
+  if representation not in REPRESENTATIONS:
+    raise ValueError(f"representation={representation!r}; expected one of {REPRESENTATIONS}")
   params = {k: v for k, v in params.items() if k not in ("head", "head_dist", *mpp.PARAMS)}
   rep_size = None
   if representation == "pre_logits" and "pre_logits" in params:

@@ -62,6 +62,7 @@ from typing import Any, Protocol
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
@@ -97,13 +98,30 @@ def predict_fn(model: nn.Module) -> ArrayFn:
   return jax.jit(lambda params, images: model.apply({"params": params}, images, train=False))
 
 
-def representation_fn(model: nn.Module) -> ArrayFn:
-  """Jitted fn(params, images [B, H, W, 3]) -> representation [B, R] in float32."""
-  return jax.jit(
-    lambda params, images: model.apply(
-      {"params": params}, images, train=False, return_representation=True
+def representation_fn(model: nn.Module, representation: str = "pre_logits") -> ArrayFn:
+  """Jitted fn(params, images [B, H, W, 3]) -> representation [B, R] in float32.
+
+  `representation`: 'pre_logits' or 'pooled' is the model's own representation (which of the two
+  is the model's choice: `checkpoint.representation_model`); 'blocks' is the spatial mean of
+  every block's output map, concatenated in block order (R = the blocks' widths summed: depth x
+  hidden size for a ViT): the intermediate features iGPT and MAE probe, which keep what the last
+  block's pooled token has specialised away.
+  """
+  if representation != "blocks":
+    return jax.jit(
+      lambda params, images: model.apply(
+        {"params": params}, images, train=False, return_representation=True
+      )
     )
+  blocks = tuple(
+    range(model.num_layers if hasattr(model, "num_layers") else len(model.block_units))
   )
+
+  def blocks_fn(params, images):
+    maps = model.apply({"params": params}, images, train=False, feature_layers=blocks)
+    return jnp.concatenate([m.mean(axis=(1, 2)) for m in maps], axis=-1)
+
+  return jax.jit(blocks_fn)
 
 
 def input_pipeline_data(mesh: Any = None, data_axes: Any = None) -> DataFactory:
