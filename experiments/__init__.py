@@ -1,4 +1,5 @@
-"""The paper's findings and the project's benchmarks at small scale, one module per experiment.
+"""The paper's findings at small scale, one module per experiment; the project's benchmarks in
+`benchmarks` (experiments/benchmarks/__init__.py indexes them).
 
 Each runs from the repository root as `python -m experiments.<name> [--help]`:
 
@@ -18,27 +19,23 @@ Each runs from the repository root as `python -m experiments.<name> [--help]`:
                                      (docs/pod_planning.md)
   grad_reduce                        summing gradients in bfloat16 instead of float32:
                                      accuracy and bytes on the wire (docs/training.md)
-  benchmark_model, ablate_step,      throughput against timm, what each part of the step costs,
-  bench_trainer, bench_input_pipeline  the trainer and the input pipeline (docs/benchmarks.md)
-  bench_goodput                      what goodput accounting costs the step (docs/training.md)
-  bench_export                       file sizes and CPU latency of every export format
-                                     (docs/export.md)
+  benchmarks                         what the code costs: throughput against timm, the step's
+                                     parts, the trainer, input pipeline, goodput, export
+                                     (docs/benchmarks.md)
 
 Each is a command like the package's (vit_jax.runtime.cli): its process set up first, its absl
 flags in `define_flags`, `main(argv, flags)`, `cli.run` under `__main__`; a test or a notebook
-runs one with `cli.call(module, argv)` (benchmark_model parses with absl's app.run itself: its
-measuring processes import no vit_jax before they know which tree's they run).
+runs one with `cli.call(module, argv)` (benchmarks.benchmark_model parses with absl's app.run
+itself: its measuring processes import no vit_jax before they know which tree's they run).
 
 What several of them share is in `common` (the demo's model and budgets, running
 `python -m vit_jax.main` stages, a train step; the raw-pixel baselines live in vit_jax.baselines);
 `fingerprint` ties a committed results file to the code that would write it today (its --quick
 profile's numbers, which the experiment's test compares); an experiment imports only
-`experiments.common`, `experiments.fingerprint` and vit_jax, never another experiment
-(`benchmark_report`, the printed report of `benchmark_model`, is that benchmark's own part). Each
-writes its results (results.json, tables, figures) to experiments/results/<name>/ unless told
+`experiments.common`, `experiments.fingerprint`, its own parts (vs_big_vision:
+big_vision_step) and vit_jax, never another experiment. Each writes its results (results.json, tables, figures) to experiments/results/<name>/ unless told
 otherwise (--out; pod_plan: --out_dir), a --quick run to <workdir>/results/ so that tiny budgets
 never replace a kept result; the workdirs of its training stages, with their checkpoints, go to
-/tmp. The benchmarks print their figures (bench_goodput also writes them to
-experiments/results/goodput/); the logs kept under experiments/results/process_settings/ and
-gpu_vs_timm/ are such printed output, which the docs cite.
+/tmp. The benchmarks print their figures; the logs kept under experiments/results/ (goodput/,
+process_settings/, gpu_vs_timm/, suite_time/) are such printed output, which the docs cite.
 """

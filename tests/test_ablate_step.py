@@ -1,10 +1,10 @@
-"""experiments/ablate_step.py: each variant really changes (or keeps) the traced step."""
+"""experiments/benchmarks/ablate_step.py: each variant really changes (or keeps) the traced step."""
 
 import re
 
 import pytest
 
-from experiments import ablate_step
+from experiments.benchmarks import ablate_step
 from vit_jax.runtime import cli
 
 

@@ -1,4 +1,4 @@
-"""experiments/benchmark_model.py: the paired (turn-taking) comparison against a baseline tree of
+"""experiments/benchmarks/benchmark_model.py: the paired (turn-taking) comparison against a baseline tree of
 its own vit_jax, its ratios, the CPU header."""
 
 import os
@@ -11,7 +11,7 @@ import sys
 import jax
 import pytest
 
-from experiments import benchmark_model, benchmark_report
+from experiments.benchmarks import benchmark_model, benchmark_report
 from tests.helpers import this_thread
 from vit_jax.cost import devices
 from vit_jax.runtime import cli
@@ -73,10 +73,16 @@ def test_cpu_header_names_the_model_and_its_matmul_features(monkeypatch):
 
 
 def _benchmark(*args: str) -> str:
-  """The stdout of `python -m experiments.benchmark_model` timing the forward pass of the tiny
+  """The stdout of `python -m experiments.benchmarks.benchmark_model` timing the forward pass of the tiny
   `testing` model at 16px, without timm, with `args` added."""
   proc = subprocess.run(
-    [sys.executable, "-m", "experiments.benchmark_model", "--models=testing", "--image_size=16"]
+    [
+      sys.executable,
+      "-m",
+      "experiments.benchmarks.benchmark_model",
+      "--models=testing",
+      "--image_size=16",
+    ]
     + ["--num_classes=10", "--batch_sizes=2", "--modes=forward", "--timm=off", *args],
     capture_output=True,
     text=True,

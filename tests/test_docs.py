@@ -116,9 +116,13 @@ def test_a_false_skip_reason_and_an_indented_block_are_caught(tmp_path, monkeypa
     doc_commands.page_commands("page.md")
   (tmp_path / "page.md").write_text(
     "- item:\n\n  <!-- docs-test: skip: tests/test_x.py runs it -->\n  ```bash\n"
-    "  python -m experiments.bench_export --n=1\n  ```\n"
+    "  python -m experiments.benchmarks.bench_export --n=1\n  ```\n"
   )
   (command,) = doc_commands.page_commands("page.md")
-  assert command.text == "python -m experiments.bench_export --n=1"  # fenced in a list item
-  assert doc_commands.runs_command("from experiments import bench_export\n", command)
-  assert not doc_commands.runs_command("from experiments import benchmark_model\n", command)
+  assert (
+    command.text == "python -m experiments.benchmarks.bench_export --n=1"
+  )  # fenced in a list item
+  assert doc_commands.runs_command("from experiments.benchmarks import bench_export\n", command)
+  assert not doc_commands.runs_command(
+    "from experiments.benchmarks import benchmark_model\n", command
+  )

@@ -220,7 +220,7 @@ def test_bench_trainer_runs_main(monkeypatch, capsys):
   """bench_trainer.main: the trainer's bare compiled step, `train.run` on the same config, the
   bare step again, then the input pipeline alone; at batch 8 for 3 steps of a one-block model
   (the demo's config otherwise)."""
-  from experiments import bench_trainer
+  from experiments.benchmarks import bench_trainer
   from vit_jax import models, sharding
   from vit_jax.runtime import logging_util
 
@@ -260,7 +260,7 @@ def test_bench_input_pipeline_runs_main(monkeypatch, capsys):
   """bench_input_pipeline.main: JPEG shards written, streamed through the training
   preprocessing at 224 px, then a ViT-B/16 train step timed; here 8 images, 1 timed batch of 2,
   and ViT-B/16's preset (patch 16, 224 px) one block deep and 32 wide."""
-  from experiments import bench_input_pipeline
+  from experiments.benchmarks import bench_input_pipeline
   from vit_jax import models
 
   get_model = models.get_model
@@ -278,7 +278,7 @@ def test_bench_input_pipeline_runs_main(monkeypatch, capsys):
 
 def test_bench_input_pipeline_reads_segmentation_shards(capsys):
   """--task=segmentation: the JPEGs with masks, through the seg_shards source; no ViT step."""
-  from experiments import bench_input_pipeline
+  from experiments.benchmarks import bench_input_pipeline
 
   cli.call(
     bench_input_pipeline,

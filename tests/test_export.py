@@ -388,8 +388,8 @@ def test_int8_on_the_demo_model_keeps_its_accuracy(tmp_path):
 
 @pytest.mark.slow  # five exports and six runtimes: ~10 s
 def test_bench_export_runs_main(tmp_path, capsys):
-  """experiments/bench_export.py's main on the testing ViT: every runtime gets a row."""
-  from experiments import bench_export
+  """experiments/benchmarks/bench_export.py's main on the testing ViT: every runtime gets a row."""
+  from experiments.benchmarks import bench_export
 
   result = cli.call(
     bench_export,

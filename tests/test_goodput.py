@@ -118,11 +118,11 @@ def test_a_request_file_is_served_at_the_next_log_step(tmp_path):
 
 
 def test_bench_goodput_runs_main(monkeypatch, capsys, tmp_path):
-  """experiments/bench_goodput.py's main: one pair of 3-step runs of a one-block model on one
+  """experiments/benchmarks/bench_goodput.py's main: one pair of 3-step runs of a one-block model on one
   device, the real account and the one that does nothing (then the real one back)."""
   import jax
 
-  from experiments import bench_goodput
+  from experiments.benchmarks import bench_goodput
   from vit_jax import models, sharding
   from vit_jax.runtime import cli
 
@@ -151,7 +151,7 @@ def test_bench_goodput_runs_main(monkeypatch, capsys, tmp_path):
 
 
 def test_bench_goodput_account_table_has_every_phase_and_its_share():
-  from experiments import bench_goodput
+  from experiments.benchmarks import bench_goodput
 
   account = dict.fromkeys(goodput.PHASES, 0.0) | dict(step=30.0, compile=10.0, lost=0.0)
   account["total"] = 40.0

@@ -1,8 +1,8 @@
 """Each package's `__init__.py` docstring is the index of its folder (STYLE.md: a package says
 what each of its modules is for).
 
-The packages: vit_jax/, every vit_jax/<name>/ with an `__init__.py`, experiments/ and
-tests/helpers/. A module is a `.py` file of the folder (`__init__.py` aside, `__main__.py`
+The packages: vit_jax/, every vit_jax/<name>/ with an `__init__.py`, experiments/, every
+experiments/<name>/ with one, and tests/helpers/. A module is a `.py` file of the folder (`__init__.py` aside, `__main__.py`
 included) or a subfolder with an `__init__.py`. The docstring names a module by its bare name
 (`npz`, `__main__`), its file name (`npz.py`) or its dotted name in the package
 (`vit_jax.checkpoint.npz`), not as part of a path (`configs/pretrain.py` names no module of the
@@ -30,7 +30,9 @@ _FILE_NAME = re.compile(_NOT_PART_OF_A_NAME + r"(\w+)\.py\b")
 def _packages() -> list[pathlib.Path]:
   folders = [REPO / "vit_jax"]
   folders += sorted(p.parent for p in (REPO / "vit_jax").glob("*/__init__.py"))
-  return folders + [REPO / "experiments", REPO / "tests" / "helpers"]
+  folders += [REPO / "experiments"]
+  folders += sorted(p.parent for p in (REPO / "experiments").glob("*/__init__.py"))
+  return folders + [REPO / "tests" / "helpers"]
 
 
 def modules(folder: pathlib.Path) -> set[str]:

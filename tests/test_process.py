@@ -273,7 +273,7 @@ def test_a_second_signal_ends_a_command_at_once(monkeypatch, main_thread):
 
 def _commands() -> list[pathlib.Path]:
   """Every module of the package and the experiments that runs as `python -m ...`."""
-  paths = sorted((REPO / "vit_jax").rglob("*.py")) + sorted((REPO / "experiments").glob("*.py"))
+  paths = sorted((REPO / "vit_jax").rglob("*.py")) + sorted((REPO / "experiments").rglob("*.py"))
   return [p for p in paths if 'if __name__ == "__main__":' in p.read_text()]
 
 
@@ -282,7 +282,7 @@ def _is_main_guard(node: ast.stmt) -> bool:
 
 
 # Sets each measured side up in main(), once it knows which tree's vit_jax the side runs.
-_CONFIGURED_IN_MAIN = {"experiments/benchmark_model.py"}
+_CONFIGURED_IN_MAIN = {"experiments/benchmarks/benchmark_model.py"}
 
 
 def test_every_command_sets_its_process_up_before_its_imports():

@@ -8,7 +8,7 @@ row in the batch) and stochastic depth's decision per example (`drop_path_keep`,
 cuDNN's fused attention (`cudnn_attention`); and the one decision of which implementation runs
 (`attention_path`, `use_cpu_kernel`): XLA, cuDNN on an NVIDIA GPU, or the C++ kernels of
 vit_jax.kernels.cpu on a one-device CPU. The modules of vit_jax.models.vit call
-these through this module's attributes (so that experiments/ablate_step.py can swap one).
+these through this module's attributes (so that experiments/benchmarks/ablate_step.py can swap one).
 
 This file must not import TensorFlow.
 """

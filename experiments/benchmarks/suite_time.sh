@@ -5,9 +5,9 @@
 # pytest's closing line and its failures) to experiments/results/suite_time/runs.log; the whole
 # output is kept as /tmp/vit_jax_suite_<time>.log.
 #
-#   bash experiments/suite_time.sh [runs]      # runs: how many fresh clones, one after another
+#   bash experiments/benchmarks/suite_time.sh [runs]      # runs: how many fresh clones, one after another
 set -euo pipefail
-repo="$(cd "$(dirname "$0")/.." && pwd)"
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
 log="$repo/experiments/results/suite_time/runs.log"
 mkdir -p "$(dirname "$log")"
 runs="${1:-1}"

@@ -1,7 +1,7 @@
 r"""What the trainer loses around its step: trainer images/s against the bare compiled step.
 
-  python -m experiments.bench_trainer                       # the demo's pretraining (32px)
-  python -m experiments.bench_trainer --steps=300 --batch_size=128
+  python -m experiments.benchmarks.bench_trainer                       # the demo's pretraining (32px)
+  python -m experiments.benchmarks.bench_trainer --steps=300 --batch_size=128
 
 1. The bare step: the trainer's own jitted step (`vit_jax.train.build` → `jit_step`) of the
    demo's pretraining config (the 'demo' ViT, Fashion-MNIST, batch 128, AdamW with
@@ -183,4 +183,4 @@ def main(argv: list[str], f: types.SimpleNamespace) -> None:
 
 
 if __name__ == "__main__":
-  cli.run(main, "experiments.bench_trainer", define_flags)
+  cli.run(main, "experiments.benchmarks.bench_trainer", define_flags)

@@ -14,11 +14,11 @@ runs each side N times in turn, rounds pooled; --paired keeps every side alive, 
 round by round (ratio: the median of the rounds' ratios). Model FLOPs: vit_jax.cost.flops' count
 of the model's matmuls (train: 3 x forward), the same for every side; peaks: vit_jax.cost.devices.
 
-  python -m experiments.benchmark_model                 # CPU: demo, Ti/16 and B/16 at 224px, fp32
-  python -m experiments.benchmark_model --paired --repeats=16 --iters=1
-  python -m experiments.benchmark_model --baseline_rev=HEAD --timm=off --modes=forward
-  python -m experiments.benchmark_model --baseline_dir=../vit_jax_main --timm=off
-  python -m experiments.benchmark_model --models=B/16 --dtypes=bfloat16 --timm_compile  # GPU
+  python -m experiments.benchmarks.benchmark_model                 # CPU: demo, Ti/16 and B/16 at 224px, fp32
+  python -m experiments.benchmarks.benchmark_model --paired --repeats=16 --iters=1
+  python -m experiments.benchmarks.benchmark_model --baseline_rev=HEAD --timm=off --modes=forward
+  python -m experiments.benchmarks.benchmark_model --baseline_dir=../vit_jax_main --timm=off
+  python -m experiments.benchmarks.benchmark_model --models=B/16 --dtypes=bfloat16 --timm_compile  # GPU
 
 The method in detail, and the figures measured with it: docs/benchmarks.md.
 """
@@ -41,7 +41,13 @@ from collections.abc import Callable
 from absl import app, flags
 
 from experiments import common
-from experiments.benchmark_report import print_row, print_summary, ratio, ratio_quartiles, variant
+from experiments.benchmarks.benchmark_report import (
+  print_row,
+  print_summary,
+  ratio,
+  ratio_quartiles,
+  variant,
+)
 
 # common.REPO, the checkout: `git archive` reads --baseline_rev's vit_jax from it, and it holds
 # the driver (`experiments`) that every measured process runs.
@@ -424,7 +430,14 @@ class _Side:
     env = dict(env, PYTHONPATH=os.pathsep.join(path))
     if paired:  # both sides hold their model at once: on a GPU JAX must not take most memory
       env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    cmd = [sys.executable, "-P", "-m", "experiments.benchmark_model", *argv, f"--process={impl}"]
+    cmd = [
+      sys.executable,
+      "-P",
+      "-m",
+      "experiments.benchmarks.benchmark_model",
+      *argv,
+      f"--process={impl}",
+    ]
     self.proc = subprocess.Popen(
       cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=common.REPO
     )

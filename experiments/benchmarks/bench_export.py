@@ -1,7 +1,7 @@
 r"""File sizes and CPU latency of one checkpoint in every export format, side by side.
 
-  python -m experiments.bench_export --checkpoint=/tmp/vit_demo/finetune
-  python -m experiments.bench_export --model=B/16 --image_size=224   # random weights
+  python -m experiments.benchmarks.bench_export --checkpoint=/tmp/vit_demo/finetune
+  python -m experiments.benchmarks.bench_export --model=B/16 --image_size=224   # random weights
 
 For JAX (jit), the SavedModel (its `preprocessed` signature), LiteRT fp32 / float16 / int8 and
 onnxruntime: the artifact's size and the median wall time of a forward pass at batch 1 and 32
@@ -194,4 +194,4 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
 
 
 if __name__ == "__main__":
-  cli.run(main, "experiments.bench_export", define_flags)
+  cli.run(main, "experiments.benchmarks.bench_export", define_flags)

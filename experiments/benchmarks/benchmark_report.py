@@ -1,6 +1,6 @@
 """benchmark_model's report: the vit_jax / other-side ratios and the printed rows and summary.
 
-Not an experiment of its own: `experiments.benchmark_model` prints its measurements with it.
+Not an experiment of its own: `experiments.benchmarks.benchmark_model` prints its measurements with it.
 """
 
 import statistics

@@ -9,9 +9,9 @@ part costs inside the compiled step, fusions with its neighbours included, which
 on XLA:CPU do not show (its dot events time only the dispatch).
 
   # ViT-Ti/16 train step (forward + backward + AdamW) on the CPU, batch 32, fp32:
-  python -m experiments.ablate_step --model=Ti/16 --batch=32
+  python -m experiments.benchmarks.ablate_step --model=Ti/16 --batch=32
   # On a GPU: ViT-B/16, bf16, cuDNN attention against the XLA path:
-  python -m experiments.ablate_step --model=B/16 --batch=256 --dtype=bfloat16 \
+  python -m experiments.benchmarks.ablate_step --model=B/16 --batch=256 --dtype=bfloat16 \
       --variants=full,xla_attention,autodiff_attention,no_attention
 
 `--model=demo` is the demo's model (the 'demo' preset: 32px, 10 classes).
@@ -233,4 +233,4 @@ def main(argv: list[str], f: types.SimpleNamespace) -> None:
 
 
 if __name__ == "__main__":
-  cli.run(main, "experiments.ablate_step", define_flags, errors=(ValueError,))
+  cli.run(main, "experiments.benchmarks.ablate_step", define_flags, errors=(ValueError,))

@@ -8,8 +8,8 @@ With `--task=segmentation` the shards hold the same JPEGs with a mask each (a PN
 classes), read by `source='seg_shards'` with the segment stage's `random_crop(0.5)|flip_lr` at
 224 px.
 
-  python -m experiments.bench_input_pipeline [--threads=1,2] [--batches=20] [--vit_batch=8]
-  python -m experiments.bench_input_pipeline --task=segmentation --vit_steps=0
+  python -m experiments.benchmarks.bench_input_pipeline [--threads=1,2] [--batches=20] [--vit_batch=8]
+  python -m experiments.benchmarks.bench_input_pipeline --task=segmentation --vit_steps=0
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -203,4 +203,4 @@ def main(argv: list[str], f: types.SimpleNamespace) -> None:
 
 
 if __name__ == "__main__":
-  cli.run(main, "experiments.bench_input_pipeline", define_flags)
+  cli.run(main, "experiments.benchmarks.bench_input_pipeline", define_flags)

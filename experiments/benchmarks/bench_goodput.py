@@ -1,11 +1,11 @@
 r"""What goodput accounting costs the step: the trainer's images/s with and without it, paired;
 and the account of the demo's pretraining.
 
-  python -m experiments.bench_goodput                       # 6 pairs of 250 steps
-  python -m experiments.bench_goodput --pairs=10 --steps=500
-  python -m experiments.bench_goodput --pairs=0 --demo_account  # the demo pretraining's account
+  python -m experiments.benchmarks.bench_goodput                       # 6 pairs of 250 steps
+  python -m experiments.benchmarks.bench_goodput --pairs=10 --steps=500
+  python -m experiments.benchmarks.bench_goodput --pairs=0 --demo_account  # the demo pretraining's account
 
-Each pair trains the demo's pretraining (experiments/bench_trainer.py's config: batch 128,
+Each pair trains the demo's pretraining (experiments/benchmarks/bench_trainer.py's config: batch 128,
 evaluators off, the final checkpoint included; a log step every 10 steps, as the demo logs) twice, once with vit_jax.runtime.goodput.Account
 ("on") and once with an account whose every method does nothing ("off": the calls stay, about
 0.1 µs each, their bookkeeping goes), in alternating order (on-off, off-on, ...) so that a
@@ -39,7 +39,8 @@ import types
 
 from absl import flags
 
-from experiments import bench_trainer, common
+from experiments import common
+from experiments.benchmarks import bench_trainer
 from vit_jax.runtime import cli
 
 DEMO_PRETRAIN = "--config=configs/pretrain.py:dataset=fashion_mnist"
@@ -205,4 +206,4 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
 
 
 if __name__ == "__main__":
-  cli.run(main, "experiments.bench_goodput", define_flags)
+  cli.run(main, "experiments.benchmarks.bench_goodput", define_flags)
