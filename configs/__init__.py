@@ -4,7 +4,7 @@ In a checkout `vit_jax/configs` is a link to this folder; the wheel holds the fi
 They are imported one way only, `from vit_jax.configs import pretrain`, so that each file is one
 module (the files build on each other: `pretrain_mpp.py` on `pretrain.py`, all on `common.py`).
 `--config=configs/<stage>.py:...` names them on the command line, from a checkout or from
-anywhere once the package is installed (vit_jax.config_files).
+anywhere once the package is installed (vit_jax.runtime.config_files).
 
   common        what the stage configs share: the argument syntax, `runlocal`, common blocks
   recipes       training recipes as presets: the paper's, AugReg's, the 2022 plain ViT's

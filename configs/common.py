@@ -24,7 +24,8 @@ from typing import Any
 
 import ml_collections
 
-from vit_jax import models, optim
+from vit_jax import models
+from vit_jax.train import optim
 
 
 def did_you_mean(value: str, known: Any) -> str:
@@ -205,10 +206,10 @@ def dataset_config(**overrides: Any) -> ml_collections.ConfigDict:
 
 
 def training_config(stage: str) -> ml_collections.ConfigDict:
-  """Fields every trained stage (pretrain, finetune) has; the stage config fills the values.
+  """Fields every trained stage (pretrain, finetune, segment) has; the stage config fills the values.
 
   Fields:
-    stage: 'pretrain' | 'finetune' (vit_jax.main dispatches on it).
+    stage: 'pretrain' | 'finetune' | 'segment' (vit_jax.main dispatches on it).
     seed: initialisation, data order and dropout; a rerun with the same seed is identical.
     model_init: '' or a checkpoint to start from (`.npz`, or an Orbax workdir / step dir).
     model_from_init: take the architecture from `model_init` (its saved config, else its
@@ -218,8 +219,8 @@ def training_config(stage: str) -> ml_collections.ConfigDict:
     loss: 'softmax_xent' | 'sigmoid_xent' | 'mpp' (masked patch prediction, with `config.mpp`).
     label_smoothing: ε in [0, 1) of the supervised losses' training targets, (1 − ε)·t + ε/K
       for K classes, after mixup/cutmix (vit_jax.objectives.supervised); 0 (default) is off.
-    optimizer, schedule, grad_clip_norm: see vit_jax.optim.
-    ema_decay: 0 (off) or the decay of Polyak averaging of the parameters (vit_jax.ema); when on,
+    optimizer, schedule, grad_clip_norm: see vit_jax.train.optim.
+    ema_decay: 0 (off) or the decay of Polyak averaging of the parameters (vit_jax.train.ema); when on,
       the average is what the evaluators see and what the checkpoint exports.
     distill: see distill_config (off by default).
     mesh: see mesh_config; checkpoint: see checkpoint_config; profile: see profile_config.

@@ -200,7 +200,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.total_steps = preset["total_steps"]
   config.batch_size = 128 if demo else 512
   config.grad_clip_norm = 1.0
-  # Table 2's ImageNet numbers average the parameters (Polyak, factor 0.9999; vit_jax.ema).
+  # Table 2's ImageNet numbers average the parameters (Polyak, factor 0.9999; vit_jax.train.ema).
   config.ema_decay = 0.9999 if arg.dataset == "imagenet2012" else 0.0
   config.optimizer = common.sgd_config(momentum=0.9)
   config.schedule = ml_collections.ConfigDict(

@@ -18,7 +18,7 @@ own settings (`apply`):
              (76.5% top-1 for ViT-S/16, 6-7 h on a TPUv3-8)
 
 Weight decay: big_vision's `wd` is not multiplied by the learning rate (p ← p − s_t·(lr·u + wd·p)
-with s_t the schedule's multiplier); ours is (p ← p − lr_t·wd·p, vit_jax.optim), so big_vision's
+with s_t the schedule's multiplier); ours is (p ← p − lr_t·wd·p, vit_jax.train.optim), so big_vision's
 1e-4 at lr 1e-3 is `WEIGHT_DECAY` = 0.1 here, the same update.
 
 AugReg's levels (`AUG_LEVELS`): RandAugment (layers, magnitude) and Mixup's alpha.

@@ -29,7 +29,7 @@ runs one with `cli.call(module, argv)` (benchmarks.benchmark_model parses with a
 itself: its measuring processes import no vit_jax before they know which tree's they run).
 
 What several of them share is in `common` (the demo's model and budgets, running
-`python -m vit_jax.main` stages, a train step; the raw-pixel baselines live in vit_jax.baselines);
+`python -m vit_jax.main` stages, a train step; the raw-pixel baselines live in vit_jax.evaluators.baselines);
 `fingerprint` ties a committed results file to the code that would write it today (its --quick
 profile's numbers, which the experiment's test compares); an experiment imports only
 `experiments.common`, `experiments.fingerprint`, its own parts (vs_big_vision:

@@ -12,7 +12,7 @@ Every experiment that chains stages (demo, scale_study, folder_transfer, segment
 `run_stage`: the command is printed so that a reader can rerun any stage by hand, the progress
 lines (metrics, ETA, errors) are shown as they come, and the stage's final metrics are
 returned. Every accuracy of the experiments stands next to the raw-pixel baselines
-(vit_jax.baselines), fitted on exactly the examples the model was trained on and
+(vit_jax.evaluators.baselines), fitted on exactly the examples the model was trained on and
 scored on the same test split.
 """
 
@@ -157,8 +157,8 @@ def run_stage(
   """
   from absl import logging as absl_logging
 
-  from vit_jax import config_files, stages
-  from vit_jax.runtime import console, startup
+  from vit_jax import stages
+  from vit_jax.runtime import config_files, console, startup
   from vit_jax.runtime import workdir as workdir_lib
 
   done = os.path.join(workdir, DONE)

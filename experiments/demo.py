@@ -18,7 +18,7 @@ examples of a new task. The demo measures that in miniature, on the bundled data
        - train the same architecture from scratch with the same budget (seed 0),
        - linear-probe the pretrained model's frozen features (`configs/linear_probe.py`): its
          pre-logits, and every block's output averaged over the patches (`representation=blocks`),
-       - fit the raw-pixel baselines on the same N images (vit_jax/baselines.py: logistic
+       - fit the raw-pixel baselines on the same N images (vit_jax/evaluators/baselines.py: logistic
          regression and kNN-3 on pixels / 255),
      all scored on Animal-MNIST's test split;
   3. print the table, plot accuracy against N (`label_efficiency.png`) and write results.json.
@@ -46,7 +46,7 @@ import types
 from absl import flags
 
 from experiments import common, fingerprint
-from vit_jax import baselines
+from vit_jax.evaluators import baselines
 from vit_jax.runtime import cli
 
 DOWNSTREAM = "animal_mnist"  # 9,000 training images in 10 classes, 1,000 test images
@@ -329,15 +329,15 @@ def _plot(results: dict, path: str) -> None:
 
   rows = list(results["labels"].values())
   n = [row["train_examples"] for row in rows]
-  fig, ax = plt.subplots(figsize=(6.4, 5.0))
+  fig, ax = plt.subplots(figsize=(7.0, 5.4))
   low = [100 * min(row["finetune_seeds"].values()) for row in rows]
   high = [100 * max(row["finetune_seeds"].values()) for row in rows]
   ax.fill_between(n, low, high, alpha=0.2, color="C0")
   for key, name, style in (
-    ("finetune", "ViT fine-tuned from Fashion-MNIST pretraining (seeds' mean, range)", "o-"),
+    ("finetune", "ViT fine-tuned, pretrained (seeds' mean, range)", "o-"),
     ("scratch", "ViT from scratch (same budget)", "s-"),
-    ("probe_blocks", "linear probe of the pretrained ViT: every block (frozen)", "^-"),
-    ("probe", "linear probe of the pretrained ViT: pre-logits (frozen)", "v:"),
+    ("probe_blocks", "linear probe, pretrained: every block", "^-"),
+    ("probe", "linear probe, pretrained: pre-logits", "v:"),
     ("pixels_knn3", "pixels kNN-3", "x--"),
     ("pixels_logreg", "pixels logistic regression", "+--"),
   ):
@@ -348,7 +348,7 @@ def _plot(results: dict, path: str) -> None:
   ax.set_title("What pretraining buys as labels grow (demo)")
   ax.grid(alpha=0.3)
   fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
-  fig.tight_layout(rect=(0, 0.12, 1, 1))
+  fig.tight_layout(rect=(0, 0.14, 1, 1))
   fig.savefig(path, dpi=110)
   plt.close(fig)
 

@@ -72,7 +72,7 @@ def numbers(results: dict[str, Any]) -> dict[str, float]:
 
 def _config(stage):
   """A stage's config: built from its flags (a list), or the config itself."""
-  from vit_jax import config_files
+  from vit_jax.runtime import config_files
 
   return config_files.from_flags(stage) if isinstance(stage, list) else stage
 

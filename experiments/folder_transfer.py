@@ -11,7 +11,7 @@ vit_jax.input_pipeline) is fine-tuned on exactly as the demo fine-tunes on Anima
   1. from the demo's pretrained ViT (`--pretrained`, default the pretrain stage of
      experiments/demo.py: run the demo first), then
   2. the same from scratch, with the same budget (unless --no_scratch);
-  3. raw-pixel baselines (vit_jax/baselines.py: logistic regression and kNN-3 on the folder's
+  3. raw-pixel baselines (vit_jax/evaluators/baselines.py: logistic regression and kNN-3 on the folder's
      pixels / 255, as stored; resized to the model's resolution only when the images differ in
      size) on the same train and test split,
 and one table is printed. Without `--folder`, a bundled dataset (`--builtin`, default `digits`:
@@ -40,7 +40,7 @@ import numpy as np
 from absl import flags
 
 from experiments import common
-from vit_jax import baselines
+from vit_jax.evaluators import baselines
 from vit_jax.runtime import cli
 from vit_jax.tools import make_folder
 
@@ -190,7 +190,7 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
     )
     runs[kind] = dict(test_accuracy=metrics["val/accuracy"], seconds=seconds, step=metrics["step"])
 
-  print("\n== raw-pixel baselines on the same split (vit_jax/baselines.py)")
+  print("\n== raw-pixel baselines on the same split (vit_jax/evaluators/baselines.py)")
   start = time.perf_counter()
   image_size = pretrained["dataset"]["image_size"]
   base = baselines.pixel_scores(

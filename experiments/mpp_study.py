@@ -35,7 +35,7 @@ import types
 from absl import flags
 
 from experiments import common, fingerprint
-from vit_jax import baselines
+from vit_jax.evaluators import baselines
 from vit_jax.runtime import cli
 
 WORKDIR = "/tmp/vit_mpp_study"

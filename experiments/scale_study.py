@@ -19,7 +19,7 @@ BiT ResNets and catches up or overtakes them as the set grows, for less compute.
      fine-tuning on `train[:98%]`) as the paper does, then top-1 on the test split;
   4. the few-shot transfer of the full-data runs' intermediate checkpoints, for the
      accuracy-vs-compute curves (with --quick: of the largest subset's);
-  5. raw-pixel baselines (vit_jax/baselines.py: scikit-learn logistic regression and kNN-3 on
+  5. raw-pixel baselines (vit_jax/evaluators/baselines.py: scikit-learn logistic regression and kNN-3 on
      pixels / 255) on exactly the same training examples and test split as each transfer number.
 
 Outputs in --out (default experiments/results/scale_study/; with --quick, <workdir>/results/):
@@ -45,7 +45,7 @@ from typing import Any
 from absl import flags
 
 from experiments import common, fingerprint
-from vit_jax import baselines
+from vit_jax.evaluators import baselines
 from vit_jax.runtime import cli
 
 WORKDIR = "/tmp/vit_scale_study"

@@ -12,7 +12,7 @@ later answers. Here, on Fashion-MNIST, for each fraction of its 60,000 training 
 (`Profile.fractions`: the first 1% and 10% of `train`, the builtin datasets' nested slices; all of
 it is the demo's pretraining):
 
-  1. the raw-pixel baselines (vit_jax/baselines.py: logistic regression and kNN-3 on pixels
+  1. the raw-pixel baselines (vit_jax/evaluators/baselines.py: logistic regression and kNN-3 on pixels
      / 255) on the same images;
   2. `ARMS`, each one `python -m vit_jax.main` stage of configs/pretrain.py:dataset=fashion_mnist,
      all with the same image budget (steps × batch, `Profile`):
@@ -54,7 +54,7 @@ from typing import Any
 from absl import flags
 
 from experiments import common, fingerprint
-from vit_jax import baselines
+from vit_jax.evaluators import baselines
 from vit_jax.runtime import cli
 
 UPSTREAM, DOWNSTREAM = "fashion_mnist", "animal_mnist"

@@ -3,7 +3,6 @@
 import functools
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -14,13 +13,11 @@ import pytest
 from PIL import Image
 
 from experiments import fingerprint, inside_vit
-from tests.helpers import experiment_run
+from tests.helpers import REPO, experiment_run
 from vit_jax import checkpoint, models
 from vit_jax.analysis import capture, metrics, report
 from vit_jax.checkpoint import train_state
 from vit_jax.runtime import cli
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------------------
 # Mean attention distance on attention maps with known answers.

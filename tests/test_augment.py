@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax import mixup, sharding
+from vit_jax import sharding
 from vit_jax.configs import common
 from vit_jax.input_pipeline import preprocess
+from vit_jax.train import mixup
 
 DRAWS = 1000
 

@@ -5,7 +5,6 @@ skipped examples, over a resume. The runs' behaviour through the entry point: te
 
 import logging
 import os
-import pathlib
 import shutil
 import subprocess
 import sys
@@ -15,13 +14,12 @@ import pytest
 import tensorflow as tf
 from test_image_header import bomb_png  # tests/
 
-from tests.helpers import this_thread
+from tests.helpers import REPO, this_thread
 from vit_jax import input_pipeline
 from vit_jax.input_pipeline import bad_data, testing, tfrecord_files
 from vit_jax.tools import make_shards
 
 PP = "decode|resize|value_range(-1, 1)"
-REPO = pathlib.Path(__file__).resolve().parent.parent
 N, SHARDS = 20, 2
 
 

@@ -12,11 +12,9 @@ import jax
 import pytest
 
 from experiments.benchmarks import benchmark_model, benchmark_report
-from tests.helpers import this_thread
+from tests.helpers import REPO, this_thread
 from vit_jax.cost import devices
 from vit_jax.runtime import cli
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_paired_ratio_follows_the_rounds_not_the_drift():

@@ -7,10 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import xla_env
+from tests.helpers import REPO, xla_env
 from vit_jax import checkpoint
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bad_files(tmp_path):

@@ -7,7 +7,6 @@ slow tests/test_torch_interop.py.
 """
 
 import json
-import pathlib
 import subprocess
 import sys
 
@@ -17,12 +16,12 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from tests.helpers import REPO
 from vit_jax import checkpoint, models
 from vit_jax.checkpoint import timm_hf, train_state
 from vit_jax.models.vit import MultiHeadDotProductAttention
 from vit_jax.tools import convert
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 IMAGE = 32  # the testing preset: 4x4 patches -> an 8x8 grid
 
 

@@ -1,4 +1,4 @@
-"""The `--config` flag's file resolution (vit_jax.config_files) and its misspelt-field lines."""
+"""The `--config` flag's file resolution (vit_jax.runtime.config_files) and its misspelt-field lines."""
 
 import os
 import subprocess
@@ -6,10 +6,9 @@ import sys
 
 import pytest
 
-from vit_jax import config_files
+from tests.helpers import REPO
 from vit_jax.configs import common, pretrain
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from vit_jax.runtime import config_files
 
 
 def test_shipped_configs_are_one_module_each_however_named(tmp_path, monkeypatch):

@@ -7,8 +7,9 @@ import re
 import ml_collections
 import pytest
 
-from vit_jax import model_init, models
+from vit_jax import models
 from vit_jax.configs import common, pretrain
+from vit_jax.train import model_init
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -62,7 +63,7 @@ TRAIN_SOURCES = (
   "vit_jax/train/saver.py",
   "vit_jax/train/loop.py",
   "vit_jax/main.py",
-  "vit_jax/model_init.py",
+  "vit_jax/train/model_init.py",
   "vit_jax/objectives/__init__.py",
 )
 

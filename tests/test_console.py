@@ -4,14 +4,13 @@ last line is the last thing it shows.
 Each case runs in a child process, since `console.setup` redirects the process's stderr.
 """
 
-import pathlib
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 # After its last line a run's background threads may still log: asyncio reports each of Orbax's
 # failed writes ("exception was never retrieved", with a traceback) when its future is collected.

@@ -26,12 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers import xla_env
+from tests.helpers import REPO, xla_env
 from vit_jax import models
 from vit_jax.kernels import cpu as cpu_kernels
 from vit_jax.models import ops
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # x86-64-v3: AVX2 + FMA (the kernels' vector exp); x86-64-v2: SSE4.2 only (their scalar paths).
 _BASELINES = ("x86-64-v3", "x86-64-v2") if platform.machine() == "x86_64" else ()

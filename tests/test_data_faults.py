@@ -19,12 +19,11 @@ import sys
 import numpy as np
 from test_image_header import bomb_png  # tests/
 
-from tests.helpers import xla_env
+from tests.helpers import REPO, xla_env
 from vit_jax.checkpoint import train_state
 from vit_jax.input_pipeline import testing
 from vit_jax.tools import make_shards
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 ARGS = [
   "--config=configs/pretrain.py:dataset=fashion_mnist,runlocal",
   "--config.total_steps=4",

@@ -1,7 +1,6 @@
 """The README's demo end to end (`--quick`), then predict on a workdir it leaves behind."""
 
 import json
-import pathlib
 import subprocess
 import sys
 
@@ -10,11 +9,9 @@ import pytest
 from PIL import Image
 
 from experiments import demo, fingerprint
-from tests.helpers import xla_env
+from tests.helpers import REPO, xla_env
 from vit_jax import inference
 from vit_jax.input_pipeline import builtin
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.long

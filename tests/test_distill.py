@@ -12,7 +12,6 @@ embeddings kept.
 """
 
 import json
-import pathlib
 import shutil
 import subprocess
 import sys
@@ -23,14 +22,14 @@ import numpy as np
 import optax
 import pytest
 
-from tests.helpers import xla_env
-from vit_jax import checkpoint, inference, models, objectives, optim, sharding, train
+from tests.helpers import REPO, xla_env
+from vit_jax import checkpoint, inference, models, objectives, sharding, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune, pretrain
 from vit_jax.objectives import distill, supervised
 from vit_jax.runtime import goodput
+from vit_jax.train import optim
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 ONE = jax.devices()[:1]
 
 

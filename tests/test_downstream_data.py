@@ -2,7 +2,6 @@
 pretraining shards' directory: the JFT-style pretraining preset on make_shards shards."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -11,12 +10,11 @@ import pytest
 # Imported at collection, while the process has one thread (see tests/test_input_sources.py).
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
-from tests.helpers import xla_env
+from tests.helpers import REPO, xla_env
 from vit_jax import evaluators
 from vit_jax.input_pipeline import source, tfds_source
 from vit_jax.tools import make_shards
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOWNSTREAM = {"imagenet2012", "cifar100", "oxford_iiit_pet"}
 
 

@@ -10,9 +10,10 @@ import pytest
 import test_train  # tests/: the SIGKILL-resume harness and the small pretrain config
 
 from tests.helpers import random_weights
-from vit_jax import checkpoint, ema, evaluators, model_init, sharding, train
+from vit_jax import checkpoint, evaluators, sharding, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune
+from vit_jax.train import ema, model_init
 
 
 def test_update_equals_float64_average():

@@ -19,11 +19,10 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests.helpers import fault_injection, xla_env
+from tests.helpers import REPO, fault_injection, xla_env
 from vit_jax.checkpoint import train_state
 from vit_jax.runtime import workdir as workdir_lib
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 RELEASE_DELAY_S = 60
 # The most a process may take from its last line to its exit: seconds on a 2-core machine under
 # load, far less than the release's minute.

@@ -2,7 +2,7 @@
 
 A function that an experiment calls and that moved fails only when the line calling it runs
 (`python -m experiments.scale_study --quick` once ended in an AttributeError on
-`common.pixel_baselines`, after the baselines had moved to vit_jax/baselines.py, while every test
+`common.pixel_baselines`, after the baselines had moved to vit_jax/evaluators/baselines.py, while every test
 that merely imported it passed). So each check here calls the experiment's real `main`, on its
 quickest profile made smaller still: its size constants monkeypatched (a step or two, a few
 examples, a narrower model), nothing else of it replaced. `monkeypatch.setattr` raises for an
@@ -23,7 +23,6 @@ test_mpp_study.py and test_folder_transfer.py.
 
 import dataclasses
 import json
-import os
 import re
 
 import jax
@@ -33,8 +32,6 @@ from absl import flags
 
 from vit_jax.checkpoint import train_state
 from vit_jax.runtime import cli
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A ViT of the 'testing' preset's width with one block: what the checks train and fine-tune in
 # place of the demo's model (the 'demo' preset: 64 wide, 4 blocks).

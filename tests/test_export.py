@@ -27,9 +27,8 @@ from vit_jax.runtime import cli
 tf = pytest.importorskip("tensorflow")
 ort = pytest.importorskip("onnxruntime")
 litert = pytest.importorskip("ai_edge_litert.interpreter")
-from tests.helpers import random_weights  # noqa: E402 - after the optional imports above
+from tests.helpers import REPO, random_weights  # noqa: E402 - after the optional imports above
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 NAMES = ["ant", "bee", "cat", "dog", "eel"]
 # Bars relative to the largest |logit| (issue 34).
 BARS = {"saved_model": 1e-5, "tflite": 1e-4, "tflite_float16": 1e-2, "onnx": 1e-5}
@@ -356,7 +355,8 @@ def finetune_demo_model(workdir: str, steps: int = 500) -> None:
 
 @pytest.mark.slow
 def test_int8_on_the_demo_model_keeps_its_accuracy(tmp_path):
-  from vit_jax import baselines, input_pipeline
+  from vit_jax import input_pipeline
+  from vit_jax.evaluators import baselines
 
   workdir = os.environ.get("VIT_JAX_EXPORT_DEMO_WORKDIR") or str(tmp_path / "ft")
   if not os.path.isdir(os.path.join(workdir, "checkpoints")):

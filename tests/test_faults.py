@@ -22,11 +22,10 @@ import jax
 import numpy as np
 import pytest
 
-from tests.helpers import fault_injection, small_disk, xla_env
+from tests.helpers import REPO, fault_injection, small_disk, xla_env
 from vit_jax.checkpoint import train_state
 from vit_jax.runtime import workdir as workdir_lib
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 TOTAL = 40
 ARGS = [
   "--config=configs/pretrain.py:dataset=fashion_mnist,runlocal",

@@ -2,14 +2,12 @@
 data path (the resize filter of before a8be51a) moves the inputs' part beyond its tolerance."""
 
 import json
-import pathlib
 
 import pytest
 
 from experiments import demo, fingerprint
+from tests.helpers import REPO
 from vit_jax.input_pipeline import preprocess
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
 
 RESULTS = {
   "quick": True,

@@ -2,7 +2,6 @@
 held-out minival slice of the folder, and the linear probe with its default `train[:99%]`."""
 
 import json
-import pathlib
 import re
 import shlex
 import subprocess
@@ -13,11 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers import xla_env
+from tests.helpers import REPO, xla_env
 from vit_jax import checkpoint, models
 from vit_jax.input_pipeline import testing
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 CLASSES = ["daisy", "rose", "tulip"]
 
 

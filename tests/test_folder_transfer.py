@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 
 from experiments import folder_transfer
-from tests.helpers import xla_env
+from tests.helpers import REPO, xla_env
 from vit_jax.input_pipeline import builtin, indexed
 from vit_jax.runtime import cli
 from vit_jax.tools import make_folder
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_digits_folder_reads_back_as_the_builtin_split(tmp_path):
@@ -68,7 +66,7 @@ def test_missing_pretrained_workdir_is_one_clear_line(tmp_path):
 
 @pytest.mark.slow  # a pretraining stage and two fine-tuning stages (~2 min on 2 cores)
 def test_quick_folder_transfer_end_to_end(tmp_path):
-  env = xla_env.child_env(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+  env = xla_env.child_env(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
   # A seconds-long pretraining run (the 'testing' ViT: folder_transfer fine-tunes the
   # architecture of its --pretrained workdir).
   pretrain = subprocess.run(

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.helpers import fault_injection, random_weights, this_thread, xla_env
+from tests.helpers import REPO, fault_injection, random_weights, this_thread, xla_env
 from tests.helpers import gcs as harness
 from vit_jax import checkpoint
 from vit_jax.checkpoint import train_state
@@ -28,7 +28,6 @@ from vit_jax.runtime import gcs
 from vit_jax.runtime import workdir as workdir_lib
 from vit_jax.tools import make_shards
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 BUCKET = "vit-jax-test"
 ROOT = f"gs://{BUCKET}"
 SHARDS = f"{ROOT}/shards"

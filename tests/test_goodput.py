@@ -8,7 +8,6 @@ the time lost to the kill and no step recomputed, and both traces hold the train
 """
 
 import json
-import pathlib
 import re
 import subprocess
 import sys
@@ -16,11 +15,9 @@ import time
 
 import pytest
 
-from tests.helpers import fault_injection, xla_env
+from tests.helpers import REPO, fault_injection, xla_env
 from vit_jax.checkpoint import train_state
 from vit_jax.runtime import goodput, profiling
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _spent(**seconds) -> dict[str, float]:

@@ -2,16 +2,14 @@
 
 import json
 import os
-import pathlib
 import sys
 import textwrap
 
 import pytest
 
-from tests.helpers import local_cluster, xla_env
+from tests.helpers import REPO, local_cluster, xla_env
 from vit_jax.input_pipeline import testing
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 _WORKER = textwrap.dedent(
   """
   import json, sys

@@ -233,7 +233,7 @@ def test_global_arrays_on_mesh(tmp_path):
 
 def test_mixup_is_left_to_the_trainer(tmp_path):
   """With mixup on, the pipeline's batches are the plain ones: the trainer mixes the global
-  batch on device (vit_jax.mixup), where every example's partner is the one before it."""
+  batch on device (vit_jax.train.mixup), where every example's partner is the one before it."""
   config = _id_shards(tmp_path, 16, 2)
   config.num_classes = 16
   plain = next(input_pipeline.make_train_iterator(config, global_batch_size=8))

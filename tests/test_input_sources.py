@@ -1,7 +1,6 @@
 """Each data source end to end: TFRecord (single/multi-label), tfds (mock), image folder, builtin."""
 
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -15,11 +14,11 @@ import pytest
 # threads alive).
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
+from tests.helpers import REPO
 from vit_jax import input_pipeline
 from vit_jax.input_pipeline import builtin, testing
 from vit_jax.tools import make_shards
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 PP_EVAL = "decode|resize_small|central_crop|value_range(-1, 1)"
 
 

@@ -7,7 +7,6 @@ SIGKILL and a rerun resume from the local tier, ending bitwise equal to an unint
 again with one process's local directory deleted, from the workdir's tier.
 """
 
-import pathlib
 import re
 import shutil
 import sys
@@ -20,12 +19,10 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tests.helpers import fault_injection, local_cluster, this_thread, xla_env
+from tests.helpers import REPO, fault_injection, local_cluster, this_thread, xla_env
 from vit_jax import sharding
 from vit_jax.checkpoint import local_tier, train_state
 from vit_jax.runtime import goodput
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _local(root, **fields) -> ml_collections.ConfigDict:

@@ -18,7 +18,6 @@ et al., 2021) recipes, off by default (vit_jax.models.vit):
 import json
 import logging
 import math
-import pathlib
 import subprocess
 import sys
 
@@ -28,11 +27,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from tests.helpers import numpy_vit, xla_env
-from vit_jax import checkpoint, model_init, models
+from tests.helpers import REPO, numpy_vit, xla_env
+from vit_jax import checkpoint, models
 from vit_jax.models import vit
+from vit_jax.train import model_init
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 POSEMB = checkpoint.POSEMB
 _EPS32 = float(np.finfo(np.float32).eps)
 # Relative to max |reference|, as in tests/test_reference_forward.py (which measured 1.2-8.7 eps

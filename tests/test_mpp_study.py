@@ -9,11 +9,10 @@ import pytest
 from PIL import Image
 
 from experiments import fingerprint, mpp_study
-from tests.helpers import experiment_run
+from tests.helpers import REPO, experiment_run
 from vit_jax import inference
 from vit_jax.input_pipeline import builtin
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = os.path.join(REPO, "experiments/results/mpp_study/results.json")
 COMMAND = "python -m experiments.mpp_study"
 

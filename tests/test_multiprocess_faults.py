@@ -22,18 +22,16 @@ the same float32 number in either order.
 """
 
 import json
-import pathlib
 
 import jax
 import numpy as np
 import pytest
 
-from tests.helpers import fault_injection, invariance_config, local_cluster, xla_env
+from tests.helpers import REPO, fault_injection, invariance_config, local_cluster, xla_env
 from vit_jax import train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import pretrain
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = ["--config.checkpoint.every_steps=5", "--config.checkpoint.asynchronous=true"]
 BOUND_S = 60  # the survivors' time to exit after the loss, at the default lost-process timeout
 

@@ -9,7 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from vit_jax import models, optim, sharding
+from vit_jax import models, sharding
+from vit_jax.train import optim
 
 
 def _decayed_names(scan: bool, name: str = "B/16") -> tuple[set[str], set[str]]:

@@ -10,9 +10,8 @@ import zipfile
 
 import pytest
 
-from tests.helpers import xla_env
+from tests.helpers import REPO, xla_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What setup.py reads to build the wheel.
 SOURCES = ("setup.py", "README.md", "LICENSE", "vit_jax", "configs")
 
@@ -94,7 +93,7 @@ def test_the_installed_package_runs_its_configs_outside_a_checkout(wheel, tmp_pa
     cwd,
     env,
     "-c",
-    "import vit_jax; from vit_jax import config_files; from vit_jax.tools import transfer\n"
+    "import vit_jax; from vit_jax.runtime import config_files; from vit_jax.tools import transfer\n"
     "options = dict(model='', runlocal=True, checkpoint='/x', overrides=[], workdir='/w')\n"
     "run = transfer.Run('animal_mnist', 0.1, True, options)\n"
     "flag = run.command().split()[3]\n"

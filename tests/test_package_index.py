@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 _NOT_PART_OF_A_NAME = r"(?<![\w/.-])"
 # An index line: at the margin or two spaces in, the module's name, two or more spaces, what it

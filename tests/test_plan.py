@@ -9,8 +9,6 @@ The tests that compile for a topology (`libtpu_test`) each run in a pytest proce
 """
 
 import json
-import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -19,14 +17,13 @@ import jax
 import pytest
 
 from experiments import fingerprint, pod_plan
-from tests.helpers import compiled_step
+from tests.helpers import REPO, compiled_step
 from tests.helpers.libtpu_process import libtpu_test, needs_libtpu, run_with_libtpu
 from vit_jax.configs import pretrain
 from vit_jax.cost import compiled_stats
 from vit_jax.tools import plan as planner
 
 GiB = 2**30
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # A loop of 4 iterations holding an all-gather, a dot, a reduce-scatter and an all-reduce, then an
@@ -477,7 +474,7 @@ def test_paper_pretraining_fits_a_v3_slice(model):
   _assert_compiler_memory(p, compiled)
 
 
-POD_PLAN = pathlib.Path(REPO) / "experiments/results/pod_plan/results.json"
+POD_PLAN = REPO / "experiments/results/pod_plan/results.json"
 
 
 @pytest.mark.slow  # one compile of B/32 for 32 TPU v3 cores (half a minute on 2 cores)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -12,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.helpers import REPO
 from vit_jax import checkpoint, inference, models
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 NAMES = ["ant", "bee", "cat"]
 
 

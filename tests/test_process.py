@@ -17,10 +17,10 @@ import textwrap
 
 import pytest
 
+from tests.helpers import REPO
 from vit_jax.kernels import xla_cpu_flags, xla_cpu_memory
 from vit_jax.runtime import process, stopping
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 GLIBC = bool(os.confstr("CS_GNU_LIBC_VERSION"))
 MARK = "PROCESS_STATE "
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from vit_jax import optim
 from vit_jax.configs import pretrain, recipes
+from vit_jax.train import optim
 
 
 def _pretrain(arg):

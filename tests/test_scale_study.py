@@ -3,20 +3,18 @@ end to end (slow), including a rerun that skips every finished run, compared wit
 results' fingerprint (experiments/fingerprint.py)."""
 
 import json
-import os
-import pathlib
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from experiments import fingerprint, scale_study
-from tests.helpers import experiment_run
-from vit_jax import config_files, inference
+from tests.helpers import REPO, experiment_run
+from vit_jax import inference
 from vit_jax.input_pipeline import builtin
+from vit_jax.runtime import config_files
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMITTED = pathlib.Path(REPO) / "experiments/results/scale_study/results.json"
+COMMITTED = REPO / "experiments/results/scale_study/results.json"
 COMMAND = "python -m experiments.scale_study"
 
 

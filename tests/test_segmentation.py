@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import config_files, input_pipeline, predict, stages
+from vit_jax import input_pipeline, predict, stages
 from vit_jax.checkpoint import train_state
 from vit_jax.evaluators import segmentation as seg_eval
 from vit_jax.input_pipeline import segmentation as seg_data
 from vit_jax.input_pipeline import segmentation_synthetic as synthetic
 from vit_jax.input_pipeline import splits
 from vit_jax.objectives import segmentation as seg_obj
+from vit_jax.runtime import config_files
 
 IGNORE = seg_data.IGNORE_LABEL
 

@@ -3,16 +3,14 @@ table and plot, and its numbers compared with the committed results' fingerprint
 (experiments/fingerprint.py)."""
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
 
 from experiments import fingerprint, segmentation
-from tests.helpers import experiment_run
+from tests.helpers import REPO, experiment_run
 from vit_jax import input_pipeline
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 COMMITTED = REPO / "experiments/results/segmentation/results.json"
 COMMAND = "python -m experiments.segmentation"
 

@@ -322,7 +322,8 @@ def test_tfrecord_source_refuses_segmentation_shards(tmp_path):
 
 @pytest.mark.slow  # ~20 s on 2 cores; the fast tests hold the source to the others' examples
 def test_segment_stage_runs_on_shards(tmp_path, trainer_on_one_device):
-  from vit_jax import config_files, stages
+  from vit_jax import stages
+  from vit_jax.runtime import config_files
 
   make_shards.shard_seg_builtin("mnist_seg", "val", str(tmp_path / "shards"), num_shards=2)
   config = config_files.from_flags(

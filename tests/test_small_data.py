@@ -2,15 +2,12 @@
 (slow), compared with the committed results' fingerprint."""
 
 import json
-import pathlib
 
 import pytest
 
 from experiments import fingerprint, small_data
-from tests.helpers import experiment_run
-from vit_jax import config_files
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
+from tests.helpers import REPO, experiment_run
+from vit_jax.runtime import config_files
 
 
 @pytest.mark.parametrize("arm", list(small_data.ARMS))

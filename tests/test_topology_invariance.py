@@ -30,7 +30,6 @@ four per gradient in an order that differs between one process and two).
 The slow variant does the same with masked patch prediction on an FSDP mesh.
 """
 
-import pathlib
 import shutil
 import sys
 
@@ -39,6 +38,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import (
+  REPO,
   fault_injection,
   float64_reference,
   invariance_config,
@@ -48,7 +48,6 @@ from tests.helpers import (
 from vit_jax import sharding, train
 from vit_jax.checkpoint import train_state
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 # The meshes of layouts (1) and (2) (4 devices; (2) on 2 slices, `data` across them), and (3).
 MESHES = {"two": dict(data=2, fsdp=1, model=2), "accum": dict(data=2, fsdp=2, model=2)}
 SLICES = 2  # layout (2)'s: one per process

@@ -6,7 +6,6 @@ Runs use the 'testing' model on 16px Fashion-MNIST / Animal-MNIST (the offline `
 datasets), on one of conftest.py's 8 simulated CPU devices unless the mesh is the subject.
 """
 
-import pathlib
 import signal
 import subprocess
 import sys
@@ -16,12 +15,10 @@ import jax
 import numpy as np
 import pytest
 
-from tests.helpers import xla_env
+from tests.helpers import REPO, xla_env
 from vit_jax import sharding, stages, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune, pretrain
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def small_config(total_steps=6, every_steps=3, **mesh):
@@ -357,7 +354,7 @@ def test_schedules_and_weight_decay():
   import ml_collections
   import optax
 
-  from vit_jax import optim
+  from vit_jax.train import optim
 
   sched = optim.make_schedule(
     ml_collections.ConfigDict(dict(name="warmup_linear", base_lr=1.0, warmup_steps=10, end_lr=0.0)),

@@ -14,11 +14,12 @@ import optax
 import pytest
 
 from tests.helpers import this_thread
-from vit_jax import models, optim, sharding, train
+from vit_jax import models, sharding, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune, pretrain
 from vit_jax.objectives import supervised
 from vit_jax.runtime import logging_util, workdir
+from vit_jax.train import optim
 
 
 def _step_fn(accum_steps, loss="softmax_xent", multi_label=False, num_classes=4, **mixing):

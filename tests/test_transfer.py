@@ -16,10 +16,8 @@ import pytest
 import test_vtab  # tests/: mock records for the VTAB builders
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
-from tests.helpers import random_weights, xla_env
+from tests.helpers import REPO, random_weights, xla_env
 from vit_jax.tools import transfer
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ checkout named by $BIG_VISION_DIR) both sides of the smallest row compiled for C
 
 import json
 import os
-import pathlib
 import sys
 import types
 
@@ -15,11 +14,11 @@ import jax.numpy as jnp
 import pytest
 
 from experiments import big_vision_step, fingerprint, vs_big_vision
+from tests.helpers import REPO
 from tests.helpers.libtpu_process import needs_libtpu, run_with_libtpu
 from vit_jax.cost import compiled_stats
 
 GiB = 2**30
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _fake_result(batch: int, hbm: int = 16 * GiB, fixed: float = 3.0, per_example: float = 0.1):
@@ -159,7 +158,7 @@ def test_the_smallest_row_compiles_for_both_sides_on_cpu_devices():
   assert line.startswith("| testing | cpu:8 | 2 | ") and line.endswith("| — / — |")
 
 
-COMMITTED = pathlib.Path(REPO) / "experiments/results/vs_big_vision/results.json"
+COMMITTED = REPO / "experiments/results/vs_big_vision/results.json"
 COMMAND = (
   "python -m experiments.vs_big_vision --big_vision_dir=... with the committed rows' "
   "--models, --topologies and --batch"

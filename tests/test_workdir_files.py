@@ -30,13 +30,12 @@ import jax
 import ml_collections
 import pytest
 
-from tests.helpers import xla_env
+from tests.helpers import REPO, xla_env
 from vit_jax.checkpoint import loader, local_tier
 from vit_jax.configs import pretrain
 from vit_jax.runtime import cli, console, goodput, json_file, profiling, workdir, workdir_lock
 from vit_jax.tools import goodput as goodput_tool
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 _WRONG = ("x", None, [], {}, True, -1, 1.5, 10**30, math.nan)
 
 

@@ -6,24 +6,19 @@ The commands set their process up first thing; a program of your own opts in wit
 
   main            the entry point of every stage: `python -m vit_jax.main --config=... --workdir=...`
   stages          the stages a config names, and running one as a library
-  train           the trainer of the pretrain, fine-tune and segment stages
+  train           the trainer of the pretrain, fine-tune and segment stages: the loop, the step,
+                  the starting point, optimizers, EMA, mixup
   linear_probe    the linear-probe stage
   configs         the stage configs, installed with the package
-  config_files    the `--config` flag: which file a config path names, and bad overrides
   models          the ViT, its R50 hybrids, BiT ResNets, MPP and segmentation models
   objectives      what the trainer optimises (supervised, masked patch prediction, segmentation)
-  optim           optimizers and learning-rate schedules of the paper's recipes
-  ema             Polyak averaging of the parameters
-  mixup           mixup of the global training batch, inside the train step
-  model_init      a stage's starting point from `config.model_init`
   sharding        the device mesh and the partition rules
   input_pipeline  sources, per-host split, preprocessing, global batches (tf.data)
-  evaluators      the evaluators the trainer runs, and the linear probe's probes
-  baselines       raw-pixel baselines: logistic regression and kNN-3 (scikit-learn)
+  evaluators      the evaluators the trainer runs, the linear probe's probes, raw-pixel baselines
   checkpoint      parameter files in the published layouts, and the trainer's Orbax state
   cost            device peaks, model FLOPs, the compiled step's memory and FLOPs
   kernels         C++ kernels for XLA:CPU, and the XLA:CPU flags and allocator settings
-  runtime         a stage's process: command line, terminal, hosts, stops, workdir
+  runtime         a stage's process: command line and --config, terminal, hosts, stops, workdir
   inference       a checkpoint as an image classifier, without TensorFlow
   predict         classifies image files and prints the top-5 classes
   export          a checkpoint for serving: SavedModel, LiteRT, ONNX

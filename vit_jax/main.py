@@ -1,8 +1,8 @@
 r"""Entry point of every stage: `python -m vit_jax.main --config=... --workdir=...`.
 
 The config (configs/*.py, installed as vit_jax.configs; selected and parameterised with one
-string, see configs/common.py; a file of the user's own: vit_jax.config_files) names its stage:
-'pretrain' and 'finetune' run vit_jax.train, 'linear_probe' runs vit_jax.linear_probe
+string, see configs/common.py; a file of the user's own: vit_jax.runtime.config_files) names its stage:
+'pretrain', 'finetune' and 'segment' run vit_jax.train, 'linear_probe' runs vit_jax.linear_probe
 (vit_jax.stages, the same as a library). Fields are
 overridden with `--config.field=value`; configs are locked, so a misspelt field is an error
 naming the nearest field.
@@ -35,8 +35,7 @@ import types
 
 from absl import app, flags, logging
 
-from vit_jax import config_files
-from vit_jax.runtime import cli
+from vit_jax.runtime import cli, config_files
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:

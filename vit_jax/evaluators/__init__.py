@@ -20,6 +20,9 @@ Kinds (`REGISTRY`):
   segmentation model's per-pixel logits over a split (the ignore label and padding never
   count). Metrics `{name}/miou|pixel_accuracy|mean_class_accuracy|iou/<class>|accuracy/<class>`.
 
+Beside them, `baselines` (not an evaluator of a model): raw-pixel logistic regression and kNN-3
+(scikit-learn) on a split, what the experiments report every accuracy against.
+
 The trainer builds them from the stage config with `build`:
 
     config.evals = dict(

@@ -33,9 +33,9 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
     image_size: output resolution, and the default size of every sizing op in the pp specs.
     pp_train, pp_eval: preprocessing specs, see `vit_jax.input_pipeline.preprocess`.
     mixup_alpha: > 0 enables mixup (Beta(alpha, alpha)) of the global training batch, done by the
-      trainer on device (vit_jax.mixup); the pipeline's labels stay as they are.
+      trainer on device (vit_jax.train.mixup); the pipeline's labels stay as they are.
     cutmix_alpha: > 0 enables CutMix (Yun et al. 2019; Beta(alpha, alpha), one box per step),
-      likewise on device (vit_jax.mixup). With both alphas > 0 each step does one of the two,
+      likewise on device (vit_jax.train.mixup). With both alphas > 0 each step does one of the two,
       CutMix with probability 0.5 (timm's switch_prob). 0 (the default) is off; < 0 is an error.
     max_skipped_fraction: the share of skipped examples (undecodable, too large, lost with a
       damaged file) among the records a host read above which the run stops, checked once the

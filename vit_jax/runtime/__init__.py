@@ -1,6 +1,7 @@
 """A stage's process around the training: its command line, terminal, hosts, stops and workdir.
 
   cli           a command's flags, the distributed flags, and its one-line end on an error
+  config_files  the `--config` flag: which file a config path names, and bad overrides
   console       what reaches the terminal, and the log file that keeps everything else
   distributed   connecting the processes of a multi-host run (jax.distributed)
   stopping      SIGTERM / SIGINT turned into a stop at a step every process saves

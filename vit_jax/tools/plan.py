@@ -44,8 +44,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from vit_jax import config_files
-from vit_jax.runtime import cli, libtpu_lock
+from vit_jax.runtime import cli, config_files, libtpu_lock
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:

@@ -184,7 +184,7 @@ def transfer_dataset(dataset: str, grid: Sequence[float], options: dict[str, Any
 
 def _baselines(dataset: str) -> dict[str, float]:
   """Raw-pixel logistic regression and kNN-3 on the final run's splits (bundled datasets)."""
-  from vit_jax import baselines
+  from vit_jax.evaluators import baselines
 
   return baselines.pixel_baselines(dataset, "train", test_split="test")
 

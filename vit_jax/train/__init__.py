@@ -5,6 +5,11 @@
   saver.py  `Saver`: saving and restoring the state in both checkpoint tiers, stop-then-save
   loop.py   `run`: setup, then the loop (a step; at log steps the window's means; the saves due;
             the evaluations due)
+  model_init.py  the starting point: parameters from `config.model_init` (or fresh), adapted to
+            the stage's model
+  optim.py  optimizers and learning-rate schedules of the paper's recipes
+  ema.py    Polyak averaging of the parameters
+  mixup.py  mixup and cutmix of the global training batch, inside the step
 
 It runs on any mesh (vit_jax.sharding), on one or many processes, and resumes from the latest
 complete checkpoint in the workdir.
@@ -18,7 +23,7 @@ made for an example is keyed on the seed, the step and its index i in the global
 augmentations in tf.data on (seed, stream position); its dropout masks and masked-patch
 corruption on fold_in(layer key of fold_in(rng, s), i) (`batch['index']`, vit_jax.models.ops.
 dropout), never on its row in a micro-batch, so `accum_steps` does not change them; mixup's
-and cutmix's weight and box on step s's key and the partner on the index (vit_jax.mixup). The
+and cutmix's weight and box on step s's key and the partner on the index (vit_jax.train.mixup). The
 step is part of the state. Nothing depends on wall-clock time or on how often metrics are fetched.
 
 Metrics: each step adds its sums (loss, correct top-1, examples, gradient norm) to an on-device
@@ -50,26 +55,30 @@ A run restarted after its last step runs its evaluators on the final state and r
 metrics (what vit_jax.main records).
 """
 
-from vit_jax.train.loop import run
-from vit_jax.train.step import (
-  State,
-  TrainStep,
-  Window,
-  abstract_window,
-  build,
-  empty_window,
-  make_train_step,
-  window_metrics,
-)
+import importlib
 
-__all__ = [
-  "State",
-  "TrainStep",
-  "Window",
-  "abstract_window",
-  "build",
-  "empty_window",
-  "make_train_step",
-  "run",
-  "window_metrics",
-]
+# The trainer's names, each from its module, imported when first used: `vit_jax.train.optim`
+# (which the configs read) does not import the loop, the input pipeline and TensorFlow.
+_EXPORTS = {
+  "run": "loop",
+  **{
+    name: "step"
+    for name in (
+      "State",
+      "TrainStep",
+      "Window",
+      "abstract_window",
+      "build",
+      "empty_window",
+      "make_train_step",
+      "window_metrics",
+    )
+  },
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'vit_jax.train' has no attribute {name!r}")
+  return getattr(importlib.import_module(f"vit_jax.train.{_EXPORTS[name]}"), name)

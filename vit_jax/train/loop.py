@@ -7,12 +7,13 @@ import jax
 import ml_collections
 from absl import logging
 
-from vit_jax import ema, evaluators, input_pipeline, model_init, sharding
+from vit_jax import evaluators, input_pipeline, sharding
 from vit_jax.checkpoint import train_state
 from vit_jax.cost import compiled_stats, flops
 from vit_jax.input_pipeline import host_states
 from vit_jax.runtime import goodput, logging_util, profiling, stopping
 from vit_jax.runtime import workdir as workdir_lib
+from vit_jax.train import ema, model_init
 from vit_jax.train import saver as saver_lib
 from vit_jax.train import step as step_lib
 
@@ -64,7 +65,7 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
   profiler = profiling.Profiler(config.profile, workdir, account, total_steps)
   progress = logging_util.Progress(total_steps, start_step)
   out = _Reporting(account, saver, progress, writer, data, total_steps)
-  window = out.empty_window(mesh)
+  window = _empty_window(mesh)
   compiled, metrics = None, {}
   step, failed = start_step, True
   try:
@@ -84,7 +85,7 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
         state, window, learning_rate = compiled(state, batch, window, *teacher)
       if itstime(step, config.log_every_steps, total_steps):
         metrics = out.log(step, window, learning_rate)
-        window = out.empty_window(mesh)
+        window = _empty_window(mesh)
         profiler.poll(step)
       saver.after_step(step, state, window, data, out.throughput)
       for evaluator in evals:
@@ -158,6 +159,11 @@ def _evaluators(config, built: step_lib.TrainStep, mesh, stop) -> list[Any]:
   )
 
 
+def _empty_window(mesh: jax.sharding.Mesh) -> step_lib.Window:
+  """A fresh metrics window, replicated on `mesh`."""
+  return jax.device_put(step_lib.empty_window(), sharding.replicated(mesh))
+
+
 @dataclasses.dataclass
 class _Reporting:
   """What the loop's log steps, evaluations and first compile share: the goodput account, the
@@ -170,9 +176,6 @@ class _Reporting:
   data: Any
   total_steps: int
   throughput: Any = None  # from the first compile on
-
-  def empty_window(self, mesh: jax.sharding.Mesh) -> step_lib.Window:
-    return jax.device_put(step_lib.empty_window(), sharding.replicated(mesh))
 
   def compile(self, built: step_lib.TrainStep, state, batch, window, teacher, step: int):
     """The step compiled ahead of time, once (XLA's cost analysis gives the FLOPs for the MFU);

@@ -16,10 +16,10 @@ import jax
 import ml_collections
 from absl import logging
 
-from vit_jax import model_init
 from vit_jax.checkpoint import local_tier, train_state
 from vit_jax.input_pipeline import host_states
 from vit_jax.runtime import goodput, stopping
+from vit_jax.train import model_init
 
 
 class Saver:

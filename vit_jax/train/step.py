@@ -14,13 +14,8 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import (
-  ema,
-  mixup,
-  objectives,
-  optim,
-  sharding,
-)
+from vit_jax import objectives, sharding
+from vit_jax.train import ema, mixup, optim
 
 # step int32 [], params, opt_state, rng uint32 [2]; with config.ema_decay also ema (like params).
 State = dict[str, Any]
@@ -78,11 +73,11 @@ def make_train_step(
   The loss is `objective`'s per-example loss of `model`, averaged over the examples whose mask
   is 1, computed over the whole global batch whatever `accum_steps` is: micro-batches sum
   masked losses and gradients, divided once at the end. With `mixup_alpha` or `cutmix_alpha` > 0
-  the global batch is mixed first (vit_jax.mixup, labels one-hot over `num_classes`). Each
+  the global batch is mixed first (vit_jax.train.mixup, labels one-hot over `num_classes`). Each
   example carries its index in the global batch (`index`), which keys its random draws with the
   step's key, the same in every micro-batch. The step adds its sums to `window` (see `Window`) and records
   there the first step with a non-finite loss or gradient norm. With `ema_decay` the state's
-  `ema` is averaged towards the new parameters (vit_jax.ema). A distillation objective's
+  `ema` is averaged towards the new parameters (vit_jax.train.ema). A distillation objective's
   teacher parameters are the step's 4th argument `teacher` (not part of the state: never
   differentiated, updated or saved), passed on to its `per_example`.
   """
