@@ -13,7 +13,7 @@ from tests.helpers import random_weights
 from vit_jax import checkpoint, evaluators, sharding, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune
-from vit_jax.train import ema, model_init
+from vit_jax.train import ema, loop, model_init
 
 
 def test_update_equals_float64_average():
@@ -87,14 +87,14 @@ def finetuned(tmp_path_factory):
   root = tmp_path_factory.mktemp("ema_finetune")
   path = random_weights.random_npz(str(root / "pretrained.npz"), seed=1)
   config = _finetune_config(path)
-  seen, report = [], train.loop._report_compiled
+  seen, report = [], loop._report_compiled
 
   def recording_report(compiled, state, *args):
     seen.append(_host(state))  # called once, with the state the first step starts from
     return report(compiled, state, *args)
 
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(train.loop, "_report_compiled", recording_report)
+    patch.setattr(loop, "_report_compiled", recording_report)
     metrics = train.run(config, str(root / "run"), devices=jax.devices()[:1])
   (state0,) = seen
   return config, root / "run", checkpoint.load(path), metrics, state0

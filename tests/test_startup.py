@@ -67,7 +67,7 @@ def test_the_library_imports_a_stage_without_touching_the_collector(
   directory, freezes = module_dir
   (directory / "startup_probe.py").write_text(_MODULE + "def run(config, workdir):\n  return {}\n")
   config = pretrain.get_config("dataset=fashion_mnist,runlocal")
-  assert stages.module_name("pretrain") == "vit_jax.train"
+  assert stages.module_name("pretrain") == "vit_jax.train.loop"
   assert stages.module_name("linear_probe") == "vit_jax.linear_probe"
   with pytest.raises(ValueError, match="config.stage='nothing'"):
     stages.module_name("nothing")

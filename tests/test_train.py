@@ -235,7 +235,7 @@ _CHILD = textwrap.dedent(
   import importlib, os, signal, sys
   sys.path[:0] = [{repo!r}, {tests!r}]
   from vit_jax.runtime import startup
-  train = startup.import_module("vit_jax.train")  # as a command imports it
+  loop = startup.import_module("vit_jax.train.loop")  # as a command imports it
   from vit_jax import input_pipeline
   from vit_jax.checkpoint import train_state
   module, factory = {config_fn!r}.split(":")
@@ -259,7 +259,7 @@ _CHILD = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGKILL)
       return fetch(self)
     input_pipeline.TrainIterator.__next__ = killing_next
-  train.run(config, sys.argv[3])
+  loop.run(config, sys.argv[3])
   """
 )
 

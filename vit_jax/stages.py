@@ -1,6 +1,6 @@
 """The stages a config names, and running one: what `python -m vit_jax.main` runs, as a library.
 
-`run(config, workdir)` runs `config.stage` ('pretrain', 'finetune' and 'segment': vit_jax.train;
+`run(config, workdir)` runs `config.stage` ('pretrain', 'finetune' and 'segment': vit_jax.train.loop;
 'linear_probe': vit_jax.linear_probe) holding the workdir's lock (vit_jax.runtime.workdir.lock);
 `run_and_record` also writes its final metrics into the workdir (what scripts chaining stages
 read). For programs that run stages themselves (vit_jax.tools.transfer, experiments/).
@@ -20,7 +20,7 @@ def module_name(stage: str) -> str:
   """The module whose `run(config, workdir)` runs `stage`."""
   if stage not in STAGES:
     raise ValueError(f"config.stage={stage!r}; expected one of {STAGES}")
-  return "vit_jax.linear_probe" if stage == "linear_probe" else "vit_jax.train"
+  return "vit_jax.linear_probe" if stage == "linear_probe" else "vit_jax.train.loop"
 
 
 def run(config, workdir: str) -> dict[str, Any]:

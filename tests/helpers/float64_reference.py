@@ -50,7 +50,8 @@ def main(config_fn: str, workdir: str) -> None:
   from vit_jax.models import build
   from vit_jax.runtime import startup
 
-  train = startup.import_module("vit_jax.train")  # as a command imports it
+  loop = startup.import_module("vit_jax.train.loop")  # as a command imports it
+  from vit_jax.train import step as train_step
 
   assert jax.config.jax_enable_x64, "run under JAX_ENABLE_X64=1"
   # The trainer's configs name dtypes by string; float64 is no training dtype, only this one.
@@ -80,7 +81,7 @@ def main(config_fn: str, workdir: str) -> None:
   jax.random.beta, jax.random.uniform = float32_beta, float32_uniform
   jax.random.randint = int32_randint
 
-  build = train.step.build
+  build = train_step.build
 
   def float64_build(config, mesh, num_classes):
     config32 = config.copy_and_resolve_references()
@@ -100,11 +101,11 @@ def main(config_fn: str, workdir: str) -> None:
 
     return built._replace(init_params=init_params, init_state=init_state)
 
-  train.step.build = float64_build  # what the trainer's loop calls
+  train_step.build = float64_build  # what the trainer's loop calls
   module, factory = config_fn.split(":")
   config = getattr(importlib.import_module(module), factory)()
   config.model.dtype = config.model.param_dtype = "float64"
-  train.run(config, workdir)
+  loop.run(config, workdir)
 
 
 def run(config_fn: str, workdir: str | os.PathLike, devices: int = 1) -> None:

@@ -330,7 +330,7 @@ def main(argv, f: types.SimpleNamespace):
     from vit_jax.runtime import startup
 
     # TensorFlow and the rest, imported without the garbage collector (vit_jax.runtime.startup).
-    startup.import_module("vit_jax.train")
+    startup.import_module("vit_jax.train.loop")
     run_suite(
       f.suite.value,
       f.checkpoint.value,
