@@ -33,12 +33,19 @@ def _orbax_workdir(path, params, image_size):
   (path / "config.json").write_text(json.dumps(config))
 
 
-def test_run_on_an_orbax_workdir_writes_results(tmp_path):
+def _probe_config(tmp_path, arg: str = ""):
+  """The stage's runlocal config on digits, probing a random-init 'testing' backbone saved as a
+  trainer's workdir (pre-logits of width 24)."""
   _, params = _backbone(image_size=16, representation_size=24)
   _orbax_workdir(tmp_path / "pretrain", params, image_size=16)
-  config = linear_probe_config.get_config("dataset=digits,runlocal")
+  config = linear_probe_config.get_config("dataset=digits,runlocal" + arg)
   config.model_init = str(tmp_path / "pretrain")
   config.probe.max_examples = 200
+  return config
+
+
+def test_run_on_an_orbax_workdir_writes_results(tmp_path):
+  config = _probe_config(tmp_path)
   workdir = tmp_path / "probe"
   results = linear_probe.run(config, str(workdir))
 
@@ -116,11 +123,7 @@ def test_blocks_representation_is_every_blocks_mean_map_in_order(preset):
 
 
 def test_the_stage_probes_every_blocks_features(tmp_path):
-  _, params = _backbone(image_size=16, representation_size=24)
-  _orbax_workdir(tmp_path / "pretrain", params, image_size=16)
-  config = linear_probe_config.get_config("dataset=digits,runlocal,representation=blocks")
-  config.model_init = str(tmp_path / "pretrain")
-  config.probe.max_examples = 200
+  config = _probe_config(tmp_path, ",representation=blocks")
   results = linear_probe.run(config, str(tmp_path / "probe"))
   testing = models.get_model_config("testing")
   assert results["linear_probe/representation_size"] == testing.num_layers * testing.hidden_size
