@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers import trees
 from vit_jax import checkpoint, models
 
 POSEMB = checkpoint.POSEMB
@@ -352,7 +353,7 @@ def test_non_square_fine_tuning_grid(tiny, tmp_path):
   assert np.isfinite(_logits(model, adapted, _images((1, 16, 24, 3)))).all()
   # Parameters already in memory (a pretraining run's Orbax state) adapt exactly like the file.
   in_memory = checkpoint.load_pretrained(params, init, config)
-  jax.tree.map(np.testing.assert_array_equal, in_memory, adapted)
+  trees.assert_equal(in_memory, adapted)
 
 
 def test_hybrid_patch_grid_follows_the_resnet_strides():

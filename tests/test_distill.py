@@ -22,7 +22,7 @@ import numpy as np
 import optax
 import pytest
 
-from tests.helpers import REPO, xla_env
+from tests.helpers import REPO, trees, xla_env
 from vit_jax import checkpoint, inference, models, objectives, sharding, train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import finetune, pretrain
@@ -161,7 +161,7 @@ def test_fine_tuning_a_distilled_checkpoint_replaces_both_heads(tmp_path):
   np.testing.assert_array_equal(posemb[:, :2], old_posemb[:, :2])
   np.testing.assert_array_equal(adapted["dist_token"], old["dist_token"])
   for head in ("head", "head_dist"):
-    jax.tree.map(np.testing.assert_array_equal, adapted[head], jax.tree.map(np.asarray, new[head]))
+    trees.assert_equal(adapted[head], jax.tree.map(np.asarray, new[head]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_a_step_with_a_teacher_accumulates_like_one_batch(tmp_path):
   for a, b in zip(*(jax.tree_util.tree_leaves(out[a][0]) for a in (1, 2)), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
   np.testing.assert_allclose(out[1][1]["loss"], out[2][1]["loss"], rtol=1e-6)
-  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, teacher), before)
+  trees.assert_equal(jax.tree.map(np.asarray, teacher), before)
 
 
 def test_bad_teacher_configs_fail_in_one_line(tmp_path):
@@ -326,7 +326,7 @@ def test_a_student_trains_evaluates_and_resumes_bitwise(tmp_path):
   train.run(config, str(workdir), devices=ONE)  # resumes at step 3, the teacher reloaded
   assert _start_steps(workdir) == [0, 3]
   resumed = train_state.restore_params(workdir)
-  jax.tree.map(np.testing.assert_array_equal, resumed, final)
+  trees.assert_equal(resumed, final)
 
 
 def _start_steps(workdir):
@@ -372,7 +372,7 @@ def test_a_bit_teacher_through_the_entry_point(tmp_path):
   (workdir / "final_metrics.json").unlink()
   main()
   assert _start_steps(workdir) == [0, 3]
-  jax.tree.map(np.testing.assert_array_equal, train_state.restore_params(workdir), final)
+  trees.assert_equal(train_state.restore_params(workdir), final)
 
   # The next stage: fine-tuned from the student at 24px (its architecture, both heads new), the
   # same teacher at the new resolution.

@@ -18,11 +18,9 @@ import subprocess
 import sys
 import time
 
-import jax
-import numpy as np
 import pytest
 
-from tests.helpers import REPO, fault_injection, small_disk, xla_env
+from tests.helpers import REPO, fault_injection, small_disk, trees, xla_env
 from vit_jax.checkpoint import train_state
 from vit_jax.runtime import workdir as workdir_lib
 
@@ -77,15 +75,6 @@ def _main(env, workdir, extra=(), **fault) -> tuple[int, str]:
   last = vit_lines[-1] if vit_lines else "\n".join(lines[-30:])
   print(f"exit {code}: {last}")  # shown with -s: the closing note's figures
   return code, last
-
-
-def _assert_same_params(workdir, reference):
-  for (path, x), (_, y) in zip(
-    jax.tree_util.tree_leaves_with_path(train_state.restore_params(workdir)),
-    jax.tree_util.tree_leaves_with_path(train_state.restore_params(reference)),
-    strict=True,
-  ):
-    np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +150,7 @@ def _a_runs_life(env, reference, disk, tmp_path):
   if not disk:
     code, last = main()
     assert code == 0, last
-    _assert_same_params(view, reference)
+    trees.assert_same_params(view, reference)
     return
   # The disk fills up, leaving 64 KiB: less than a step (about 450 KiB). The rerun resumes from
   # step 20 and ends in one line when the save of step 30 (or the metrics writer after it: which
@@ -181,7 +170,7 @@ def _a_runs_life(env, reference, disk, tmp_path):
   filler.unlink()
   code, last = main()
   assert code == 0, last
-  _assert_same_params(view, reference)
+  trees.assert_same_params(view, reference)
 
 
 def _assert_resumed_from_20(view, broken, logs_before):
@@ -295,7 +284,7 @@ def test_sigterm_inside_an_evaluation_stops_within_seconds(env, reference, tmp_p
   assert train_state.committed_steps(workdir) == [10, 15]
   code, last = _main(env, workdir)
   assert code == 0, last
-  _assert_same_params(workdir, reference)
+  trees.assert_same_params(workdir, reference)
 
 
 @pytest.mark.slow
@@ -375,7 +364,7 @@ def test_a_dead_runs_lock_from_a_replaced_vm(env, tmp_path, reference):
   took = [line for line in lines if "took over the lock of" in line]
   assert len(took) == 1 and "pid 4242 on t1v-n-old-w-0" in took[0], lines
   assert re.search(r"its lease expired: not renewed for 36\d\d s \(lease 300 s\)", took[0])
-  _assert_same_params(workdir, reference)
+  trees.assert_same_params(workdir, reference)
   assert not lock.exists()
 
   fresh = tmp_path / "broken"

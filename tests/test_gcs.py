@@ -16,11 +16,10 @@ import textwrap
 import threading
 import time
 
-import jax
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, fault_injection, random_weights, this_thread, xla_env
+from tests.helpers import REPO, fault_injection, random_weights, this_thread, trees, xla_env
 from tests.helpers import gcs as harness
 from vit_jax import checkpoint
 from vit_jax.checkpoint import train_state
@@ -102,13 +101,6 @@ def _restore_local(local_gcs, prefix, tmp_path):
   return train_state.restore_params(local)
 
 
-def _assert_same(a, b):
-  la, lb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
-  assert [p for p, _ in la] == [p for p, _ in lb]
-  for (path, x), (_, y) in zip(la, lb, strict=True):
-    np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
-
-
 @pytest.mark.long
 def test_pretraining_reads_and_writes_gcs(pretrained, local_gcs, monkeypatch, tmp_path):
   """The run read the gs:// shards and wrote its workdir (metrics, config.json, its checkpoint
@@ -134,7 +126,7 @@ def test_pretraining_reads_and_writes_gcs(pretrained, local_gcs, monkeypatch, tm
     monkeypatch.setenv(key, value)
   params = checkpoint.load(pretrained)
   assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 17, 32)
-  _assert_same(params, _restore_local(local_gcs, "pretrain", tmp_path))
+  trees.assert_equal(params, _restore_local(local_gcs, "pretrain", tmp_path))
   assert train_state.committed_steps(pretrained) == [2]
 
 
@@ -252,7 +244,7 @@ def test_rerun_and_sigkill_resume_bitwise(env, pretrained, reference, local_gcs,
   code, last = run(env, *main_args(local, config=RESUMABLE))
   assert code == 0, last
   expected = train_state.restore_params(local)
-  _assert_same(_restore_local(local_gcs, "reference", tmp_path), expected)
+  trees.assert_equal(_restore_local(local_gcs, "reference", tmp_path), expected)
 
   at = random.Random().randint(2, TOTAL - 1)
   workdir = f"{ROOT}/killed-{at}"
@@ -266,7 +258,7 @@ def test_rerun_and_sigkill_resume_bitwise(env, pretrained, reference, local_gcs,
   assert f"{prefix}/{workdir_lib.LOCK_FILE}" in local_gcs.objects(BUCKET, prefix)
   code, last = run(env, *main_args(workdir, config=RESUMABLE))
   assert code == 0, last
-  _assert_same(_restore_local(local_gcs, prefix, tmp_path), expected)
+  trees.assert_equal(_restore_local(local_gcs, prefix, tmp_path), expected)
 
   # The rerun of the 2-step run, to 6 steps: resumes from step 2 on gs://.
   code, last = run(env, *main_args(pretrained, config=[*PRETRAIN, "--config.total_steps=6"]))
@@ -476,7 +468,7 @@ def test_transient_errors_are_retried_and_a_failing_save_keeps_the_last_step(
   faults = [r for r in local_gcs.requests if r[2] in (503, 429, "drop")]
   print(f"injected {len(faults)} faults")
   assert code == 0, last
-  _assert_same(
+  trees.assert_equal(
     _restore_local(local_gcs, "flaky", tmp_path), _restore_local(local_gcs, "reference", tmp_path)
   )
 
@@ -514,7 +506,7 @@ def test_sigterm_saves_and_a_broken_step_is_moved_aside_on_gcs(env, reference, l
   objects = local_gcs.objects(BUCKET, prefix)
   assert any(o.startswith(f"{prefix}/broken_checkpoints/5/") for o in objects)
   assert not any(o.startswith(f"{prefix}/checkpoints/5/") for o in objects)
-  _assert_same(
+  trees.assert_equal(
     _restore_local(local_gcs, prefix, tmp_path), _restore_local(local_gcs, "reference", tmp_path)
   )
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from experiments import fingerprint, grad_reduce
-from tests.helpers import experiment_run
+from tests.helpers import experiment_run, trees
 from tests.helpers.libtpu_process import libtpu_test
 from vit_jax import models
 from vit_jax.models import ops
@@ -115,7 +115,7 @@ def test_model_with_float32_reduction_computes_the_same_function():
 
   p16, l16, g16 = run("bfloat16")
   p32, l32, g32 = run("float32")
-  jax.tree.map(np.testing.assert_array_equal, p16, p32)
+  trees.assert_equal(p16, p32)
   assert l16 == l32
   for a, b in zip(jax.tree.leaves(g32), jax.tree.leaves(g16), strict=True):
     assert a.dtype == b.dtype == jnp.float32

@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, numpy_vit, xla_env
+from tests.helpers import REPO, numpy_vit, trees, xla_env
 from vit_jax import checkpoint, models
 from vit_jax.models import vit
 from vit_jax.train import model_init
@@ -200,7 +200,7 @@ def test_a_saved_sincos2d_model_reads_as_a_learned_one(name, tmp_path, caplog):
   init = jax.tree.map(np.zeros_like, params)
   with caplog.at_level(logging.INFO):
     back = checkpoint.load_pretrained(path, dict(init, head=params["head"]), config)
-  jax.tree.map(np.testing.assert_array_equal, back, params)
+  trees.assert_equal(back, params)
   assert [r.levelno for r in caplog.records if "is the sincos2d table" in r.message] == [
     logging.INFO
   ]
@@ -219,7 +219,7 @@ def test_sincos2d_fine_tunes_at_another_resolution_without_resizing(tmp_path):
   init = jax.tree.map(np.zeros_like, _random_params(model, large))
   for name in ("plain.npz", "table.npz"):
     adapted = checkpoint.load_pretrained(tmp_path / name, dict(init, head=params["head"]), config)
-    jax.tree.map(np.testing.assert_array_equal, adapted, params)
+    trees.assert_equal(adapted, params)
   for images, grid in ((small, (4, 4)), (large, (6, 8))):
     reference = numpy_vit.forward(_with_table(params, grid, 1), images)
     assert _relative_error(_apply(model, params, images), reference) <= FLOAT32_TOLERANCE

@@ -24,10 +24,9 @@ the same float32 number in either order.
 import json
 
 import jax
-import numpy as np
 import pytest
 
-from tests.helpers import REPO, fault_injection, invariance_config, local_cluster, xla_env
+from tests.helpers import REPO, fault_injection, invariance_config, local_cluster, trees, xla_env
 from vit_jax import train
 from vit_jax.checkpoint import train_state
 from vit_jax.configs import pretrain
@@ -92,7 +91,8 @@ def test_a_lost_process_ends_the_others_and_the_rerun_resumes_exactly(tmp_path):
   results = _launch(workdir, [None, None])
   for i, (code, out) in enumerate(results):
     assert code == 0, f"process {i}:\n{out[-4000:]}"
-  _assert_same_params(workdir, tmp_path / "one", emas=(False, True))
+  for ema in (False, True):
+    trees.assert_same_params(workdir, tmp_path / "one", ema=ema)
 
 
 @pytest.mark.long
@@ -120,18 +120,6 @@ def test_a_crash_of_process_0_ends_the_others_with_a_line_and_the_rerun_resumes(
   rerun = json.loads((workdir / "goodput.json").read_text())["attempts"][-1]
   assert (rerun["start_step"], rerun["source"]) == (committed[-1], "persistent"), rerun
   assert (rerun["end"]["outcome"], rerun["end"]["step"]) == ("finished", 20), rerun["end"]
-
-
-def _assert_same_params(workdir, reference, emas=(False,)):
-  for ema in emas:
-    got = train_state.restore_params(workdir, ema=ema)
-    want = train_state.restore_params(reference, ema=ema)
-    for (path, x), (_, y) in zip(
-      jax.tree_util.tree_leaves_with_path(got),
-      jax.tree_util.tree_leaves_with_path(want),
-      strict=True,
-    ):
-      np.testing.assert_array_equal(x, y, err_msg=f"ema={ema} {jax.tree_util.keystr(path)}")
 
 
 # The Fashion-MNIST demo run, with an evaluation at step 15 of 400 examples in batches of 8.
@@ -184,4 +172,4 @@ def test_sigterm_in_an_evaluation_and_a_restore_error_on_one_process(tmp_path):
   assert "another process could not restore" in results[0][1], results[0][1][-3000:]
   assert "injected read error" in results[1][1], results[1][1][-3000:]
   assert not (workdir / train_state.BROKEN_DIR).exists()
-  _assert_same_params(workdir, tmp_path / "one")
+  trees.assert_same_params(workdir, tmp_path / "one")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.helpers import trees
 from vit_jax import input_pipeline, predict, stages
 from vit_jax.checkpoint import train_state
 from vit_jax.evaluators import segmentation as seg_eval
@@ -312,7 +313,7 @@ def test_segment_stage_resumes_bitwise_and_predict_scores_its_miou(tmp_path, tra
   def params(workdir):
     return train_state.restore_params(str(tmp_path / workdir))
 
-  jax.tree.map(np.testing.assert_array_equal, params("split"), params("straight"))
+  trees.assert_equal(params("split"), params("straight"))
 
   # predict: the masks it writes for the test canvases (PNG files, read back) score the mIoU
   # the trainer's evaluator reported, through another path (PIL preprocessing, numpy counts).

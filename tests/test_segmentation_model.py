@@ -6,6 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from tests.helpers import trees
 from vit_jax import checkpoint, models
 from vit_jax.models import segmentation
 
@@ -139,8 +140,8 @@ def test_segmentation_model_logits_per_pixel_and_loads_a_pretrained_encoder(enco
         pretrained[name]["encoderblock_0"]["MlpBlock_3"]["Dense_0"]["kernel"],
       )
     else:
-      jax.tree.map(np.testing.assert_array_equal, loaded[name], pretrained[name])
-  jax.tree.map(np.testing.assert_array_equal, loaded["head"], params["head"])
+      trees.assert_equal(loaded[name], pretrained[name])
+  trees.assert_equal(loaded["head"], params["head"])
   if encoder == "testing":
     assert loaded["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 65, 32)
 

@@ -15,6 +15,7 @@ random_weights          random weights in the published layout
 small_disk              a small tmpfs disk, as any user, for the full-disk tests
 this_thread             a patched process-wide function that only the test's own thread sees
 timm_vit_jax_constants  timm's R50 hybrid made to compute vit_jax's stem (slow timm tests)
+trees                   trees compared leaf by leaf, and two workdirs' parameters
 xla_env                 XLA_FLAGS for the test processes and their children
 
 `REPO`: the checkout's root, which every test that reads its files or runs its commands uses.
