@@ -83,9 +83,9 @@ def trainer_on_one_device(monkeypatch):
 
   import jax
 
-  from vit_jax import train
+  from vit_jax.train import loop  # what `vit_jax.train.run` and the stages call
 
-  monkeypatch.setattr(train, "run", functools.partial(train.run, devices=jax.devices()[:1]))
+  monkeypatch.setattr(loop, "run", functools.partial(loop.run, devices=jax.devices()[:1]))
 
 
 @pytest.fixture(scope="session")
