@@ -1,10 +1,18 @@
 """configs/recipes.py: the paper's, AugReg's and the 2022 plain-ViT recipes as config presets."""
 
+import json
+import sys
+
 import numpy as np
 import pytest
 
+from tests.helpers import REPO
+from tests.helpers.libtpu_process import needs_libtpu, run_with_libtpu
 from vit_jax.configs import pretrain, recipes
 from vit_jax.train import optim
+
+# The planner's v3-8 figures for plain2022's ImageNet-1k ViT-S/16 (docs/training.md).
+S16_PLAN = REPO / "experiments/results/plain2022_s16_i1k/plan_v3_8.json"
 
 
 def _pretrain(arg):
@@ -109,3 +117,25 @@ def test_randaugment_goes_before_value_range_or_at_the_end():
     "decode|resize|randaugment(2, 15)|value_range(-1, 1)"
   )
   assert recipes.with_randaugment("decode|resize", 2, 0) == "decode|resize|randaugment(2, 0)"
+
+
+def test_the_committed_s16_plan_is_of_todays_config():
+  plan = json.loads(S16_PLAN.read_text())
+  config = _pretrain("dataset=imagenet2012,model=S/16,recipe=plain2022")
+  assert plan["total_steps"] == config.total_steps
+  assert plan["settings"]["batch_size"] == config.batch_size
+  assert "dataset=imagenet2012,model=S/16,recipe=plain2022" in plan["command"]
+
+
+@pytest.mark.slow  # one compile of ViT-S/16's step for a v3-8 with libtpu, about 30 s
+@needs_libtpu
+def test_the_committed_s16_plan_is_what_the_planner_compiles_today():
+  """The file's memory, FLOPs and collectives are the compiler's for today's code (its command,
+  rerun); a change of the step or the recipe that moves them fails here until the file is
+  written again."""
+  plan = json.loads(S16_PLAN.read_text())
+  out = run_with_libtpu([sys.executable, *plan["command"].split()[1:]], timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  today = json.loads(out.stdout)
+  for key in ("fits", "settings", "mesh", "model_flops", "stats", "step_seconds"):
+    assert today[key] == plan[key], key
