@@ -9,11 +9,11 @@ examples of a new task. The demo measures that in miniature, on the bundled data
 
   1. pretrain the 'demo' ViT on Fashion-MNIST: `configs/pretrain.py:dataset=fashion_mnist`
      (6,000 steps of batch 128, validation top-1 and few-shot evaluation of the pre-logits);
-  2. for each number of labelled Animal-MNIST training images (`LABELS`: about 10, 100 and all
+  2. for each number of labelled Animal-MNIST training images (`Profile.labels`: about 10, 100 and all
      900 per class, the first N of a fixed shuffle), with a fine-tuning budget that grows with
-     N (`BUDGETS`):
+     N (`Profile.budgets`):
        - fine-tune the pretrained model (`configs/finetune.py:dataset=animal_mnist,holdout=false`
-         on `train[:N]`), once per seed of `SEEDS` (the seed sets the data order, dropout and
+         on `train[:N]`), once per seed of `Profile.seeds` (the seed sets the data order, dropout and
          stochastic depth; the N images are the same), to show what another seed moves,
        - train the same architecture from scratch with the same budget (seed 0),
        - linear-probe the pretrained model's frozen features (`configs/linear_probe.py`): its

@@ -69,6 +69,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
+from vit_jax import models
 from vit_jax.evaluators._utils import ArrayFn, DataSource
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.evaluators.fewshot import FewShotEvaluator
@@ -116,12 +117,10 @@ def representation_fn(model: nn.Module, representation: str = "pre_logits") -> A
         {"params": params}, images, train=False, return_representation=True
       )
     )
-  blocks = tuple(
-    range(model.num_layers if hasattr(model, "num_layers") else len(model.block_units))
-  )
+  depth = model.num_layers if hasattr(model, "num_layers") else len(model.block_units)  # ViT | BiT
 
   def blocks_fn(params, images):
-    maps = model.apply({"params": params}, images, train=False, feature_layers=blocks)
+    maps = models.forward_intermediates(model, params, images, tuple(range(depth)))
     return jnp.concatenate([m.mean(axis=(1, 2)) for m in maps], axis=-1)
 
   return jax.jit(blocks_fn)

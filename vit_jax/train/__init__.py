@@ -61,19 +61,14 @@ import importlib
 # (which the configs read) does not import the loop, the input pipeline and TensorFlow.
 _EXPORTS = {
   "run": "loop",
-  **{
-    name: "step"
-    for name in (
-      "State",
-      "TrainStep",
-      "Window",
-      "abstract_window",
-      "build",
-      "empty_window",
-      "make_train_step",
-      "window_metrics",
-    )
-  },
+  "State": "step",
+  "TrainStep": "step",
+  "Window": "step",
+  "abstract_window": "step",
+  "build": "step",
+  "empty_window": "step",
+  "make_train_step": "step",
+  "window_metrics": "step",
 }
 __all__ = sorted(_EXPORTS)
 
