@@ -70,9 +70,10 @@ setup(
   long_description=open("README.md").read(),
   long_description_content_type="text/markdown",
   python_requires=">=3.11",
-  # vit_jax/configs is a link to the top-level configs/: the stage configs install as the
-  # package vit_jax.configs (tests/test_package.py builds the wheel and runs them from it).
-  packages=find_packages(include=["vit_jax", "vit_jax.*"]),
+  # The top-level configs/ installs as the package vit_jax.configs (tests/test_package.py
+  # builds the wheel and runs the stage configs from it).
+  packages=[*find_packages(include=["vit_jax", "vit_jax.*"]), "vit_jax.configs"],
+  package_dir={"vit_jax.configs": "configs"},
   # The C++ kernels' sources, compiled on first use by vit_jax/kernels/cpu.py.
   package_data={"vit_jax.kernels": ["attention.cc", "layer_norm.cc", "parallel.h"]},
   install_requires=INSTALL_REQUIRES,

@@ -1,10 +1,10 @@
 """The stage configs, installed with the package as `vit_jax.configs`.
 
-In a checkout `vit_jax/configs` is a link to this folder; the wheel holds the files themselves.
-They are imported one way only, `from vit_jax.configs import pretrain`, so that each file is one
-module (the files build on each other: `pretrain_mpp.py` on `pretrain.py`, all on `common.py`).
-`--config=configs/<stage>.py:...` names them on the command line, from a checkout or from
-anywhere once the package is installed (vit_jax.runtime.config_files).
+setup.py maps this folder to that package (`package_dir`), in an editable install and in the
+wheel alike. They are imported one way only, `from vit_jax.configs import pretrain`, so that
+each file is one module (the files build on each other: `pretrain_mpp.py` on `pretrain.py`,
+all on `common.py`). `--config=configs/<stage>.py:...` names them on the command line, from a
+checkout or from anywhere once the package is installed (vit_jax.runtime.config_files).
 
   common        what the stage configs share: the argument syntax, `runlocal`, common blocks
   recipes       training recipes as presets: the paper's, AugReg's, the 2022 plain ViT's
