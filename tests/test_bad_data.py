@@ -192,9 +192,8 @@ def test_an_evaluations_line_gives_every_digit_of_the_examples_it_read(monkeypat
   lines = []
   progress = logging_util.Progress(10, 0)
   monkeypatch.setattr(progress, "_log", lines.append)
-  with progress.evaluation(10, "val", {"val/accuracy": 0.5, "val/num_examples": 50_000.0}):
-    pass
-  assert lines[-1].startswith("step 10/10 | val: accuracy 50.00%, num_examples 50,000 (")
+  progress.evaluation(10, "val", {"val/accuracy": 0.5, "val/num_examples": 50_000.0}, 75.0)
+  assert lines[-1] == "step 10/10 | val: accuracy 50.00%, num_examples 50,000 (1m15s)"
 
 
 # ---------------------------------------------------------------------------------------------

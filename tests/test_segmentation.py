@@ -347,7 +347,6 @@ def test_progress_line_leaves_the_per_class_values_to_the_metrics(monkeypatch):
   progress = logging_util.Progress(10, 0)
   monkeypatch.setattr(progress, "_log", lines.append)
   results = {"val/miou": 0.25, "val/pixel_accuracy": 0.9, "val/iou/bear": 0.1}
-  with progress.evaluation(10, "val", results):
-    pass
-  assert lines[-1].startswith("step 10/10 | val: miou 0.25, pixel_accuracy 90.00% (")
+  progress.evaluation(10, "val", results, 12.0)
+  assert lines[-1] == "step 10/10 | val: miou 0.25, pixel_accuracy 90.00% (12s)"
   assert "bear" not in lines[-1]

@@ -124,16 +124,20 @@ def test_multi_label_accuracy_is_precision_at_1():
   assert train.window_metrics(window)["accuracy"] == pytest.approx(3 / 8)
 
 
-def test_throughput_leaves_out_paused_time(monkeypatch):
-  clock, real = iter([0.0, 10.0, 14.0, 20.0]), logging_util.time.perf_counter
+def test_throughput_counts_only_the_accounts_training_phases(monkeypatch, tmp_path):
+  from vit_jax.runtime import goodput
+
+  clock, real = iter([0.0, 1.0, 10.0, 14.0, 18.0, 20.0]), goodput.time.perf_counter
   fake = this_thread.only(lambda: next(clock), real)  # the time module is every thread's
-  monkeypatch.setattr(logging_util.time, "perf_counter", fake)
-  throughput = logging_util.Throughput(batch_size=100, flops_per_step=None)
-  throughput(0)  # t=0
-  with throughput.paused():  # t=10 .. 14: an evaluation
+  monkeypatch.setattr(goodput.time, "perf_counter", fake)
+  account = goodput.Account(str(tmp_path))  # t=0: startup
+  account.enter("step")  # t=1
+  throughput = logging_util.Throughput(account, batch_size=100, flops_per_step=None)
+  throughput(0)  # t=10: 9 s of steps before the meter's start
+  with account.phase("eval"):  # t=14 .. 18: an evaluation
     pass
-  out = throughput(2)  # t=20: 2 steps in 20 - 4 seconds of training
-  assert out["images_per_sec"] == pytest.approx(2 * 100 / 16)
+  out = throughput(2)  # t=20: 2 steps in 20 - 10 - 4 seconds of training
+  assert out["images_per_sec"] == pytest.approx(2 * 100 / 6)
 
 
 def test_finetune_without_weights_is_refused(tmp_path):

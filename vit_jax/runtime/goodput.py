@@ -63,6 +63,7 @@ from vit_jax.runtime import workdir as workdir_lib
 
 FILE = "goodput.json"
 PHASES = ("startup", "restore", "compile", "step", "data_wait", "checkpoint", "eval", "profile")
+TRAINING = ("step", "data_wait")  # the phases a training step's pace counts
 # The ledger's shape (vit_jax.runtime.json_file): what the readers below index without a check.
 _NUMBER = json_file.NUMBER
 _SPENT = {"*": _NUMBER}  # seconds per phase
@@ -251,8 +252,11 @@ class Account:
     self._phase, self._t = phase, now
 
   @contextlib.contextmanager
-  def phase(self, phase: str):
-    """The `with` body's time goes to `phase`, then back to the phase before."""
+  def phase(self, phase: str, pending: Any = None):
+    """The `with` body's time goes to `phase`, then back to the phase before. `pending`
+    (arrays) is waited for first, so steps still running on the devices stay in this phase."""
+    if pending is not None:
+      jax.block_until_ready(pending)
     previous = self._phase
     self.enter(phase)
     try:
@@ -265,6 +269,12 @@ class Account:
     spent = dict(self._spent)
     spent[self._phase] += time.perf_counter() - self._t
     return spent
+
+  def training_seconds(self) -> float:
+    """This run's seconds so far in the phases that train (TRAINING), the clock of the
+    trainer's images/s and MFU (vit_jax.runtime.logging_util.Throughput)."""
+    spent = self.spent()
+    return sum(spent[phase] for phase in TRAINING)
 
   def resumed(self, step: int, source: str | None, newest_committed: int | None) -> None:
     """The state exists at `step` (restored from the `source` tier, or initialised): settles

@@ -5,7 +5,6 @@ get a writer that drops them, and still log progress through absl, so a hung hos
 its own log. Nothing here synchronises devices.
 """
 
-import contextlib
 import time
 from typing import Any
 
@@ -36,41 +35,27 @@ def log_parameter_overview(params: Any) -> int:
 
 
 class Throughput:
-  """Images/s and MFU between two log points, counting only time spent training.
+  """Images/s and MFU between two log points, on the goodput account's clock: only the time
+  in its training phases counts (vit_jax.runtime.goodput.TRAINING), not evaluations, saves,
+  profiling or the compile."""
 
-  Wall-clock time inside `paused()` (evaluation, checkpoint saves) is left out.
-  """
-
-  def __init__(self, batch_size: int, flops_per_step: float | None):
+  def __init__(self, account: Any, batch_size: int, flops_per_step: float | None):
+    self._account = account
     self._batch_size = batch_size
     self._flops = flops_per_step
     self._peak = devices.peak_flops_per_device()
-    self._t, self._step = None, None
-    self._paused = 0.0  # seconds paused since the previous call
-
-  @contextlib.contextmanager
-  def paused(self, pending: Any = None):
-    """Excludes the time of the `with` body; `pending` (arrays) is waited for first, so steps
-    still running on the devices count as training time."""
-    if pending is not None:
-      jax.block_until_ready(pending)
-    start = time.perf_counter()
-    try:
-      yield
-    finally:
-      self._paused += time.perf_counter() - start
+    self._seconds, self._step = None, None
 
   def __call__(self, step: int) -> dict[str, float]:
     """Returns the throughput metrics since the previous call (empty on the first)."""
-    now = time.perf_counter()
+    seconds = self._account.training_seconds()
     out = {}
-    if self._t is not None and step > self._step:
-      seconds = max(now - self._t - self._paused, 1e-9)
-      steps_per_sec = (step - self._step) / seconds
+    if self._seconds is not None and step > self._step:
+      steps_per_sec = (step - self._step) / max(seconds - self._seconds, 1e-9)
       out["images_per_sec"] = steps_per_sec * self._batch_size
       if self._flops and self._peak:
         out["mfu"] = steps_per_sec * self._flops / self._peak
-    self._t, self._step, self._paused = now, step, 0.0
+    self._seconds, self._step = seconds, step
     return out
 
 
@@ -121,16 +106,12 @@ class Progress:
     self._log(line)
     return line
 
-  @contextlib.contextmanager
-  def evaluation(self, step: int, name: str, results: dict[str, float]):
-    """Times the `with` body, which fills `results`, then logs one line of them.
+  def evaluation(self, step: int, name: str, results: dict[str, float], seconds: float) -> None:
+    """Logs one line of an evaluation's `results`, which took `seconds`.
 
     Per-class breakdowns (`<name>/iou/<class>`, a second '/' in the key) are left off the line;
     they are in the metrics written to TensorBoard and the stage's final metrics.
     """
-    start = time.perf_counter()
-    yield
-    seconds = time.perf_counter() - start
     shown = []
     for key, value in sorted(results.items()):
       label = key.split("/", 1)[-1]

@@ -87,7 +87,7 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
         metrics = out.log(step, window, learning_rate)
         window = _empty_window(mesh)
         profiler.poll(step)
-      saver.after_step(step, state, window, data, out.throughput)
+      saver.after_step(step, state, window, data)
       for evaluator in evals:
         if itstime(step, evaluator.every_steps, total_steps):
           metrics.update(out.evaluate(evaluator, step, state, window))
@@ -183,7 +183,7 @@ class _Reporting:
     ends the run here: nothing new to save."""
     self.account.enter("compile")
     compiled = built.jit_step(batch).lower(state, batch, window, *teacher).compile()
-    self.throughput = _report_compiled(compiled, state, built, batch)
+    self.throughput = _report_compiled(compiled, state, built, batch, self.account)
     self.throughput(step)
     if self.saver.stop.poll():
       raise self.saver.stop.stopped(step, self.total_steps, self.saver.saved_in)
@@ -203,21 +203,22 @@ class _Reporting:
     return dict(metrics, step=float(step))
 
   def evaluate(self, evaluator, step: int, state, window) -> dict[str, float]:
-    """`evaluator` on the evaluated weights at `step`, its time left out of the throughput; a
-    signal abandons it (between two batches), `step` saved."""
-    results = {}
+    """`evaluator` on the evaluated weights at `step`, in the account's eval phase; a signal
+    abandons it (between two batches), `step` saved."""
+    start = self.account.spent()["eval"]
     try:
-      with self.progress.evaluation(step, evaluator.name, results):
-        with self.throughput.paused(window), self.account.phase("eval"):
-          results.update(evaluator.run(ema.evaluated(state)))
+      with self.account.phase("eval", pending=window):
+        results = evaluator.run(ema.evaluated(state))
     except stopping.StopRequested:
       self.saver.save_abandoned(step, state, window, self.data)
       raise
+    seconds = self.account.spent()["eval"] - start
+    self.progress.evaluation(step, evaluator.name, results, seconds)
     self.writer.write_scalars(step, results)
     return results
 
 
-def _report_compiled(compiled, state, built: step_lib.TrainStep, batch):
+def _report_compiled(compiled, state, built: step_lib.TrainStep, batch, account):
   """Logs the compiled step's memory, FLOPs and collectives per device, as the planner prints
   them (vit_jax.tools.plan), and returns the meter of the MFU then achieved: model FLOPs (3 ×
   forward, no recomputation) per device per step against the device's peak."""
@@ -225,4 +226,5 @@ def _report_compiled(compiled, state, built: step_lib.TrainStep, batch):
   compiled_stats.log_step_stats(stats)
   batch_size, height, width = batch["image"].shape[:3]
   per_example = flops.model_flops_per_example(built.model, (height, width))
-  return logging_util.Throughput(batch_size, per_example * batch_size / built.mesh.devices.size)
+  flops_per_step = per_example * batch_size / built.mesh.devices.size
+  return logging_util.Throughput(account, batch_size, flops_per_step)

@@ -82,10 +82,10 @@ class Saver:
         f"(step {self.checkpointer.latest_step()}) in {self.checkpointer.directory} is intact."
       )
 
-  def after_step(self, step: int, state, window, data, throughput) -> None:
+  def after_step(self, step: int, state, window, data) -> None:
     """Saves `step` where a tier is due (the workdir's at its steps, at the last one and when
-    the run is told to stop, else the local tier at its own), the time spent left out of
-    `throughput`; then raises stopping.Stopped where a signal or a preemption notice came."""
+    the run is told to stop, else the local tier at its own), in the account's checkpoint
+    phase; then raises stopping.Stopped where a signal or a preemption notice came."""
     stopped = self.stop.reached(step)
     preempted = self.checkpointer.reached_preemption(step)
     force = step == self.total_steps or stopped or preempted
@@ -93,7 +93,7 @@ class Saver:
     if tier is self.checkpointer or self.local.due(step, step % self.log_every_steps == 0):
       self.check_finite(window)
       data_state = host_states.gather(data.get_state())
-      with throughput.paused(window), self.account.phase("checkpoint"):
+      with self.account.phase("checkpoint", pending=window):
         if tier.save(step, state, data_state, force=force):
           self.account.saved(step)
     if (stopped or preempted) and step < self.total_steps:
