@@ -1,7 +1,8 @@
 """The trainer of the pretrain, fine-tune and segment stages: `run(config, workdir)`.
 
-  step.py   the train step: `make_train_step`, and `build` (model, optimizer, state shapes and
-            shardings, the step: what `run` trains and the planner compiles); the metrics window
+  step.py   the train step: `make_train_step`, and `build` → `Setup` (model, optimizer, state
+            shapes and shardings, the step: what `run` trains and the planner compiles); the
+            metrics window
   saver.py  `Saver`: saving and restoring the state in both checkpoint tiers, stop-then-save
   loop.py   `run`: setup, then the loop (a step; at log steps the window's means; the saves due;
             the evaluations due)
@@ -33,7 +34,8 @@ and precision@1 (the top-scoring class is one of the image's labels) for multi-l
 The model, the per-example loss and what counts as correct come from the objective of
 `config.loss` (vit_jax.objectives: supervised cross-entropy, or masked patch prediction), or of
 `config.distill` (DeiT's distillation: its teacher's parameters are the step's 4th argument).
-Images/s and MFU count only time spent training: evaluation and checkpoint saves are excluded.
+Images/s and MFU count only time spent training, on the goodput account's clock
+(vit_jax.runtime.goodput): evaluations, checkpoint saves and profiling are excluded.
 
 Workdir: a config that differs from the workdir's saved `config.json` in a field that may not
 change on resume stops the run before anything is touched (vit_jax.runtime.workdir); `config.json` is
@@ -62,7 +64,7 @@ import importlib
 _EXPORTS = {
   "run": "loop",
   "State": "step",
-  "TrainStep": "step",
+  "Setup": "step",
   "Window": "step",
   "abstract_window": "step",
   "build": "step",

@@ -126,7 +126,7 @@ def _checked(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.
   return config
 
 
-def _teacher(built: step_lib.TrainStep) -> tuple[Any, ...]:
+def _teacher(built: step_lib.Setup) -> tuple[Any, ...]:
   """Distillation: the teacher's parameters on the mesh, the step's extra argument (reloaded
   with every run, never saved); () without a teacher."""
   if built.teacher_shardings is None:
@@ -146,7 +146,7 @@ def _start_writing(workdir: str, config: ml_collections.ConfigDict, state) -> An
   return writer
 
 
-def _evaluators(config, built: step_lib.TrainStep, mesh, stop) -> list[Any]:
+def _evaluators(config, built: step_lib.Setup, mesh, stop) -> list[Any]:
   return evaluators.build(
     config.evals,
     model=built.model,
@@ -177,7 +177,7 @@ class _Reporting:
   total_steps: int
   throughput: Any = None  # from the first compile on
 
-  def compile(self, built: step_lib.TrainStep, state, batch, window, teacher, step: int):
+  def compile(self, built: step_lib.Setup, state, batch, window, teacher, step: int):
     """The step compiled ahead of time, once (XLA's cost analysis gives the FLOPs for the MFU);
     its memory, FLOPs and collectives logged. A signal during the data's warm-up or the compile
     ends the run here: nothing new to save."""
@@ -218,7 +218,7 @@ class _Reporting:
     return results
 
 
-def _report_compiled(compiled, state, built: step_lib.TrainStep, batch, account):
+def _report_compiled(compiled, state, built: step_lib.Setup, batch, account):
   """Logs the compiled step's memory, FLOPs and collectives per device, as the planner prints
   them (vit_jax.tools.plan), and returns the meter of the MFU then achieved: model FLOPs (3 ×
   forward, no recomputation) per device per step against the device's peak."""

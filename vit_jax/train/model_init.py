@@ -77,7 +77,7 @@ def load_init_params(config, abstract_params, head, param_shardings, head_dist=N
 
 
 def initial_state(config: ml_collections.ConfigDict, built: Any) -> dict[str, Any]:
-  """The state of step 0 of `built` (vit_jax.train.TrainStep) on its mesh: initialised, with
+  """The state of step 0 of `built` (vit_jax.train.Setup) on its mesh: initialised, with
   `config.model_init`'s parameters when set."""
   shardings = built.state_shardings
   state = jax.jit(built.init_state, out_shardings=shardings)(built.init_key)

@@ -148,8 +148,9 @@ def make_train_step(
   return train_step
 
 
-class TrainStep(NamedTuple):
-  """The train step of a config on a mesh, before any data or state value exists (see `build`)."""
+class Setup(NamedTuple):
+  """What `build` sets up for a config on a mesh before any data or state value exists: the
+  model, objective, optimizer, initialisation, state shardings and the un-jitted step."""
 
   objective: objectives.Objective
   model: Any
@@ -183,9 +184,7 @@ class TrainStep(NamedTuple):
     )
 
 
-def build(
-  config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, num_classes: int
-) -> TrainStep:
+def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, num_classes: int) -> Setup:
   """The model, optimizer, state shapes and shardings, and step function of `config` on `mesh`.
 
   Nothing is allocated: the planner (vit_jax.tools.plan) compiles the same step for a TPU
@@ -241,7 +240,7 @@ def build(
     num_classes=num_classes,
     cutmix_alpha=float(config.dataset.cutmix_alpha),
   )
-  return TrainStep(
+  return Setup(
     objective=objective,
     model=model,
     schedule=schedule,
