@@ -29,15 +29,17 @@ _FILE_NAME = re.compile(_NOT_PART_OF_A_NAME + r"(\w+)\.py\b")
 
 def _packages() -> list[pathlib.Path]:
   folders = [REPO / "vit_jax"]
-  folders += sorted(p.parent for p in (REPO / "vit_jax").glob("*/__init__.py"))
+  folders += sorted(p.parent for p in (REPO / "vit_jax").glob("*/**/__init__.py"))
   folders += [REPO / "experiments"]
-  folders += sorted(p.parent for p in (REPO / "experiments").glob("*/__init__.py"))
+  folders += sorted(p.parent for p in (REPO / "experiments").glob("*/**/__init__.py"))
   return folders + [REPO / "tests" / "helpers"]
 
 
 def modules(folder: pathlib.Path) -> set[str]:
   """The modules of `folder`: its .py files but `__init__.py`, and its subpackages."""
   names = {p.stem for p in folder.glob("*.py") if p.name != "__init__.py"}
+  if folder == REPO / "vit_jax":  # setup.py's package_dir installs configs/ as vit_jax.configs
+    names.add("configs")
   return names | {p.parent.name for p in folder.glob("*/__init__.py")}
 
 
@@ -84,3 +86,12 @@ def test_the_check_catches_a_module_left_out_and_one_that_is_gone():
     "'layouts'",
     "'loader'",
   ]
+
+
+def test_the_tests_map_names_every_test_file_once_and_every_part_of_the_package():
+  table = (REPO / "tests" / "README.md").read_text().split("| part |", 1)[1]
+  listed = re.findall(r"\btest_\w+", table)
+  files = sorted(p.stem for p in (REPO / "tests").glob("test_*.py"))
+  assert sorted(listed) == files, "tests/README.md: " + str(set(files) ^ set(listed))
+  parts = modules(REPO / "vit_jax") - {"__main__", "configs"}
+  assert not [p for p in sorted(parts) if f"`vit_jax/{p}`" not in table], "tests/README.md"
