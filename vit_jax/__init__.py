@@ -23,5 +23,5 @@ The commands set their process up first thing; a program of your own opts in wit
   predict         classifies image files and prints the top-5 classes
   export          a checkpoint for serving: SavedModel, LiteRT, ONNX
   analysis        inside the ViT (paper §4.5): filters, position embeddings, attention
-  tools           command-line tools (`python -m vit_jax.tools.<name>`)
+  tools           command-line tools (`python -m vit_jax.tools.<name>`), and every command listed
 """

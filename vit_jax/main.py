@@ -31,42 +31,25 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
 
   process.configure()
 
-import types
+from absl import logging
 
-from absl import app, flags, logging
+from vit_jax.runtime import cli
 
-from vit_jax.runtime import cli, config_files
-
-
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.runtime.cli)."""
-  f = types.SimpleNamespace(
-    config=config_files.define_flag(flag_values=values),
-    workdir=flags.DEFINE_string(
-      "workdir", None, "Checkpoints, metrics and logs go here.", flag_values=values
-    ),
-    distributed=cli.DistributedFlags.define(values),
-    verbose=flags.DEFINE_bool(
-      "verbose",
-      False,
-      "Every log line on the terminal (default: to the log file in the workdir).",
-      flag_values=values,
-    ),
-    break_lock=flags.DEFINE_bool(
-      "break_lock",
-      False,
-      "Remove the workdir's lock whoever holds it, then run (for a run known to be gone whose "
-      "lease has not expired yet; a live run's lock is never taken over without it).",
-      flag_values=values,
-    ),
-  )
-  flags.mark_flags_as_required(["config", "workdir"], flag_values=values)
-  return f
+define_flags = cli.define_flags(
+  config=cli.config_flag,
+  workdir=cli.WORKDIR,
+  distributed=cli.DistributedFlags.define,
+  break_lock=cli.Flag(
+    False,
+    "Remove the workdir's lock whoever holds it, then run (for a run known to be gone whose "
+    "lease has not expired yet; a live run's lock is never taken over without it).",
+  ),
+  verbose=cli.Flag(False, "Every log line on the terminal (default: to the workdir's log file)."),
+)
 
 
-def main(argv, f: types.SimpleNamespace):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main(argv, f):
+  cli.no_arguments(argv)
 
   def stage():
     from vit_jax import stages

@@ -30,58 +30,13 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
   process.configure()
 
 import os
-import types
 from collections.abc import Sequence
 
 import numpy as np
-from absl import app, flags
+from absl import app
 
 from vit_jax import inference
 from vit_jax.runtime import cli
-
-
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.runtime.cli)."""
-  f = types.SimpleNamespace(
-    checkpoint=flags.DEFINE_string(
-      "checkpoint",
-      None,
-      "Workdir, step directory or .npz of a trained classifier.",
-      flag_values=values,
-    ),
-    class_names=flags.DEFINE_string(
-      "class_names",
-      None,
-      "Text file with one class name a line (overrides the dataset's).",
-      flag_values=values,
-    ),
-    image_size=flags.DEFINE_integer(
-      "image_size",
-      0,
-      "Input resolution; 0: from config.json or the position embeddings.",
-      flag_values=values,
-    ),
-    model=flags.DEFINE_string(
-      "model",
-      None,
-      "A vit_jax.models preset (e.g. B/16) for an .npz without config.json.",
-      flag_values=values,
-    ),
-    top_k=flags.DEFINE_integer(
-      "top_k", 5, "How many classes to print per image.", flag_values=values
-    ),
-    batch_size=flags.DEFINE_integer(
-      "batch_size", 32, "Images per forward pass.", flag_values=values
-    ),
-    masks_dir=flags.DEFINE_string(
-      "masks_dir",
-      None,
-      "Segmentation checkpoints: where to write the masks (PNG).",
-      flag_values=values,
-    ),
-  )
-  flags.mark_flag_as_required("checkpoint", flag_values=values)
-  return f
 
 
 def format_predictions(path: str, top: list[tuple[int, str, float]]) -> str:
@@ -92,7 +47,18 @@ def format_predictions(path: str, top: list[tuple[int, str, float]]) -> str:
   return "\n".join(lines)
 
 
-def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
+define_flags = cli.define_flags(
+  checkpoint=cli.CHECKPOINT,
+  class_names=cli.CLASS_NAMES,
+  image_size=cli.IMAGE_SIZE,
+  model=cli.MODEL,
+  top_k=cli.Flag(5, "How many classes to print per image."),
+  batch_size=cli.BATCH_SIZE,
+  masks_dir=cli.Flag(str, "Segmentation checkpoints: where to write the masks (PNG)."),
+)
+
+
+def main(argv: Sequence[str], f) -> None:
   paths = list(argv[1:])
   if not paths:
     raise app.UsageError("give one or more image files after the flags")
@@ -112,7 +78,7 @@ def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
     print(format_predictions(path, [(int(i), classifier.name(int(i)), float(p[i])) for i in idx]))
 
 
-def segment(paths: list[str], f: types.SimpleNamespace) -> None:
+def segment(paths: list[str], f) -> None:
   """Writes each image's mask and overlay into --masks_dir; prints the classes found."""
   segmenter = inference.Segmenter(f.checkpoint.value)
   paths, images = inference.read_images(paths)

@@ -17,69 +17,29 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
 
   process.configure()
 
-import types
 from collections.abc import Sequence
-
-from absl import app, flags
 
 from vit_jax import inference
 from vit_jax.analysis import report
 from vit_jax.runtime import cli
 
-
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.runtime.cli)."""
-  f = types.SimpleNamespace(
-    checkpoint=flags.DEFINE_string(
-      "checkpoint", None, "Workdir, step directory or .npz.", flag_values=values
-    ),
-    model=flags.DEFINE_string(
-      "model",
-      None,
-      "A vit_jax.models preset (e.g. B/16) for an .npz without config.json.",
-      flag_values=values,
-    ),
-    images=flags.DEFINE_list(
-      "images", [], "Image files and folders (comma-separated).", flag_values=values
-    ),
-    out=flags.DEFINE_string(
-      "out", None, "Folder for the figures and analysis.json.", flag_values=values
-    ),
-    image_size=flags.DEFINE_integer(
-      "image_size", 0, "Input side; 0: the checkpoint's own.", flag_values=values
-    ),
-    batch_size=flags.DEFINE_integer(
-      "batch_size", 32, "Images per forward pass.", flag_values=values
-    ),
-    residual_weight=flags.DEFINE_float(
-      "residual_weight",
-      0.5,
-      "Attention rollout: A' = (1 - w) A + w I per layer.",
-      flag_values=values,
-    ),
-    num_components=flags.DEFINE_integer(
-      "num_components", 28, "Filter principal components shown.", flag_values=values
-    ),
-    max_rollout_images=flags.DEFINE_integer(
-      "max_rollout_images",
-      64,
-      "Per-image rollout figures written (the first images).",
-      flag_values=values,
-    ),
-    fsdp=flags.DEFINE_integer(
-      "fsdp", 1, "Mesh 'fsdp' axis: devices sharding the parameters.", flag_values=values
-    ),
-    model_parallel=flags.DEFINE_integer(
-      "model_parallel", 1, "Mesh 'model' axis size.", flag_values=values
-    ),
-  )
-  flags.mark_flags_as_required(["checkpoint", "out"], flag_values=values)
-  return f
+define_flags = cli.define_flags(
+  checkpoint=cli.CHECKPOINT,
+  model=cli.MODEL,
+  images=cli.Flag([], "Image files and folders (comma-separated)."),
+  out=cli.Flag(str, "Folder for the figures and analysis.json.", required=True),
+  image_size=cli.IMAGE_SIZE,
+  batch_size=cli.BATCH_SIZE,
+  residual_weight=cli.Flag(0.5, "Attention rollout: A' = (1 - w) A + w I per layer."),
+  num_components=cli.Flag(28, "Filter principal components shown."),
+  max_rollout_images=cli.Flag(64, "Per-image rollout figures written (the first images)."),
+  fsdp=cli.Flag(1, "Mesh 'fsdp' axis: devices sharding the parameters."),
+  model_parallel=cli.Flag(1, "Mesh 'model' axis size."),
+)
 
 
-def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}; images go in --images=a.png,b/")
+def main(argv: Sequence[str], f) -> None:
+  cli.no_arguments(argv, "; images go in --images=a.png,b/")
   result = report.analyze(
     f.checkpoint.value,
     f.images.value,

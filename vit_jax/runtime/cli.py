@@ -1,12 +1,13 @@
-"""What the commands share: defining and parsing their flags, the flags of a multi-host run, and
-how a command ends when something goes wrong: one line.
+"""What the commands share: their flags, the flags of a multi-host run, and how a command ends
+(one line naming what went wrong, its exit status).
 
-Every command, of the package (`python -m vit_jax.main`, `vit_jax.predict`, `vit_jax.analysis`,
-`vit_jax.tools.<tool>`) or an experiment (`python -m experiments.<name>`), is a module with
+Every command, of the package (all listed in vit_jax.tools) or an experiment
+(`python -m experiments.<name>`), is a module with
   - a first statement that sets its process up when it runs as a command
     (vit_jax.runtime.process.configure, before anything else is imported);
-  - `define_flags(values=flags.FLAGS)`, which defines its absl flags in `values` and returns
-    their holders;
+  - `define_flags = cli.define_flags(name=Flag(...), ...)`: called with a FlagValues
+    (absl's global one by default), it defines the command's flags there and returns their
+    holders;
   - `main(argv, flags)`, given the arguments left after the flags and those holders;
   - `cli.run(main, "<name>", define_flags)` under `if __name__ == "__main__"`.
 Its flags exist only in the program that runs it, so a module that imports a command module (a
@@ -14,6 +15,10 @@ test, or another command, for a function of it) defines no flag; `call(module, a
 command in a process of one's own (a test, a notebook), its flags in a FlagValues of their own.
 The library code of a command lives in library modules (vit_jax.stages, vit_jax.inference, ...).
 
+  Flag, define_flags(**flags)  a command's flags, one line each; the flags several commands
+                        share: CHECKPOINT, MODEL, IMAGE_SIZE, CLASS_NAMES, BATCH_SIZE, WORKDIR,
+                        config_flag (--config), DistributedFlags
+  no_arguments(argv)    a command that takes no positional argument refuses one
   run(main, name, define_flags)  absl's app.run; a bad flag or --config value, or one of
                         `errors` raised by `main`, ends in `<name>: error: <Kind>: <message>`;
                         a second SIGTERM / SIGINT during a run ends the process at once
@@ -47,6 +52,80 @@ from typing import Any, NoReturn
 from absl import app, flags, logging
 
 from vit_jax.runtime import distributed
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+  """One flag of a command (`define_flags`). Its kind is that of `default`: bool, int, float, str or
+  list; a type (`str`) is that kind without a default; `choices` make it an enum, `multi` a
+  repeatable string."""
+
+  default: Any
+  help: str
+  required: bool = False
+  choices: Sequence[str] | None = None
+  multi: bool = False
+  name: str = ""  # the flag's name where it is not its holder's (`--in`: `input`)
+
+  def define(self, attr: str, values: flags.FlagValues) -> flags.FlagHolder:
+    kind = self.default if isinstance(self.default, type) else type(self.default)
+    default = None if isinstance(self.default, type) else self.default
+    name, extra = self.name or attr, dict(required=self.required, flag_values=values)
+    if self.choices is not None:
+      return flags.DEFINE_enum(name, default, self.choices, self.help, **extra)
+    if self.multi:
+      return flags.DEFINE_multi_string(name, default, self.help, **extra)
+    return _DEFINE[kind](name, default, self.help, **extra)
+
+
+_DEFINE = {
+  bool: flags.DEFINE_bool,
+  int: flags.DEFINE_integer,
+  float: flags.DEFINE_float,
+  str: flags.DEFINE_string,
+  list: flags.DEFINE_list,
+}
+
+# The flags of a checkpoint read as a model (vit_jax.inference: predict, analysis, export).
+CHECKPOINT = Flag(str, "Workdir, step directory or .npz (local or gs://).", required=True)
+MODEL = Flag(str, "A vit_jax.models preset (e.g. B/16) for an .npz without config.json.")
+IMAGE_SIZE = Flag(
+  0, "Input resolution; 0: the checkpoint's (config.json, else the position embeddings)."
+)
+CLASS_NAMES = Flag(str, "Text file with one class name a line (overrides the dataset's).")
+BATCH_SIZE = Flag(32, "Images per forward pass.")
+WORKDIR = Flag(
+  str, "The run's workdir (local or gs://): checkpoints, metrics, logs.", required=True
+)
+
+
+def config_flag(values: flags.FlagValues) -> flags.FlagHolder:
+  """The required `--config` of a stage config, and its `--config.<field>` overrides
+  (vit_jax.runtime.config_files)."""
+  from vit_jax.runtime import config_files
+
+  holder = config_files.define_flag(flag_values=values)
+  flags.mark_flag_as_required("config", flag_values=values)
+  return holder
+
+
+def define_flags(**specs: Flag | Callable[[flags.FlagValues], Any]):
+  """A command's `define_flags`: given a FlagValues (absl's global one by default), it defines
+  the flags `specs` name, one a keyword: a `Flag`, or a function that defines its own
+  (`config_flag`, `DistributedFlags.define`); it returns their holders by keyword."""
+
+  def define(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+      **{k: s.define(k, values) if isinstance(s, Flag) else s(values) for k, s in specs.items()}
+    )
+
+  return define
+
+
+def no_arguments(argv: Sequence[str], hint: str = "") -> None:
+  """Refuses arguments after the flags, for a command that takes none."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}{hint}")
 
 
 @dataclasses.dataclass(frozen=True)

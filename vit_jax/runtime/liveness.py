@@ -98,6 +98,20 @@ class Monitor:
     entries = self._client.key_value_dir_get(f"{_ALIVE}/")
     return {int(key.split("/")[-2]): value for key, value in entries}
 
+  def _poll(self, unanswered_s: float, beat: str | None = None) -> dict[int, str] | None:
+    """Every process's state, after this one's `beat` (if any) and a look for a published loss;
+    None if the coordination service does not answer, which ends this process once it has not
+    answered for the timeout (`unanswered_s`: for how long it has not, until now)."""
+    try:
+      if beat is not None:
+        self._set(beat)
+      self._announced()
+      return self._states()
+    except Exception as e:  # noqa: BLE001 - the coordination service does not answer
+      if unanswered_s > self._timeout:
+        self._service_lost(unanswered_s, e)
+      return None
+
   def _announced(self) -> None:
     """Ends this process if some monitor has published a loss."""
     lost = self._client.key_value_dir_get(_LOST)
@@ -110,15 +124,10 @@ class Monitor:
     while not self._closing.wait(self._interval):
       beat += 1
       now = time.monotonic()
-      try:
-        self._set(str(beat))
-        self._announced()
-        states = self._states()
-        answered = now
-      except Exception as e:  # noqa: BLE001 - the coordination service does not answer
-        if now - answered > self._timeout:
-          self._service_lost(now - answered, e)
+      states = self._poll(now - answered, str(beat))
+      if states is None:
         continue
+      answered = now
       watched = self._watched(states)
       if watched is None:
         continue
@@ -177,15 +186,11 @@ class Monitor:
     alive: set[int] = set()
     while True:
       now = time.monotonic()
-      try:
-        self._announced()
-        states = self._states()
-        answered = now
-      except Exception as e:  # noqa: BLE001 - the coordination service does not answer
-        if now - answered > self._timeout:
-          self._service_lost(now - answered, e)
+      states = self._poll(now - answered)
+      if states is None:
         time.sleep(self._interval)
         continue
+      answered = now
       pending = []
       for p in range(self._count):
         state = states.get(p)

@@ -32,11 +32,10 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
 
 import json
 import os
-import types
 from typing import Any
 
 import ml_collections
-from absl import app, flags, logging
+from absl import logging
 
 from vit_jax import checkpoint, models
 from vit_jax.checkpoint import layouts, timm_hf, train_state
@@ -44,34 +43,6 @@ from vit_jax.runtime import cli
 
 FORMATS = ("timm", "hf", "npz")
 WEIGHTS = {"timm": "model.safetensors", "hf": "model.safetensors", "npz": "model.npz"}
-
-
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.runtime.cli)."""
-  f = types.SimpleNamespace(
-    input=flags.DEFINE_string(
-      "in", None, "Input: .npz, .safetensors, a model directory or a workdir.", flag_values=values
-    ),
-    out=flags.DEFINE_string("out", None, "Output directory (created).", flag_values=values),
-    to=flags.DEFINE_enum(
-      "to",
-      None,
-      FORMATS,
-      "Output layout; default npz for timm/HF inputs, else timm.",
-      flag_values=values,
-    ),
-    model=flags.DEFINE_string(
-      "model", None, "A vit_jax.models preset (e.g. B/16) for the architecture.", flag_values=values
-    ),
-    num_heads=flags.DEFINE_integer(
-      "num_heads",
-      None,
-      "Attention heads of a .safetensors without config.json.",
-      flag_values=values,
-    ),
-  )
-  flags.mark_flags_as_required(["in", "out"], flag_values=values)
-  return f
 
 
 def resolve_input(path: str) -> str:
@@ -182,9 +153,19 @@ def convert(
   return {"weights": weights, "config": config_path}
 
 
-def main(argv, f: types.SimpleNamespace):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+define_flags = cli.define_flags(
+  input=cli.Flag(
+    str, "Input: .npz, .safetensors, a model directory or a workdir.", required=True, name="in"
+  ),
+  out=cli.Flag(str, "Output directory (created).", required=True),
+  to=cli.Flag(None, "Output layout; default npz for timm/HF inputs, else timm.", choices=FORMATS),
+  model=cli.Flag(str, "A vit_jax.models preset (e.g. B/16) for the architecture."),
+  num_heads=cli.Flag(int, "Attention heads of a .safetensors without config.json."),
+)
+
+
+def main(argv, f):
+  cli.no_arguments(argv)
   written = convert(f.input.value, f.out.value, f.to.value, f.model.value, f.num_heads.value)
   print(f"wrote {written['weights']} and {written['config']}")
 

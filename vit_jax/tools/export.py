@@ -19,58 +19,27 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
 
   process.configure()
 
-import types
 from collections.abc import Sequence
-
-from absl import app, flags
 
 from vit_jax import inference
 from vit_jax.export import formats
 from vit_jax.runtime import cli
 
-
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.runtime.cli)."""
-  f = types.SimpleNamespace(
-    checkpoint=flags.DEFINE_string(
-      "checkpoint", None, "Workdir, step directory or .npz (local or gs://).", flag_values=values
-    ),
-    format=flags.DEFINE_string(
-      "format", None, f"One of {', '.join(formats.FORMATS)}.", flag_values=values
-    ),
-    quantize=flags.DEFINE_string(
-      "quantize", "none", f"One of {', '.join(formats.QUANTIZATIONS)} (tflite).", flag_values=values
-    ),
-    out=flags.DEFINE_string("out", None, "A new (or empty) output directory.", flag_values=values),
-    model=flags.DEFINE_string(
-      "model", None, "A vit_jax.models preset for an .npz without config.json.", flag_values=values
-    ),
-    image_size=flags.DEFINE_integer(
-      "image_size",
-      0,
-      "Input resolution; 0: the training's, or the checkpoint's.",
-      flag_values=values,
-    ),
-    class_names=flags.DEFINE_string(
-      "class_names", None, "Text file with one class name a line.", flag_values=values
-    ),
-    top_k=flags.DEFINE_integer(
-      "top_k", 5, "How many top classes the SavedModel returns.", flag_values=values
-    ),
-    batch_size=flags.DEFINE_integer(
-      "batch_size",
-      1,
-      "LiteRT: the batch size of the file; 0: any (resizable, much slower).",
-      flag_values=values,
-    ),
-  )
-  flags.mark_flags_as_required(["checkpoint", "format", "out"], flag_values=values)
-  return f
+define_flags = cli.define_flags(
+  checkpoint=cli.CHECKPOINT,
+  format=cli.Flag(str, f"One of {', '.join(formats.FORMATS)}.", required=True),
+  quantize=cli.Flag("none", f"One of {', '.join(formats.QUANTIZATIONS)} (tflite)."),
+  out=cli.Flag(str, "A new (or empty) output directory.", required=True),
+  model=cli.MODEL,
+  image_size=cli.IMAGE_SIZE,
+  class_names=cli.CLASS_NAMES,
+  top_k=cli.Flag(5, "How many top classes the SavedModel returns."),
+  batch_size=cli.Flag(1, "LiteRT: the batch size of the file; 0: any (resizable, much slower)."),
+)
 
 
-def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+def main(argv: Sequence[str], f) -> None:
+  cli.no_arguments(argv)
   if f.format.value not in formats.FORMATS:  # before the (slow) load
     raise ValueError(
       f"unknown format {f.format.value!r}; expected one of {', '.join(formats.FORMATS)}"

@@ -19,24 +19,9 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
 
 import json
 import time
-import types
 from collections.abc import Sequence
 
-from absl import flags
-
 from vit_jax.runtime import cli
-
-
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.runtime.cli)."""
-  return types.SimpleNamespace(
-    workdir=flags.DEFINE_string(
-      "workdir", None, "The run's workdir.", required=True, flag_values=values
-    ),
-    json=flags.DEFINE_bool(
-      "json", False, "Print the totals as JSON instead of a table.", flag_values=values
-    ),
-  )
 
 
 def _when(unix: float) -> str:
@@ -72,9 +57,14 @@ def run_lines(attempts: list[dict]) -> list[str]:
   return lines
 
 
-def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+define_flags = cli.define_flags(
+  workdir=cli.WORKDIR,
+  json=cli.Flag(False, "Print the totals as JSON instead of a table."),
+)
+
+
+def main(argv: Sequence[str], f) -> None:
+  cli.no_arguments(argv)
   from vit_jax.runtime import goodput, json_file
 
   try:

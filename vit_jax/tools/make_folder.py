@@ -20,41 +20,20 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
   process.configure()
 
 import os
-import types
 from collections.abc import Sequence
 
 import numpy as np
-from absl import flags
 
 from vit_jax.input_pipeline import builtin, segmentation_synthetic
 from vit_jax.runtime import cli
 
-
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.runtime.cli)."""
-  return types.SimpleNamespace(
-    dataset=flags.DEFINE_string(
-      "dataset",
-      None,
-      f"Bundled dataset: one of {sorted(builtin.LOADERS)}, or a synthetic segmentation task: "
-      f"{sorted(segmentation_synthetic.SYNTHETIC)}.",
-      required=True,
-      flag_values=values,
-    ),
-    out=flags.DEFINE_string("out", None, "Folder to write.", required=True, flag_values=values),
-    split=flags.DEFINE_list(
-      "split",
-      None,
-      "Splits to write (default: train and test; the segmentation tasks' val too).",
-      flag_values=values,
-    ),
-    max_examples=flags.DEFINE_integer(
-      "max_examples",
-      0,
-      "Write this many images per split, spread evenly over it (0: all).",
-      flag_values=values,
-    ),
-  )
+# The bundled datasets (make_shards reads them too).
+DATASET = cli.Flag(
+  str,
+  f"Bundled dataset: one of {sorted(builtin.LOADERS)}, or a synthetic segmentation task: "
+  f"{sorted(segmentation_synthetic.SYNTHETIC)}.",
+  required=True,
+)
 
 
 def write_classification(
@@ -116,9 +95,18 @@ def _refuse_existing(root: str, split: str) -> None:
     raise FileExistsError(f"{os.path.join(root, split)} exists; nothing was written")
 
 
-def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+define_flags = cli.define_flags(
+  dataset=DATASET,
+  out=cli.Flag(str, "Folder to write.", required=True),
+  split=cli.Flag(
+    list, "Splits to write (default: train and test; the segmentation tasks' val too)."
+  ),
+  max_examples=cli.Flag(0, "Write this many images per split, spread evenly over it (0: all)."),
+)
+
+
+def main(argv: Sequence[str], f) -> None:
+  cli.no_arguments(argv)
   name = f.dataset.value
   if name in segmentation_synthetic.SYNTHETIC:
     splits = f.split.value or list(segmentation_synthetic.SPLIT_SIZES)

@@ -31,73 +31,21 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
 
   process.configure()
 
+import dataclasses
 import json
 import os
-import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from absl import app, flags, logging
+from absl import app, logging
 
 from vit_jax.input_pipeline import builtin, indexed, segmentation, segmentation_synthetic, shards
 from vit_jax.runtime import cli, gcs
+from vit_jax.tools import make_folder
 
 TASKS = ("classification", "segmentation")
-
-
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.runtime.cli)."""
-  return types.SimpleNamespace(
-    dataset=flags.DEFINE_string(
-      "dataset",
-      None,
-      f"Bundled dataset: one of {sorted(builtin.LOADERS)}, or a synthetic segmentation task: "
-      f"{sorted(segmentation_synthetic.SYNTHETIC)}.",
-      flag_values=values,
-    ),
-    folder=flags.DEFINE_string(
-      "folder",
-      None,
-      "Image folder root: ROOT/<split>/<class>/*.{jpg,jpeg,png}; with --task=segmentation "
-      "ROOT/<split>/images/*, ROOT/<split>/masks/*.png and ROOT/classes.txt.",
-      flag_values=values,
-    ),
-    task=flags.DEFINE_enum(
-      "task",
-      None,
-      TASKS,
-      "What the labels are; default: segmentation for a synthetic segmentation task, else "
-      "classification.",
-      flag_values=values,
-    ),
-    split=flags.DEFINE_list(
-      "split", ["train", "test"], "Split(s) to write, comma separated.", flag_values=values
-    ),
-    out_dir=flags.DEFINE_string(
-      "out_dir", None, "Output directory (local or gs://).", flag_values=values
-    ),
-    name=flags.DEFINE_string(
-      "name", None, "Shard name prefix; default: the dataset or folder name.", flag_values=values
-    ),
-    num_shards=flags.DEFINE_integer(
-      "num_shards",
-      8,
-      "Shards per split (fewer if the split has fewer examples).",
-      flag_values=values,
-    ),
-    shuffle_seed=flags.DEFINE_integer(
-      "shuffle_seed", 0, "Seed of the example order written to the shards.", flag_values=values
-    ),
-    overwrite=flags.DEFINE_bool(
-      "overwrite",
-      False,
-      "Replace a split's existing shards in --out_dir (without it, existing shards of a split "
-      "stop the command before anything is written).",
-      flag_values=values,
-    ),
-  )
 
 
 def _classification_record(example: tuple[bytes, int]) -> bytes:
@@ -292,8 +240,34 @@ class _Attrs:
     self.__dict__.update(d)
 
 
-def main(argv, f: types.SimpleNamespace):
-  del argv
+define_flags = cli.define_flags(
+  dataset=dataclasses.replace(make_folder.DATASET, required=False),
+  folder=cli.Flag(
+    str,
+    "Image folder root: ROOT/<split>/<class>/*.{jpg,jpeg,png}; with --task=segmentation "
+    "ROOT/<split>/images/*, ROOT/<split>/masks/*.png and ROOT/classes.txt.",
+  ),
+  task=cli.Flag(
+    None,
+    "What the labels are; default: segmentation for a synthetic segmentation task, else "
+    "classification.",
+    choices=TASKS,
+  ),
+  split=cli.Flag(["train", "test"], "Split(s) to write, comma separated."),
+  out_dir=cli.Flag(str, "Output directory (local or gs://)."),
+  name=cli.Flag(str, "Shard name prefix; default: the dataset or folder name."),
+  num_shards=cli.Flag(8, "Shards per split (fewer if the split has fewer examples)."),
+  shuffle_seed=cli.Flag(0, "Seed of the example order written to the shards."),
+  overwrite=cli.Flag(
+    False,
+    "Replace a split's existing shards in --out_dir (without it, existing shards of a split "
+    "stop the command before anything is written).",
+  ),
+)
+
+
+def main(argv, f):
+  cli.no_arguments(argv)
   if bool(f.dataset.value) == bool(f.folder.value):
     raise app.UsageError("Pass exactly one of --dataset and --folder.")
   if not f.out_dir.value:

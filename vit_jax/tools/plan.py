@@ -38,66 +38,12 @@ import math
 import os
 import re
 import time
-import types
 from collections.abc import Sequence
 from typing import Any
 
-from absl import app, flags, logging
+from absl import logging
 
-from vit_jax.runtime import cli, config_files, libtpu_lock
-
-
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.runtime.cli)."""
-  f = types.SimpleNamespace(
-    config=config_files.define_flag(flag_values=values),
-    topology=flags.DEFINE_string(
-      "topology", None, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.", flag_values=values
-    ),
-    num_classes=flags.DEFINE_integer(
-      "num_classes",
-      None,
-      "Classes of the head (default: known for jft, imagenet21k, imagenet2012).",
-      flag_values=values,
-    ),
-    efficiency=flags.DEFINE_float(
-      "efficiency",
-      0.5,
-      "Assumed fraction of peak FLOP/s at which the chip runs the compiled step.",
-      flag_values=values,
-    ),
-    search=flags.DEFINE_bool(
-      "search", False, "Compile the proposed settings; print those that fit.", flag_values=values
-    ),
-    max_trials=flags.DEFINE_integer(
-      "max_trials", 4, "At most this many compilations for --search.", flag_values=values
-    ),
-    json=flags.DEFINE_bool(
-      "json", False, "Print one JSON object instead of the report.", flag_values=values
-    ),
-    slices=flags.DEFINE_integer(
-      "slices",
-      1,
-      "Slices of --topology joined by the data-centre network (Multislice).",
-      flag_values=values,
-    ),
-    slice_axis=flags.DEFINE_enum(
-      "slice_axis",
-      None,
-      ["data", "fsdp"],
-      "The mesh axis whose outer factor crosses the slices (default: the config's mesh.slice_axis).",
-      flag_values=values,
-    ),
-    dcn_gbps=flags.DEFINE_float(
-      "dcn_gbps",
-      DCN_GBPS_PER_HOST,
-      "Data-centre network bandwidth per host, Gbit/s, for the time the DCN bytes take.",
-      flag_values=values,
-    ),
-  )
-  flags.mark_flags_as_required(["config", "topology"], flag_values=values)
-  return f
-
+from vit_jax.runtime import cli, libtpu_lock
 
 GiB = 2**30
 # Cloud TPU v5e's per-host NIC configuration, 2 x 100 Gbps (docs.cloud.google.com/tpu/docs/v5e:
@@ -601,9 +547,33 @@ def format_plan(p: Plan) -> str:
   return "\n".join(lines)
 
 
-def main(argv: Sequence[str], f: types.SimpleNamespace) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+define_flags = cli.define_flags(
+  config=cli.config_flag,
+  topology=cli.Flag(str, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.", required=True),
+  num_classes=cli.Flag(
+    int, "Classes of the head (default: known for jft, imagenet21k, imagenet2012)."
+  ),
+  efficiency=cli.Flag(
+    0.5, "Assumed fraction of peak FLOP/s at which the chip runs the compiled step."
+  ),
+  search=cli.Flag(False, "Compile the proposed settings; print those that fit."),
+  max_trials=cli.Flag(4, "At most this many compilations for --search."),
+  json=cli.Flag(False, "Print one JSON object instead of the report."),
+  slices=cli.Flag(1, "Slices of --topology joined by the data-centre network (Multislice)."),
+  slice_axis=cli.Flag(
+    None,
+    "The mesh axis whose outer factor crosses the slices (default: the config's mesh.slice_axis).",
+    choices=["data", "fsdp"],
+  ),
+  dcn_gbps=cli.Flag(
+    DCN_GBPS_PER_HOST,
+    "Data-centre network bandwidth per host, Gbit/s, for the time the DCN bytes take.",
+  ),
+)
+
+
+def main(argv: Sequence[str], f) -> None:
+  cli.no_arguments(argv)
   topology = f.topology.value
   quiet_libtpu(topology)
   parse_topology(topology)

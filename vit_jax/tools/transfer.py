@@ -39,11 +39,9 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
 
 import json
 import os
-import types
 from collections.abc import Sequence
 from typing import Any
 
-from absl import app, flags
 from etils import epath
 
 from vit_jax.runtime import cli
@@ -285,45 +283,26 @@ def table(results: dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespace:
-  """The command's flags (see vit_jax.runtime.cli)."""
-  f = types.SimpleNamespace(
-    checkpoint=flags.DEFINE_string(
-      "checkpoint", None, "Pretrained weights: .npz or a workdir.", flag_values=values
-    ),
-    model=flags.DEFINE_string(
-      "model", "", "Model preset (vit_jax.models), e.g. L/16.", flag_values=values
-    ),
-    suite=flags.DEFINE_string(
-      "suite", "table2", "table2 | vtab | offline | a comma list.", flag_values=values
-    ),
-    workdir=flags.DEFINE_string(
-      "workdir", None, "Root of the runs' workdirs (local or gs://).", flag_values=values
-    ),
-    paper=flags.DEFINE_enum(
-      "paper", None, sorted(PAPER), "Table 2 row shown beside results.", flag_values=values
-    ),
-    grid=flags.DEFINE_list(
-      "grid", None, "Learning rates replacing every dataset's grid.", flag_values=values
-    ),
-    runlocal=flags.DEFINE_bool(
-      "runlocal", False, "Shrink every run to seconds (testing).", flag_values=values
-    ),
-    overrides=flags.DEFINE_multi_string(
-      "config_override",
-      [],
-      "field=value set in every run's config, as --config.field=value.",
-      flag_values=values,
-    ),
-    distributed=cli.DistributedFlags.define(values),
-  )
-  flags.mark_flags_as_required(["checkpoint", "workdir"], flag_values=values)
-  return f
+define_flags = cli.define_flags(
+  checkpoint=cli.Flag(str, "Pretrained weights: .npz or a workdir.", required=True),
+  model=cli.Flag("", "Model preset (vit_jax.models), e.g. L/16."),
+  suite=cli.Flag("table2", "table2 | vtab | offline | a comma list."),
+  workdir=cli.Flag(str, "Root of the runs' workdirs (local or gs://).", required=True),
+  paper=cli.Flag(None, "Table 2 row shown beside results.", choices=sorted(PAPER)),
+  grid=cli.Flag(list, "Learning rates replacing every dataset's grid."),
+  runlocal=cli.Flag(False, "Shrink every run to seconds (testing)."),
+  overrides=cli.Flag(
+    [],
+    "field=value set in every run's config, as --config.field=value.",
+    multi=True,
+    name="config_override",
+  ),
+  distributed=cli.DistributedFlags.define,
+)
 
 
-def main(argv, f: types.SimpleNamespace):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main(argv, f):
+  cli.no_arguments(argv)
   grid = f.grid.value
 
   def suite():
