@@ -83,3 +83,20 @@ def test_an_errors_line_carries_its_reason():
   )
   assert console.error_line(ValueError("one line\nmore"), "t") == "t: error: ValueError: one line"
   assert console.error_line(ValueError(""), "t") == "t: error: ValueError: "
+
+
+@pytest.mark.parametrize(
+  ("command", "line"),
+  [
+    (["vit_jax.tools.goodput", "--workdir=/nowhere", "extra"], "goodput: error: usage: "),
+    (["vit_jax.predict", "--checkpoint=/nowhere", "missing.png"], "predict: error: usage: "),
+  ],
+)
+def test_a_commands_misuse_is_one_line_naming_the_culprit(command, line):
+  out = subprocess.run(
+    [sys.executable, "-m", *command], capture_output=True, text=True, cwd=REPO, timeout=120
+  )
+  lines = (out.stdout + out.stderr).splitlines()
+  assert out.returncode == 1
+  assert len(lines) == 1 and lines[0].startswith(line), lines  # not absl's usage text
+  assert command[-1] in lines[0]

@@ -260,8 +260,9 @@ def run(
   errors: tuple[type[BaseException], ...] = (),
 ) -> None:
   """Defines the command's flags, then runs `main(argv, define_flags())` as absl's app.run does,
-  a bad flag ending in one line; an exception of `errors` from `main` ends in
-  `<name>: error: <Kind>: <message>` (exit 1). The process is the command's: a second stop
+  a bad flag ending in one line; a misuse (absl's UsageError: arguments it takes none of, a
+  missing file) ends in `<name>: error: <message>`, an exception of `errors` from `main` in
+  `<name>: error: <Kind>: <message>` (exit 1 for both). The process is the command's: a second stop
   signal during a run ends it at once (vit_jax.runtime.stopping), and it ends as soon as `main`
   is done, with its exit status (`end_process`)."""
   from vit_jax.runtime import stopping
@@ -270,11 +271,14 @@ def run(
   holders = define_flags()
 
   def guarded(argv):
+    from vit_jax.runtime import console
+
     try:
       main(argv, holders)  # what it returns (an experiment's results) is no exit status
+    except app.UsageError as e:  # one line, not absl's usage text above it
+      console.end(console.error_line(e, name, kind="usage"))
+      sys.exit(1)
     except errors as e:
-      from vit_jax.runtime import console
-
       console.end(console.error_line(e, name))  # a command without a log file: no traceback
       sys.exit(1)
 
