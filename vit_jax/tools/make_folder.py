@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 from absl import flags
 
-from vit_jax.input_pipeline import builtin, segmentation_synthetic
+from vit_jax.input_pipeline.sources import builtin, segmentation_synthetic
 from vit_jax.runtime import cli
 
 
