@@ -72,7 +72,7 @@ fewer labels too, from scratch as well, beside raw-pixel baselines on the same e
 import ml_collections
 
 from vit_jax.configs import common
-from vit_jax.input_pipeline import vtab
+from vit_jax.input_pipeline.sources import vtab
 
 _GRID_LARGE = (0.003, 0.01, 0.03, 0.06)
 _GRID_SMALL = (0.001, 0.003, 0.01, 0.03)

@@ -37,7 +37,7 @@ docs/segmentation.md (experiments/segmentation.py).
 import ml_collections
 
 from vit_jax.configs import common
-from vit_jax.input_pipeline import segmentation_synthetic
+from vit_jax.input_pipeline.sources import segmentation_synthetic
 from vit_jax.models import segmentation as seg_models
 
 DATASETS = (*segmentation_synthetic.SYNTHETIC, "folder", "shards")

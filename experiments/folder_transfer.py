@@ -76,7 +76,7 @@ def read_folder(root: str, split: str, image_size: int) -> tuple[np.ndarray, np.
   from PIL import Image
 
   from vit_jax import inference
-  from vit_jax.input_pipeline import indexed
+  from vit_jax.input_pipeline.sources import indexed
 
   extensions = indexed.IMAGE_EXTENSIONS  # what the `folder` source reads
   classes = indexed.folder_class_names(root)

@@ -43,7 +43,7 @@ FIGURES = ("filters_pca", "posemb_similarity", "attention_distance", "attention_
 
 def export_fashion_mnist(folder: str, count: int) -> list[str]:
   """Writes the first `count` Fashion-MNIST test images as PNG files; returns their paths."""
-  from vit_jax.input_pipeline import builtin
+  from vit_jax.input_pipeline.sources import builtin
 
   images, labels = builtin.get_split("fashion_mnist", "test")
   os.makedirs(folder, exist_ok=True)

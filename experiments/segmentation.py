@@ -259,7 +259,7 @@ def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
     metrics, seconds[name] = stage(f"2. segment with the {head} head: {ENCODERS[encoder][0]}", name)
     runs[name] = {k[len("test/") :]: v for k, v in metrics.items() if k.startswith("test/")}
     runs[name].update(loss=metrics.get("loss"), train_pixel_accuracy=metrics.get("accuracy"))
-  from vit_jax.input_pipeline import segmentation_synthetic
+  from vit_jax.input_pipeline.sources import segmentation_synthetic
 
   class_names = segmentation_synthetic.synthetic_class_names(DATASET)
   start = time.perf_counter()

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from vit_jax import sharding
 from vit_jax.configs import common
-from vit_jax.input_pipeline import preprocess
+from vit_jax.input_pipeline.ops import preprocess
 from vit_jax.train import mixup
 
 DRAWS = 1000

@@ -16,7 +16,8 @@ from test_image_header import bomb_png  # tests/
 
 from tests.helpers import REPO, this_thread
 from vit_jax import input_pipeline
-from vit_jax.input_pipeline import bad_data, testing, tfrecord_files
+from vit_jax.input_pipeline import bad_data, testing
+from vit_jax.input_pipeline.sources import tfrecord_files
 from vit_jax.tools import make_shards
 
 PP = "decode|resize|value_range(-1, 1)"
@@ -285,7 +286,7 @@ def test_an_unreadable_segmentation_mask_is_read_again_then_one_line(tmp_path, c
 
 def _seg_shards(tmp_path) -> list[str]:
   """N 8x8 examples, example i's image all grey level i, in SHARDS shards: ids 0-9, 10-19."""
-  from vit_jax.input_pipeline import segmentation
+  from vit_jax.input_pipeline.sources import segmentation
 
   examples = [
     (segmentation.encode_png(np.full((8, 8, 1), i, np.uint8)), np.zeros((8, 8), np.uint8),

@@ -11,7 +11,7 @@ from PIL import Image
 from experiments import demo, fingerprint
 from tests.helpers import REPO, xla_env
 from vit_jax import inference
-from vit_jax.input_pipeline import builtin
+from vit_jax.input_pipeline.sources import builtin
 
 
 @pytest.mark.long

@@ -12,7 +12,8 @@ from tensorflow_datasets.testing import mocking as tfds_mocking
 
 from tests.helpers import REPO, xla_env
 from vit_jax import evaluators
-from vit_jax.input_pipeline import source, tfds_source
+from vit_jax.input_pipeline.sources import base as source
+from vit_jax.input_pipeline.sources import tfds_source
 from vit_jax.tools import make_shards
 
 DOWNSTREAM = {"imagenet2012", "cifar100", "oxford_iiit_pet"}

@@ -168,7 +168,7 @@ def _digits_folder(root, train: int, test: int) -> str:
   splits (8x8 grey), an image folder as a user's would be."""
   from PIL import Image
 
-  from vit_jax.input_pipeline import builtin
+  from vit_jax.input_pipeline.sources import builtin
 
   for split, n in (("train", train), ("test", test)):
     images, labels = builtin.get_split("digits", f"{split}[:{n}]")

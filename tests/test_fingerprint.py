@@ -7,7 +7,7 @@ import pytest
 
 from experiments import demo, fingerprint
 from tests.helpers import REPO
-from vit_jax.input_pipeline import preprocess
+from vit_jax.input_pipeline.ops import preprocess
 
 RESULTS = {
   "quick": True,

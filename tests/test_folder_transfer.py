@@ -11,7 +11,7 @@ import pytest
 
 from experiments import folder_transfer
 from tests.helpers import REPO, xla_env
-from vit_jax.input_pipeline import builtin, indexed
+from vit_jax.input_pipeline.sources import builtin, indexed
 from vit_jax.runtime import cli
 from vit_jax.tools import make_folder
 

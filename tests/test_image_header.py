@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from vit_jax.input_pipeline import image_header
+from vit_jax.input_pipeline.ops import image_header
 
 
 def _declared(data: bytes) -> int:

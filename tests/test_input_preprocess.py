@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
-from vit_jax.input_pipeline import preprocess, randaugment, testing
+from vit_jax.input_pipeline import testing
+from vit_jax.input_pipeline.ops import preprocess, randaugment
 
 RNG = tf.constant([1, 2], tf.int64)
 

@@ -16,7 +16,8 @@ from tensorflow_datasets.testing import mocking as tfds_mocking
 
 from tests.helpers import REPO
 from vit_jax import input_pipeline
-from vit_jax.input_pipeline import builtin, testing
+from vit_jax.input_pipeline import testing
+from vit_jax.input_pipeline.sources import builtin
 from vit_jax.tools import make_shards
 
 PP_EVAL = "decode|resize_small|central_crop|value_range(-1, 1)"
@@ -157,7 +158,7 @@ def test_image_folder(tmp_path):
 
 
 def test_image_folder_takes_slices_as_the_builtin_datasets_do(tmp_path):
-  from vit_jax.input_pipeline import indexed
+  from vit_jax.input_pipeline.sources import indexed
 
   classes = ["ant", "bee", "cat", "dog"]
   testing.write_image_folder(str(tmp_path), "train", classes, per_class=25)

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from vit_jax.input_pipeline import builtin, segmentation, segmentation_synthetic
+from vit_jax.input_pipeline.sources import builtin, segmentation, segmentation_synthetic
 from vit_jax.tools import make_folder
 
 

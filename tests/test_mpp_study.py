@@ -11,7 +11,7 @@ from PIL import Image
 from experiments import fingerprint, mpp_study
 from tests.helpers import REPO, experiment_run
 from vit_jax import inference
-from vit_jax.input_pipeline import builtin
+from vit_jax.input_pipeline.sources import builtin
 
 COMMITTED = os.path.join(REPO, "experiments/results/mpp_study/results.json")
 COMMAND = "python -m experiments.mpp_study"

@@ -11,7 +11,7 @@ from PIL import Image
 from experiments import fingerprint, scale_study
 from tests.helpers import REPO, experiment_run
 from vit_jax import inference
-from vit_jax.input_pipeline import builtin
+from vit_jax.input_pipeline.sources import builtin
 from vit_jax.runtime import config_files
 
 COMMITTED = REPO / "experiments/results/scale_study/results.json"

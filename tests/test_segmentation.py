@@ -13,9 +13,10 @@ from tests.helpers import trees
 from vit_jax import input_pipeline, predict, stages
 from vit_jax.checkpoint import train_state
 from vit_jax.evaluators import segmentation as seg_eval
-from vit_jax.input_pipeline import segmentation as seg_data
-from vit_jax.input_pipeline import segmentation_synthetic as synthetic
 from vit_jax.input_pipeline import splits
+from vit_jax.input_pipeline.ops import segmentation as seg_ops
+from vit_jax.input_pipeline.sources import segmentation as seg_data
+from vit_jax.input_pipeline.sources import segmentation_synthetic as synthetic
 from vit_jax.objectives import segmentation as seg_obj
 from vit_jax.runtime import config_files
 
@@ -65,18 +66,18 @@ def _block_pair(seed=0):
 
 def test_augmentation_moves_image_and_mask_together():
   image, mask = _block_pair()
-  ops = seg_data.parse_ops("random_crop(0.3)|flip_lr")
+  ops = seg_ops.build("random_crop(0.3)|flip_lr")
   flipped = 0
   for seed in range(12):
-    out, label = seg_data.augment(image, mask, ops, 32, np.random.default_rng(seed))
+    out, label = seg_ops.augment(image, mask, ops, 32, np.random.default_rng(seed))
     assert out.shape == (32, 32, 3) and label.shape == (32, 32) and label.dtype == np.int32
     assert set(np.unique(label)) <= set(np.unique(mask))  # nearest neighbour: no new labels
     decoded = np.rint((out[..., 0] + 1.0) * 127.5 / 40).astype(int)
     agree = np.mean(decoded == label)
     assert agree > 0.75, (seed, agree)  # bilinear blurs the blocks' borders only
     assert np.mean(decoded == label[:, ::-1]) < agree - 0.4  # a mask left unflipped fails
-    _, no_flip = seg_data.augment(
-      image, mask, seg_data.parse_ops("random_crop(0.3)"), 32, np.random.default_rng(seed)
+    _, no_flip = seg_ops.augment(
+      image, mask, seg_ops.build("random_crop(0.3)"), 32, np.random.default_rng(seed)
     )
     flipped += not np.array_equal(no_flip, label)
   assert 2 <= flipped <= 10  # about half the draws flip
@@ -84,7 +85,7 @@ def test_augmentation_moves_image_and_mask_together():
 
 def test_unknown_op_is_one_line():
   with pytest.raises(ValueError, match="segmentation preprocessing op 'rotate'"):
-    seg_data.parse_ops("flip_lr|rotate")
+    seg_ops.build("flip_lr|rotate")
 
 
 def _write_folder(root, masks_mode="P", size_mismatch=False, bad_label=False, drop_mask=False):
@@ -214,7 +215,7 @@ def test_the_synthetic_stream_is_numpys_permutation_and_augmentation():
       p = 8 * b + r
       i = np.random.default_rng([5, p // 20]).permutation(20)[p % 20]
       rng = np.random.default_rng([5, 1, p])
-      image, label = seg_data.augment(images[i], masks[i], seg_data.parse_ops(ops), 24, rng)
+      image, label = seg_ops.augment(images[i], masks[i], seg_ops.build(ops), 24, rng)
       np.testing.assert_array_equal(batch["image"][r], image)
       np.testing.assert_array_equal(batch["label"][r], label)
   it.close()

@@ -15,9 +15,10 @@ from absl import app
 from PIL import Image
 
 from vit_jax import input_pipeline
-from vit_jax.input_pipeline import segmentation as seg_data
-from vit_jax.input_pipeline import segmentation_synthetic as synthetic
-from vit_jax.input_pipeline import testing, tfrecord_files
+from vit_jax.input_pipeline import testing
+from vit_jax.input_pipeline.sources import segmentation as seg_data
+from vit_jax.input_pipeline.sources import segmentation_synthetic as synthetic
+from vit_jax.input_pipeline.sources import tfrecord_files
 from vit_jax.tools import make_shards
 
 IGNORE = seg_data.IGNORE_LABEL

@@ -13,7 +13,8 @@ from tensorflow_datasets.testing import mocking as tfds_mocking
 
 from vit_jax import input_pipeline
 from vit_jax.configs import finetune
-from vit_jax.input_pipeline import preprocess, vtab
+from vit_jax.input_pipeline.ops import preprocess
+from vit_jax.input_pipeline.sources import vtab
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@ evaluation preprocessing in PIL and numpy, the model's token grid, and `Classifi
 
 The library behind `python -m vit_jax.predict` and vit_jax.analysis (and anything else that runs a
 checkpoint on image files). Images are preprocessed as in evaluation: the saved `pp_eval` spec
-(`decode|resize|central_crop|value_range` ops of vit_jax.input_pipeline.preprocess), or a resize
+(`decode|resize|central_crop|value_range` ops of vit_jax.input_pipeline.ops.pil), or a resize
 to the model's size. TensorFlow is imported only to look up a dataset's class names when no other
 source has them; this file must not import it otherwise.
 """
@@ -20,58 +20,15 @@ from PIL import Image
 
 from vit_jax import checkpoint as checkpoint_lib
 from vit_jax import models
-from vit_jax.input_pipeline import pp_spec
+from vit_jax.input_pipeline.ops import pil as pil_ops
 
 DEFAULT_PP = "decode|resize|value_range(-1, 1)"
 
 
-# ---------------------------------------------------------------------------------------------
-# Preprocessing with PIL (the deterministic ops of vit_jax.input_pipeline.preprocess).
-
-
-def _resize(image: Image.Image, height: int, width: int) -> Image.Image:
-  # Bilinear with PIL's support scaled on shrinking: antialiased, like the TF pipeline.
-  return image.resize((width, height), Image.Resampling.BILINEAR)
-
-
 def preprocess(image: Image.Image, image_size: int, spec: str = DEFAULT_PP) -> np.ndarray:
-  """A PIL image → float32 [image_size, image_size, 3] per the evaluation spec.
-
-  Supports decode (to RGB: gray is replicated, alpha dropped), resize, resize_small,
-  central_crop and value_range; random (training) ops raise ValueError.
-  """
-  out: Any = image
-  for name, args, kwargs in pp_spec.parse(spec):
-    if name == "decode":
-      out = out.convert("RGB")
-    elif name == "resize":
-      size = pp_spec.resolve_size(_size_arg(args, kwargs), image_size)
-      out = _resize(out, size, size)
-    elif name == "resize_small":
-      size = pp_spec.resolve_size(_size_arg(args, kwargs), image_size)
-      w, h = out.size
-      scale = size / min(h, w)
-      out = _resize(out, max(size, round(h * scale)), max(size, round(w * scale)))
-    elif name == "central_crop":
-      size = pp_spec.resolve_size(_size_arg(args, kwargs), image_size)
-      w, h = out.size
-      y, x = (h - size) // 2, (w - size) // 2
-      out = out.crop((x, y, x + size, y + size))
-    elif name == "value_range":
-      vmin = args[0] if len(args) > 0 else kwargs.get("vmin", -1.0)
-      vmax = args[1] if len(args) > 1 else kwargs.get("vmax", 1.0)
-      out = np.asarray(out.convert("RGB"), np.float32) * ((vmax - vmin) / 255.0) + vmin
-    else:
-      raise ValueError(f"preprocessing op {name!r} is not deterministic; not used to predict")
-  if isinstance(out, Image.Image):
-    out = np.asarray(out.convert("RGB"), np.float32) * (2.0 / 255.0) - 1.0
-  if out.shape != (image_size, image_size, 3):
-    raise ValueError(f"{spec!r} gave shape {out.shape}, not ({image_size}, {image_size}, 3)")
-  return out
-
-
-def _size_arg(args, kwargs):
-  return args[0] if args else kwargs.get("size")
+  """A PIL image → float32 [image_size, image_size, 3] per the evaluation spec: its
+  deterministic ops (vit_jax.input_pipeline.ops.pil); a random (training) op raises ValueError."""
+  return pil_ops.preprocess(image, image_size, spec)
 
 
 # ---------------------------------------------------------------------------------------------

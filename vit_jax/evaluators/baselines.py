@@ -28,7 +28,7 @@ def pixel_baselines(
     max_iter: L-BFGS iterations of the logistic regression (1000 converges on the downstream
       sets; 100 keeps Fashion-MNIST's 60k examples to ~15 s on 2 cores).
   """
-  from vit_jax.input_pipeline import builtin
+  from vit_jax.input_pipeline.sources import builtin
 
   x, y = builtin.get_split(dataset, train_split)
   if train_rows is not None:

@@ -243,7 +243,7 @@ def build_tf_module(source: Exportable, top_k: int = 5):
   """A tf.Module with the three serving functions (see the module docstring)."""
   import tensorflow as tf
 
-  from vit_jax.input_pipeline import preprocess
+  from vit_jax.input_pipeline.ops import preprocess
 
   s = source.image_size
   try:

@@ -2,32 +2,23 @@
 
 The package of vit_jax that reads data with TensorFlow (tf.data), imported when its readers are
 first used (`dataset_config` alone does not import it); model and checkpoint code must not
-import TensorFlow.
+import TensorFlow. The layout and the preprocessing strings: docs/data.md.
 
-  config                  `dataset_config(**overrides)`: every field of a config's dataset section
-  source                  the contract every data source implements, whatever its task
-  sources                 the one table of data sources, by the name `dataset.source` gives
-  indexed                 the sources addressed by index: an image folder and the bundled datasets
-  builtin                 the bundled offline datasets, read into numpy (no TensorFlow)
-  shards                  TFRecord shards of tf.train.Example: the `tfrecord` source
-  tfrecord_files          reading one TFRecord file record by record, for the `tfrecord` source
-  tfds_source             a prepared TensorFlow Datasets dataset in `data_dir` (the `tfds` source)
-  vtab                    the 19 tasks of VTAB-1k as google-research/task_adaptation defines them
-  splits                  slices of a split in tfds's syntax for sources that hold a list of examples
-  segmentation            segmentation data: images with a label per pixel, checks, augmentation
-  segmentation_sources    the segmentation sources `seg_builtin`, `seg_folder` and `seg_shards`
-  segmentation_synthetic  the offline synthetic segmentation tasks, made from the bundled images
-  examples                from a source's raw record to the example a batch holds, per task
-  pp_spec                 parses preprocessing specs (`'decode|resize(224)|value_range(-1, 1)'`)
-  preprocess              per-example preprocessing described by such a string
-  randaugment             RandAugment on uint8 images with stateless randomness
-  image_header            the pixel count an encoded image declares, read without decoding it
-  bad_data                data the pipeline cannot use: a file that cannot be read is not a
-                          record that cannot be decoded
-  layout                  which rows of a global batch each host supplies, made into jax.Arrays
-  pipeline                the train and eval iterators of every source: global batches
-  host_states             the iterators' states of all processes, as a checkpoint keeps them
-  testing                 writers of small synthetic datasets for tests and benchmarks
+  sources      where examples come from, whatever their task: the contract (`base`), the one
+               table by `dataset.source` (`registry`), TFRecord shards, tfds and VTAB-1k, image
+               folders, the bundled offline datasets and the synthetic segmentation tasks
+  ops          preprocessing: the one registry and parser of op strings
+               (`'decode|resize(224)|value_range(-1, 1)'`) and its ops for tf.data, for predict
+               (PIL) and for segmentation (image and mask), RandAugment, image headers
+  config       `dataset_config(**overrides)`: every field of a config's dataset section
+  splits       slices of a split in tfds's syntax for sources that hold a list of examples
+  examples     from a source's raw record to the example a batch holds, per task
+  bad_data     data the pipeline cannot use: a file that cannot be read is not a record that
+               cannot be decoded
+  layout       which rows of a global batch each host supplies, made into jax.Arrays
+  pipeline     the train and eval iterators of every source: global batches
+  host_states  the iterators' states of all processes, as a checkpoint keeps them
+  testing      writers of small synthetic datasets for tests and benchmarks
 
 Usage (what the trainer calls):
 
@@ -46,17 +37,14 @@ Usage (what the trainer calls):
   # 'image': float32 [B, H, W, 3] in [-1, 1] (pp_train decides the range)
   # 'label': int32 [B]; float32 multi-hot [B, K] if multi_label (mixup is the trainer's);
   #          int32 [B, H, W] per pixel for the segmentation sources 'seg_builtin', 'seg_folder'
-  #          and 'seg_shards' (255: a pixel that does not count; vit_jax.input_pipeline.
-  #          segmentation). Every source (the table: vit_jax.input_pipeline.sources) is read by
-  #          the same iterators, whatever its task.
+  #          and 'seg_shards' (255: a pixel that does not count). Every source of the table is
+  #          read by the same iterators, whatever its task.
   # 'mask':  float32 [B], 0 for a skipped example (undecodable, too large, lost): never count it
   # With a mesh: global jax.Arrays sharded over the batch on data_axes (each host passes its
   # global_batch_size / process_count rows to jax.make_array_from_process_local_data).
   # mesh=None: numpy arrays of this host's rows.
   # Row r of global batch b is position b·B + r of the run's stream, on any number of hosts and
-  # any mesh; its augmentations are a function of (seed, position). For the sources addressed
-  # by index (builtin, folder, seg_builtin, seg_folder) the example at a position depends on
-  # the seed alone.
+  # any mesh; its augmentations are a function of (seed, position) (pipeline.py).
 
   state = train_iter.get_state()   # {'num_records', 'num_skipped', 'seed', 'process_count'}: ints
   # Save it with the checkpoint; state=... continues the exact example order (same seed and
@@ -70,19 +58,9 @@ Usage (what the trainer calls):
     ...  # every example exactly once over all hosts; the last batches are padded with mask 0;
          # labels are never mixed up.
 
-`process_index` / `process_count` can be passed to both iterators to simulate hosts in one process
-(defaults: jax.process_index() / jax.process_count()).
-
-Bad data (vit_jax.input_pipeline.bad_data): an undecodable image, an image whose header declares
-more than `max_image_pixels`, and each record a damaged TFRecord file lost become mask-0 examples,
-counted and named in the log; past `max_skipped_fraction` of a host's reads the iterator raises
-TooManySkippedError; an evaluation pass that skipped one raises IncompleteEvaluationError; a file
-that cannot be read raises DataReadError after the retries; shards that disagree with their
-dataset_info.json raise DataMismatchError. A label outside [0, num_classes) raises ValueError
-naming the file and record (for segmentation also a mask of another size than its image, or no
-palette or grey PNG); an empty glob, a missing split or an unprepared tfds dataset raises
-MissingDataError (a ValueError) naming the pattern or the data_dir; `check_readable` asks that of
-a split without reading it. Each is one line.
+Bad data (a mask-0 example, counted) and the one-line errors of data that cannot be used
+(TooManySkippedError, IncompleteEvaluationError, DataReadError, DataMismatchError,
+MissingDataError; `check_readable` asks for a split without reading it): bad_data.py.
 """
 
 import importlib
@@ -101,12 +79,12 @@ _LAZY = {
   "TrainIterator": "pipeline",
   "DataMismatchError": "bad_data",
   "DataReadError": "bad_data",
-  "DatasetInfo": "source",
+  "DatasetInfo": "sources.base",
   "IncompleteEvaluationError": "bad_data",
-  "MissingDataError": "source",
+  "MissingDataError": "sources.base",
   "TooManySkippedError": "bad_data",
-  "check_readable": "sources",
-  "get_dataset_info": "sources",
+  "check_readable": "sources.registry",
+  "get_dataset_info": "sources.registry",
 }
 
 

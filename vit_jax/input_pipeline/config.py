@@ -9,7 +9,7 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
 
   Fields:
     source: 'tfrecord' | 'tfds' | 'folder' | 'builtin', or for per-pixel labels 'seg_builtin' |
-      'seg_folder' | 'seg_shards' (the table of sources: vit_jax.input_pipeline.sources).
+      'seg_folder' | 'seg_shards' (the table of sources: vit_jax.input_pipeline.sources.registry).
     name: tfds name ('cifar10', 'oxford_iiit_pet', ...), builtin name ('fashion_mnist',
       'animal_mnist', 'mnist_5k', 'digits'), or the shards' prefix for `file_pattern`.
     data_dir: tfds data_dir; the directory of the shards (local or gs://) for 'tfrecord' and
@@ -22,7 +22,7 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
     file_pattern: 'tfrecord' only: glob of a split's shards under data_dir, with {name} and {split}.
     image_key, label_key: tf.train.Example / tfds feature keys; None = 'image/encoded' and
       'image/class/label' for 'tfrecord', 'image' and 'label' for 'tfds'.
-    vtab_task: 'tfds' only: None, or a VTAB-1k task of `vit_jax.input_pipeline.vtab` (e.g.
+    vtab_task: 'tfds' only: None, or a VTAB-1k task of `vit_jax.input_pipeline.sources.vtab` (e.g.
       'clevr_count'): its label transform and class count replace `label_key`'s, and the
       prepared data's split sizes are checked against the task's (name is the task's builder).
     multi_label: labels are lists → multi-hot float targets [K] (sigmoid cross-entropy).
@@ -31,7 +31,7 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
       ('tfrecord', 'seg_shards', 'tfds'); the sources addressed by index are fully permuted
       every epoch.
     image_size: output resolution, and the default size of every sizing op in the pp specs.
-    pp_train, pp_eval: preprocessing specs, see `vit_jax.input_pipeline.preprocess`.
+    pp_train, pp_eval: preprocessing specs, see `vit_jax.input_pipeline.ops.preprocess`.
     mixup_alpha: > 0 enables mixup (Beta(alpha, alpha)) of the global training batch, done by the
       trainer on device (vit_jax.train.mixup); the pipeline's labels stay as they are.
     cutmix_alpha: > 0 enables CutMix (Yun et al. 2019; Beta(alpha, alpha), one box per step),

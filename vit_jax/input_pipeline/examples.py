@@ -13,10 +13,11 @@ record's randomness is a function of (seed, position). A task's examples (`for_s
     only when a record fails;
   * `pad()`: an evaluation's padding (mask 0, status PAD), an unchecked example like the others.
 
-  classification  `pp_train` / `pp_eval` (preprocess.py, TensorFlow ops; stateless seed
+  classification  `pp_train` / `pp_eval` (ops/preprocess.py, TensorFlow ops; stateless seed
                   [seed·1,000,003 + 1,000, position], [0, position] in evaluation); label int32
                   [], or float32 multi-hot [K] with `multi_label`;
-  segmentation    decoding, checks and augmentation in numpy and PIL (segmentation.py, run with
+  segmentation    decoding, checks (sources/segmentation.py) and augmentation (ops/
+                  segmentation.py) in numpy and PIL, run with
                   tf.numpy_function; numpy's `default_rng([seed, 1, position])`, seed 0 in
                   evaluation); label int32 [S, S], IGNORE_LABEL where a pixel does not count.
 
@@ -29,7 +30,10 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from vit_jax.input_pipeline import bad_data, image_header, preprocess, segmentation, source
+from vit_jax.input_pipeline import bad_data
+from vit_jax.input_pipeline.ops import image_header, preprocess
+from vit_jax.input_pipeline.ops import segmentation as segmentation_ops
+from vit_jax.input_pipeline.sources import base, segmentation
 
 # Per-example fields of the pipeline's batches that stay on the host (bad_data.SkipCounter).
 HOST_FIELDS = ("status", "where", "pixels")
@@ -40,7 +44,7 @@ HOST_FIELDS = ("status", "where", "pixels")
 graph_fn = tf.autograph.experimental.do_not_convert
 
 
-def record_fn(examples, src: source.Source):
+def record_fn(examples, src: base.Source):
   """fn(raw, position) → the example, with `where`.
 
   For a source whose records may fail to parse or decode the fn returns a one-element dataset
@@ -67,16 +71,30 @@ def record_fn(examples, src: source.Source):
   return sandboxed
 
 
-def _declared_pixels(max_pixels: int, *encoded: tf.Tensor) -> tf.Tensor | None:
-  """The most pixels one of `encoded` declares (int64 scalar), read without decoding them; None
-  when there is no bound or nothing encoded."""
-  if max_pixels <= 0 or any(e.dtype != tf.string for e in encoded):
-    return None
-  return tf.reduce_max(tf.stack([image_header.declared_pixels(e) for e in encoded]))
+def _fields(image, label, status, pixels, **task_fields) -> dict:
+  """An example: mask 1 where the status is OK, else 0 (the fallbacks, padding, too large)."""
+  mask = tf.where(status == bad_data.OK, 1.0, 0.0)
+  return dict(image=image, label=label, mask=mask, status=status, pixels=pixels, **task_fields)
 
 
 class _Task:
-  """What both kinds of example share: the checked batch's fields, and padding."""
+  """What both kinds of example share: the bound on pixels, the checked batch's fields, and
+  padding."""
+
+  def __init__(self, config, src: base.Source, num_classes: int):
+    self.source, self.num_classes = src, num_classes
+    self.size = int(config.image_size)
+    self.max_pixels = int(config.max_image_pixels or 0)
+
+  def _unless_too_large(self, decode: Callable, blank: Callable, *encoded: tf.Tensor):
+    """(decode(), status OK, pixels 0), or where one of `encoded` declares more pixels than
+    max_image_pixels (read without decoding it), (blank(), status TOO_LARGE, those pixels)."""
+    if self.max_pixels <= 0 or any(e.dtype != tf.string for e in encoded):
+      return decode(), tf.constant(bad_data.OK), tf.constant(0, tf.int64)
+    pixels = tf.reduce_max(tf.stack([image_header.declared_pixels(e) for e in encoded]))
+    too_large = pixels > self.max_pixels
+    status = tf.where(too_large, bad_data.TOO_LARGE, bad_data.OK)
+    return tf.cond(too_large, blank, decode), status, pixels
 
   def fallback(self, status) -> dict:
     raise NotImplementedError
@@ -106,12 +124,10 @@ class _Task:
 class Classification(_Task):
   """Images with an int64 label (or several: multi_label), preprocessed by a pp spec."""
 
-  def __init__(self, config, src: source.Source, num_classes: int, pp_spec: str, seed):
-    self.source, self.num_classes = src, num_classes
-    self.size = int(config.image_size)
+  def __init__(self, config, src: base.Source, num_classes: int, pp_spec: str, seed):
+    super().__init__(config, src, num_classes)
     self.pp_fn = preprocess.get_preprocess_fn(pp_spec, self.size)
     self.multi = bool(config.multi_label)
-    self.max_pixels = int(config.max_image_pixels or 0)
     self.rng_base = 0 if seed is None else int(seed) * 1_000_003 + 1_000
 
   def _label_blank(self):
@@ -119,19 +135,12 @@ class Classification(_Task):
 
   def process(self, raw, position):
     rng = tf.stack([tf.constant(self.rng_base, tf.int64), tf.cast(position, tf.int64)])
-    image, labels = self.source.parse(raw)
-    pixels = _declared_pixels(self.max_pixels, image)
-    if pixels is None:
-      image, status, pixels = (
-        self.pp_fn(image, rng),
-        tf.constant(bad_data.OK),
-        tf.constant(0, tf.int64),
-      )
-    else:
-      too_large = pixels > self.max_pixels
-      blank = tf.zeros([self.size, self.size, 3], tf.float32)
-      image = tf.cond(too_large, lambda: blank, lambda: self.pp_fn(image, rng))
-      status = tf.where(too_large, bad_data.TOO_LARGE, bad_data.OK)
+    encoded, labels = self.source.parse(raw)
+    image, status, pixels = self._unless_too_large(
+      lambda: self.pp_fn(encoded, rng),
+      lambda: tf.zeros([self.size, self.size, 3], tf.float32),
+      encoded,
+    )
     labels = tf.reshape(labels, [-1])
     num_classes = self.num_classes
     in_range = (labels >= 0) & (labels < num_classes)
@@ -143,28 +152,21 @@ class Classification(_Task):
       label = tf.cast(tf.pad(labels, [[0, 1]])[0], tf.int32)
       count_ok = tf.equal(tf.size(labels), 1)
     error = tf.where(tf.reduce_all(in_range), tf.where(count_ok, 0, 2), 1)
-    return {
-      "image": image,
-      "label": label,
-      "mask": tf.where(status == bad_data.OK, 1.0, 0.0),
-      "error": error,
-      "bad_label": bad_label,
-      "num_labels": tf.size(labels),
-      "status": status,
-      "pixels": pixels,
-    }
+    return _fields(
+      image, label, status, pixels, error=error, bad_label=bad_label, num_labels=tf.size(labels)
+    )
 
   def fallback(self, status):
-    return {
-      "image": tf.zeros([self.size, self.size, 3], tf.float32),
-      "label": self._label_blank(),
-      "mask": tf.constant(0.0),
-      "error": tf.constant(0),
-      "bad_label": tf.constant(-1, tf.int64),
-      "num_labels": tf.constant(0),
-      "status": status,
-      "pixels": tf.constant(0, tf.int64),
-    }
+    blank = tf.zeros([self.size, self.size, 3], tf.float32)
+    return _fields(
+      blank,
+      self._label_blank(),
+      status,
+      tf.constant(0, tf.int64),
+      error=tf.constant(0),
+      bad_label=tf.constant(-1, tf.int64),
+      num_labels=tf.constant(0),
+    )
 
   def check(self, batch):
     def message(row):
@@ -191,28 +193,31 @@ class Classification(_Task):
 
 
 class Segmentation(_Task):
-  """Images with a label per pixel: decoded, checked and augmented in numpy (segmentation.py)."""
+  """Images with a label per pixel: decoded, checked and augmented in numpy."""
 
-  def __init__(self, config, src: source.Source, num_classes: int, pp_spec: str, seed):
-    self.source, self.num_classes = src, num_classes
-    self.size = int(config.image_size)
-    self.ops = segmentation.parse_ops(pp_spec)
-    self.max_pixels = int(config.max_image_pixels or 0)
+  def __init__(self, config, src: base.Source, num_classes: int, pp_spec: str, seed):
+    super().__init__(config, src, num_classes)
+    self.ops = segmentation_ops.build(pp_spec)
     self.seed = 0 if seed is None else int(seed)
 
   def _example(self, image, mask, where, position):
-    rng = np.random.default_rng([self.seed, 1, int(position)])
-    image, label, problem = segmentation.example(
-      image,
-      mask,
-      where.decode(errors="replace"),
-      num_classes=self.num_classes,
-      channels=self.source.channels,
-      ops=self.ops,
-      size=self.size,
-      rng=rng,
+    """One record, encoded bytes or uint8 arrays [h, w, c] and [h, w] (bytes that do not decode
+    raise) → (image float32 [S, S, 3], labels int32 [S, S], mask_problem's line: b'' for a good
+    record, else the arrays are blank)."""
+    mode = ""
+    if isinstance(image, bytes):
+      image = segmentation.decode_image(image, self.source.channels)
+    if isinstance(mask, bytes):
+      mask, mode = segmentation.decode_mask(mask)
+    problem = segmentation.mask_problem(
+      mask, mode, image, self.num_classes, where.decode(errors="replace")
     )
-    return image, label, problem.encode()
+    if problem:
+      size = (self.size, self.size)
+      blank = np.full(size, segmentation.IGNORE_LABEL, np.int32)
+      return np.zeros((*size, 3), np.float32), blank, problem.encode()
+    rng = np.random.default_rng([self.seed, 1, int(position)])
+    return (*segmentation_ops.augment(image, mask, self.ops, self.size, rng), b"")
 
   def _blank(self):
     return (
@@ -222,7 +227,6 @@ class Segmentation(_Task):
 
   def process(self, raw, position):
     image, mask, where = self.source.parse(raw)
-    pixels = _declared_pixels(self.max_pixels, image, mask)
 
     def decoded():
       out = tf.numpy_function(
@@ -238,32 +242,13 @@ class Segmentation(_Task):
         tf.ensure_shape(out[2], []),
       )
 
-    if pixels is None:
-      (image, label, problem), status = decoded(), tf.constant(bad_data.OK)
-      pixels = tf.constant(0, tf.int64)
-    else:
-      too_large = pixels > self.max_pixels
-      image, label, problem = tf.cond(too_large, lambda: (*self._blank(), tf.constant("")), decoded)
-      status = tf.where(too_large, bad_data.TOO_LARGE, bad_data.OK)
-    return {
-      "image": image,
-      "label": label,
-      "mask": tf.where(status == bad_data.OK, 1.0, 0.0),
-      "problem": problem,
-      "status": status,
-      "pixels": pixels,
-    }
+    (image, label, problem), status, pixels = self._unless_too_large(
+      decoded, lambda: (*self._blank(), tf.constant("")), image, mask
+    )
+    return _fields(image, label, status, pixels, problem=problem)
 
   def fallback(self, status):
-    image, label = self._blank()
-    return {
-      "image": image,
-      "label": label,
-      "mask": tf.constant(0.0),
-      "problem": tf.constant(""),
-      "status": status,
-      "pixels": tf.constant(0, tf.int64),
-    }
+    return _fields(*self._blank(), status, tf.constant(0, tf.int64), problem=tf.constant(""))
 
   def check(self, batch):
     def message(row):
@@ -272,9 +257,9 @@ class Segmentation(_Task):
     return self._passed(batch, tf.equal(batch["problem"], ""), message)
 
 
-TASKS = {source.CLASSIFICATION: Classification, source.SEGMENTATION: Segmentation}
+TASKS = {base.CLASSIFICATION: Classification, base.SEGMENTATION: Segmentation}
 
 
-def for_source(config, src: source.Source, num_classes: int, pp_spec: str, seed: int | None):
+def for_source(config, src: base.Source, num_classes: int, pp_spec: str, seed: int | None):
   """The examples of `src`'s task; `seed` None for an evaluation."""
   return TASKS[src.task](config, src, num_classes, pp_spec, seed)

@@ -1,8 +1,8 @@
 """Per-host batches → global jax.Arrays: the train and eval iterators of every source.
 
-Every source of the one table (sources.py), classification and segmentation alike, is read by
-these iterators: the source gives raw records (source.py), its task turns each into an example
-(examples.py), and everything else — hosts, positions, resume, bad data, prefetching, the global
+Every source of the one table (sources/registry.py), classification and segmentation alike, is
+read by these iterators: the source gives raw records (sources/base.py), its task turns each into
+an example (examples.py), and everything else — hosts, positions, resume, bad data, prefetching, the global
 batch on the mesh — is the same code.
 
 The run's stream: every record becomes exactly one example (a record that cannot be parsed,
@@ -42,8 +42,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from vit_jax.input_pipeline import bad_data, examples, layout, sources
-from vit_jax.input_pipeline import source as source_lib
+from vit_jax.input_pipeline import bad_data, examples, layout
+from vit_jax.input_pipeline.sources import base as source_lib
+from vit_jax.input_pipeline.sources import registry as sources
 
 graph_fn = examples.graph_fn
 

@@ -45,3 +45,12 @@ def slice_rows(split: str, n: int, what: str) -> np.ndarray | None:
   if start >= stop:
     raise ValueError(f"{what}: slice {split!r} of {n} examples is empty")
   return np.sort(np.random.default_rng(0).permutation(n)[start:stop])
+
+
+def take(split: str, what: str, *columns):
+  """The rows of `columns` (lists or arrays of one length) in the slice of `split`, all of them
+  for a plain split; `what` names the data in an error."""
+  rows = slice_rows(split, len(columns[0]), what)
+  if rows is None:
+    return columns
+  return tuple(c[rows] if isinstance(c, np.ndarray) else [c[i] for i in rows] for c in columns)

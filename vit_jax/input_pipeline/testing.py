@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from vit_jax.input_pipeline import shards
+from vit_jax.input_pipeline.sources import shards
 
 # A serialized tf.train.Example of one image and its label(s), as the shards hold them.
 example = shards.serialize_example

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vit_jax.input_pipeline import builtin, segmentation_synthetic
+from vit_jax.input_pipeline.sources import builtin, segmentation_synthetic
 from vit_jax.runtime import cli
 
 # The bundled datasets (make_shards reads them too).

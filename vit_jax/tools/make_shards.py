@@ -41,7 +41,13 @@ import numpy as np
 import tensorflow as tf
 from absl import app, logging
 
-from vit_jax.input_pipeline import builtin, indexed, segmentation, segmentation_synthetic, shards
+from vit_jax.input_pipeline.sources import (
+  builtin,
+  indexed,
+  segmentation,
+  segmentation_synthetic,
+  shards,
+)
 from vit_jax.runtime import cli, gcs
 from vit_jax.tools import make_folder
 

@@ -76,7 +76,7 @@ def finetune_module():
 
 def suite_datasets(suite: str) -> list[str]:
   """The finetune datasets of a suite name or comma list; unknown names raise ValueError."""
-  from vit_jax.input_pipeline import vtab
+  from vit_jax.input_pipeline.sources import vtab
 
   vtab_names = [f"vtab/{name}" for name in vtab.TASKS]
   suites = dict(
@@ -205,7 +205,7 @@ def run_suite(
   """
   import jax
 
-  from vit_jax.input_pipeline import vtab
+  from vit_jax.input_pipeline.sources import vtab
 
   names = suite_datasets(suite)
   options = dict(

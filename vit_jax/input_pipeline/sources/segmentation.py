@@ -1,40 +1,20 @@
-"""Segmentation data: images with a label per pixel — the format, its checks and augmentation.
+"""Segmentation data: images with a label per pixel — decoding, checks, folders and shards.
 
-Three sources read it (vit_jax.input_pipeline.segmentation_sources; `dataset.source`):
+The format the segmentation sources read (`seg_builtin`, `seg_folder`, `seg_shards`; the layouts:
+docs/segmentation.md): a folder's `<split>/images/<name>.{png,jpg,jpeg}` with
+`<split>/masks/<name>.png` (a palette PNG's indices or a grey PNG's values are the labels;
+IGNORE_LABEL = 255 does not count; class names from `classes.txt`), and the tf.train.Example keys
+of shards that `python -m vit_jax.tools.make_shards --task=segmentation` writes. A mask that is
+no palette or grey PNG, of another size than its image, or with a label outside [0, num_classes)
+other than IGNORE_LABEL is a data error that ends the run in one line naming it (`mask_problem`);
+bytes that do not decode raise (the pipeline skips the record). The augmentation is
+ops/segmentation.py's.
 
-  seg_builtin  an offline synthetic task made from the bundled real images (`dataset.name`:
-               segmentation_synthetic.SYNTHETIC), in memory;
-  seg_folder   a user's data: `data_dir/<split>/images/<name>.{png,jpg,jpeg}` and
-               `data_dir/<split>/masks/<name>.png`, the mask's pixel values the labels (a
-               palette PNG's indices, or a grey PNG's values; IGNORE_LABEL = 255 is ignored);
-               class names from `data_dir/classes.txt` (one per line, background first) or
-               `dataset.num_classes`;
-  seg_shards   TFRecord shards in `data_dir` (local or gs://) written by `python -m
-               vit_jax.tools.make_shards --task=segmentation` from a folder or a synthetic task:
-               per tf.train.Example the encoded image, its mask as a grey PNG of class indices,
-               their size, the name and the position in the written split (IMAGE_KEY, ...);
-               classes, split sizes and the ignore label from `data_dir/dataset_info.json`
-               (`task: segmentation`).
-
-A record becomes an example here (`example`, run per record inside tf.data by
-vit_jax.input_pipeline.examples): the image and mask decoded with PIL (the image as RGB, or grey
-for grey shards), checked, then augmented. Bytes that do not decode raise, and the pipeline skips
-the record (a mask-0 example, counted); a mask that is no palette or grey PNG, a mask of another
-size than its image, and a label outside [0, num_classes) other than IGNORE_LABEL are data errors
-that end the run in one line naming the mask (`mask_problem`).
-
-Augmentation (`pp_train`, `pp_eval`: ops joined by '|') moves image and mask together:
-`random_crop(min_area)` (a window of min_area..1 of the area, aspect 3/4..4/3), `flip_lr` (half
-the time) and the final resize to `image_size` (bilinear for the image, nearest neighbour for
-the mask). Images come out float32 [-1, 1] with 3 channels, labels int32 [H, W].
-
-numpy and PIL, no TensorFlow (but for `serialize_example`, which imports it): image and mask
-ops are simplest to keep aligned on arrays, and predict preprocesses with PIL too.
+numpy and PIL, no TensorFlow (but for `serialize_example`, which imports it).
 """
 
 import io
 import os
-import re
 
 import numpy as np
 from PIL import Image
@@ -44,16 +24,6 @@ from vit_jax.input_pipeline import bad_data
 IGNORE_LABEL = 255
 TASK = "segmentation"  # dataset_info.json's `task` for these shards (classification: none)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
-
-
-def resize(array: np.ndarray, hw: tuple[int, int], nearest: bool) -> np.ndarray:
-  """uint8 [h, w] or [h, w, c] → [hw[0], hw[1], ...] with PIL (bilinear or nearest)."""
-  if array.shape[:2] == tuple(hw):
-    return array
-  squeeze = array.ndim == 3 and array.shape[2] == 1
-  image = Image.fromarray(array[..., 0] if squeeze else array)
-  out = np.asarray(image.resize((hw[1], hw[0]), Image.NEAREST if nearest else Image.BILINEAR))
-  return out[..., None] if squeeze else out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,39 +70,6 @@ def mask_problem(
       f"label {IGNORE_LABEL})"
     )
   return ""
-
-
-def example(
-  image: bytes | np.ndarray,
-  mask: bytes | np.ndarray,
-  where: str,
-  *,
-  num_classes: int,
-  channels: int,
-  ops: list[tuple[str, tuple[float, ...]]],
-  size: int,
-  rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, str]:
-  """One record → (image float32 [size, size, 3], labels int32 [size, size], problem).
-
-  `image` and `mask` are encoded bytes (decoded here; bytes that do not decode raise) or uint8
-  arrays [h, w, c] and [h, w]; `problem` is `mask_problem`'s line ('' for a good record, else
-  the arrays are blank).
-  """
-  mode = ""
-  if isinstance(image, bytes):
-    image = decode_image(image, channels)
-  if isinstance(mask, bytes):
-    mask, mode = decode_mask(mask)
-  problem = mask_problem(mask, mode, image, num_classes, where)
-  if problem:
-    return (
-      np.zeros((size, size, 3), np.float32),
-      np.full((size, size), IGNORE_LABEL, np.int32),
-      problem,
-    )
-  image, labels = augment(image, mask, ops, size, rng)
-  return image, labels, ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +146,7 @@ def read_folder_example(
 
 
 # ---------------------------------------------------------------------------------------------
-# Shards: vit_jax.tools.make_shards --task=segmentation writes them, segmentation_sources reads.
+# Shards: vit_jax.tools.make_shards --task=segmentation writes them, shards.ShardsSource reads.
 
 # Feature keys of a segmentation tf.train.Example (DeepLab's names, where it has them): the
 # encoded image, its mask as a grey PNG of class indices, their size, the name (file name or
@@ -250,51 +187,3 @@ def serialize_example(
     INDEX_KEY: feature(index),
   }
   return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
-
-
-# ---------------------------------------------------------------------------------------------
-# Augmentation.
-
-_OP_RE = re.compile(r"^(\w+)(?:\(([^)]*)\))?$")
-OPS = ("random_crop", "flip_lr", "resize")
-
-
-def parse_ops(spec: str) -> list[tuple[str, tuple[float, ...]]]:
-  """'random_crop(0.5)|flip_lr' → [('random_crop', (0.5,)), ('flip_lr', ())]."""
-  ops = []
-  for part in filter(None, (p.strip() for p in (spec or "").split("|"))):
-    match = _OP_RE.match(part)
-    if not match or match.group(1) not in OPS:
-      raise ValueError(f"segmentation preprocessing op {part!r}; known ops: {', '.join(OPS)}")
-    args = tuple(float(a) for a in match.group(2).split(",")) if match.group(2) else ()
-    ops.append((match.group(1), args))
-  return ops
-
-
-def augment(
-  image: np.ndarray,
-  mask: np.ndarray,
-  ops: list[tuple[str, tuple[float, ...]]],
-  size: int,
-  rng: np.random.Generator | None,
-) -> tuple[np.ndarray, np.ndarray]:
-  """Applies `ops` to image uint8 [h, w, c] and mask uint8 [h, w] alike, then resizes both to
-  size×size; returns image float32 [size, size, 3] in [-1, 1] and labels int32 [size, size]."""
-  for name, args in ops:
-    if name == "random_crop":
-      h, w = mask.shape
-      area = h * w * rng.uniform(args[0] if args else 0.5, 1.0)
-      aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
-      ch = int(min(h, max(1, round(np.sqrt(area / aspect)))))
-      cw = int(min(w, max(1, round(np.sqrt(area * aspect)))))
-      y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
-      image, mask = image[y : y + ch, x : x + cw], mask[y : y + ch, x : x + cw]
-    elif name == "flip_lr" and rng.random() < 0.5:
-      image, mask = image[:, ::-1], mask[:, ::-1]
-  image = resize(np.ascontiguousarray(image), (size, size), nearest=False)
-  mask = resize(np.ascontiguousarray(mask), (size, size), nearest=True)
-  if image.ndim == 2:
-    image = image[..., None]
-  if image.shape[2] == 1:
-    image = np.repeat(image, 3, axis=2)
-  return (image.astype(np.float32) / 127.5 - 1.0), mask.astype(np.int32)

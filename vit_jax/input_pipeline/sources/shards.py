@@ -1,12 +1,12 @@
-"""TFRecord shards of tf.train.Example (the JFT / ImageNet-21k layout): the `tfrecord` source.
+"""TFRecord shards of tf.train.Example (the JFT / ImageNet-21k layout): the `tfrecord` base.
 
-The shards are streamed record by record (vit_jax.input_pipeline.tfrecord_files): by file per
+The shards are streamed record by record (tfrecord_files.py): by file per
 host when there are enough files, a shuffled file order and a shuffle buffer of
 `dataset.shuffle_buffer` raw records per epoch, so a host holds that buffer, never its split.
 `dataset_info.json` beside the shards (vit_jax.tools.make_shards) gives the classes, the split
 sizes and each file's record count; the files a split's pattern finds are checked against it.
-The segmentation shards' source (vit_jax.input_pipeline.segmentation_sources) reads its files
-the same way.
+A slice of segmentation shards (`train[:1000]`, vit_jax.input_pipeline.splits) is read by every
+host, its records found by their written position, the examples kept split over the hosts.
 """
 
 import concurrent.futures
@@ -19,8 +19,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from vit_jax.input_pipeline import source, tfrecord_files
+from vit_jax.input_pipeline import splits
 from vit_jax.input_pipeline.bad_data import DataMismatchError
+from vit_jax.input_pipeline.sources import base, segmentation, tfrecord_files
 
 INFO_FILENAME = "dataset_info.json"
 # The feature keys of the shards tools/make_shards writes (the ImageNet-style names).
@@ -64,7 +65,7 @@ def tfrecord_pattern(config, split: str) -> str:
   if "/" in split or any(c in split for c in "*?["):
     return split
   if not config.data_dir:
-    raise source.MissingDataError(f"dataset.data_dir must be set to find TFRecord split {split!r}.")
+    raise base.MissingDataError(f"dataset.data_dir must be set to find TFRecord split {split!r}.")
   return os.path.join(config.data_dir, config.file_pattern.format(name=config.name, split=split))
 
 
@@ -85,7 +86,7 @@ def check_listed(files: list[str], listed: dict[str, int], pattern: str, split: 
     )
 
 
-class TFRecordSource(source.Source):
+class TFRecordSource(base.Source):
   """TFRecord shards of tf.train.Example: encoded image bytes and one or more int64 labels."""
 
   def __init__(self, config, split, process_index, process_count):
@@ -103,25 +104,23 @@ class TFRecordSource(source.Source):
     self.pattern = pattern
     self.files = sorted(tf.io.gfile.glob(pattern))
     if not self.files:
-      raise source.MissingDataError(f"No TFRecord files match {pattern!r} (split {self.split!r}).")
-    self.by_file = by_file and source.uses_files_by_host(len(self.files), self.process_count)
+      raise base.MissingDataError(f"No TFRecord files match {pattern!r} (split {self.split!r}).")
+    self.by_file = by_file and base.uses_files_by_host(len(self.files), self.process_count)
     self._known_lengths = listed
     if listed:
       check_listed(self.files, listed, pattern, self.split)
 
   @classmethod
-  def info(cls, config) -> source.DatasetInfo:
+  def info(cls, config) -> base.DatasetInfo:
     info = read_info_json(config.data_dir) or {}
-    if info.get("task", source.CLASSIFICATION) != source.CLASSIFICATION:
+    if info.get("task", base.CLASSIFICATION) != base.CLASSIFICATION:
       raise ValueError(
         f"{config.data_dir}/{INFO_FILENAME}: {info['task']} shards; dataset.source='seg_shards' "
         "reads them"
       )
-    splits = dict.fromkeys([config.train_split, config.eval_split])
-    num_examples = {s: info.get("splits", {}).get(s, {}).get("num_examples") for s in splits}
-    return source.dataset_info(
-      config, info.get("num_classes"), info.get("class_names"), num_examples
-    )
+    wanted = dict.fromkeys([config.train_split, config.eval_split])
+    num_examples = {s: info.get("splits", {}).get(s, {}).get("num_examples") for s in wanted}
+    return base.dataset_info(config, info.get("num_classes"), info.get("class_names"), num_examples)
 
   @property
   def lengths_known(self) -> bool:
@@ -160,7 +159,7 @@ class TFRecordSource(source.Source):
     if shuffle:
       # Same order on every host, so that splitting by example stays disjoint.
       order = tf.random.experimental.stateless_shuffle(
-        tf.range(len(host_files), dtype=tf.int64), seed=source.stateless_seed(seed, epoch, 1)
+        tf.range(len(host_files), dtype=tf.int64), seed=base.stateless_seed(seed, epoch, 1)
       )
       files, expected = tf.gather(files, order), tf.gather(expected, order)
     return tf.data.Dataset.from_tensor_slices((files, expected)).interleave(
@@ -181,7 +180,7 @@ class TFRecordSource(source.Source):
       ds = ds.shard(self.process_count, self.process_index)
     if shuffle:
       ds = ds.shuffle(
-        self.config.shuffle_buffer, seed=source.shuffle_seed(seed, epoch, self.process_index)
+        self.config.shuffle_buffer, seed=base.shuffle_seed(seed, epoch, self.process_index)
       )
     return ds
 
@@ -201,3 +200,104 @@ class TFRecordSource(source.Source):
 
   def where(self, raw):
     return tf.strings.join([raw["file"], " record ", tf.strings.as_string(raw["index"])])
+
+
+def shards_info(data_dir: str) -> dict:
+  """dataset_info.json of segmentation shards; one line if it is missing or of another task."""
+  info = read_info_json(data_dir)
+  if info is None:
+    raise FileNotFoundError(
+      f"segmentation shards {data_dir}: no {INFO_FILENAME} (write the shards with "
+      "python -m vit_jax.tools.make_shards --task=segmentation)"
+    )
+  if info.get("task") != segmentation.TASK:
+    raise ValueError(
+      f"{os.path.join(data_dir, INFO_FILENAME)}: shards of a "
+      f"{info.get('task', 'classification')} task, not segmentation (source 'tfrecord' reads "
+      "classification shards)"
+    )
+  return info
+
+
+class ShardsSource(TFRecordSource):
+  """`seg_shards`: TFRecord shards of (image, mask) examples, streamed record by record."""
+
+  def __init__(self, config, split, process_index, process_count):
+    base.Source.__init__(self, config, split, process_index, process_count)
+    data_dir = base.data_dir(config)
+    info = shards_info(data_dir)
+    base_split = splits.base_split(split)
+    entry = info["splits"].get(base_split)
+    if entry is None:
+      raise FileNotFoundError(
+        f"segmentation shards {data_dir}: no split {base_split!r}; splits: {sorted(info['splits'])}"
+      )
+    self.channels = int(info["image_channels"])
+    num = int(entry["num_examples"])
+    rows = splits.slice_rows(split, num, f"segmentation split {base_split!r}")
+    # A slice: every host reads every file and keeps the records at the slice's positions.
+    self._open(os.path.join(data_dir, entry["file_pattern"]), entry["shards"], rows is None)
+    self.slice_size = None if rows is None else len(rows)
+    if rows is not None:
+      in_slice = np.zeros(num, bool)
+      in_slice[rows] = True
+      self._in_slice = tf.constant(in_slice)
+
+  @classmethod
+  def info(cls, config) -> base.DatasetInfo:
+    names = shards_info(base.data_dir(config))["class_names"]
+    return base.dataset_info(config, None, names, base.split_sizes(cls, config))
+
+  def host_length(self, host):
+    if self.slice_size is None:
+      return super().host_length(host)
+    return len(range(host, self.slice_size, self.process_count))
+
+  def select(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+    """The records of the slice, in the order read; a placeholder (lost) for each of its records
+    that was not found (lost with a damaged shard, or a record whose position does not parse)."""
+    if self.slice_size is None:
+      return ds
+    n = int(self._in_slice.shape[0])
+
+    @tf.autograph.experimental.do_not_convert
+    def position(raw):
+      features = {segmentation.INDEX_KEY: tf.io.FixedLenFeature([], tf.int64)}
+      return raw, tf.io.parse_single_example(raw["record"], features)[segmentation.INDEX_KEY]
+
+    @tf.autograph.experimental.do_not_convert
+    def positioned(raw):  # a nested dataset: a record that does not parse is dropped, alone
+      return tf.data.Dataset.from_tensors(raw).map(position).ignore_errors()
+
+    @tf.autograph.experimental.do_not_convert
+    def kept(raw, i):
+      return (
+        raw["ok"] & (i >= 0) & (i < n) & tf.gather(self._in_slice, tf.clip_by_value(i, 0, n - 1))
+      )
+
+    found = ds.interleave(positioned, cycle_length=1).filter(kept)
+    placeholder = {
+      "record": tf.constant(b""),
+      "file": tf.constant(self.pattern),
+      "index": tf.constant(-1, tf.int64),
+      "ok": tf.constant(False),
+    }
+    found = found.map(tf.autograph.experimental.do_not_convert(lambda raw, i: raw))
+    missing = tf.data.Dataset.from_tensors(placeholder).repeat(self.slice_size)
+    return found.concatenate(missing).take(self.slice_size)
+
+  def parse(self, raw):
+    tf.debugging.assert_equal(raw["ok"], True, message="a record its damaged file lost")
+    keys = (segmentation.IMAGE_KEY, segmentation.MASK_KEY, segmentation.NAME_KEY)
+    f = tf.io.parse_single_example(
+      raw["record"], {k: tf.io.FixedLenFeature([], tf.string) for k in keys}
+    )
+    where = tf.strings.join([self.where(raw), " (", f[segmentation.NAME_KEY], ")"])
+    return f[segmentation.IMAGE_KEY], f[segmentation.MASK_KEY], where
+
+  def where(self, raw):
+    return tf.where(
+      raw["index"] < 0,
+      f"a record of split {self.split!r} lost with its damaged shard ({self.pattern})",
+      super().where(raw),
+    )

@@ -1,17 +1,44 @@
-"""Parses preprocessing specs: `'decode|resize(224)|value_range(-1, 1)'` into (op, args, kwargs).
+"""The one registry of preprocessing ops and the one parser of their strings.
 
-The grammar is small: ops separated by `|`, each a name with an optional argument list of
-literals (ints, floats, quoted strings, True/False/None, and parenthesised tuples of them),
-positional first, then `key=value`. Parsed by hand, not with `ast`: specs are parsed while input
-pipelines run, and `ast.parse` is unsafe beside other parsing threads (pipeline.py's `graph_fn`
-says why). Shared by the TensorFlow pipeline (preprocess.py) and vit_jax.inference's PIL version;
-imports neither TensorFlow nor numpy.
+A spec is ops joined by `|`: `'decode|resize(224)|value_range(-1, 1)'`. An op is registered by
+name for the kind of data it runs on:
+
+  tf            the tf.data pipeline's ops on one image (ops/preprocess.py)
+  pil           predict's deterministic evaluation ops on a PIL image (ops/pil.py)
+  segmentation  an image and its mask together, in numpy (ops/segmentation.py)
+
+`build(spec, kind)` parses a spec and binds each op's arguments to its function; an op the kind
+does not have, or arguments its function does not take, raise one line naming the op. The grammar:
+each op a name with an optional argument list of literals (ints, floats, quoted strings,
+True/False/None, parenthesised tuples of them), positional first, then `key=value`. Parsed by
+hand, not with `ast`: specs are parsed while input pipelines run, and `ast.parse` is unsafe beside
+other parsing threads (examples.py's `graph_fn` says why). Imports neither TensorFlow nor numpy.
 """
 
+import inspect
 import re
+from collections.abc import Callable
 from typing import Any
 
 Op = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+# kind → op name → function; the function's leading parameters are what the kind passes per call
+# (LEADING), the spec's arguments follow.
+_OPS: dict[str, dict[str, Callable]] = {"tf": {}, "pil": {}, "segmentation": {}}
+# tf: (image, rng, image_size); pil: (image, image_size); segmentation: (image, mask, rng).
+LEADING = {"tf": 3, "pil": 2, "segmentation": 3}
+_LABEL = {"tf": "", "pil": "predict ", "segmentation": "segmentation "}
+
+
+def register(kind: str, name: str | None = None):
+  """Registers the decorated function as op `name` (default its own name) of `kind`."""
+
+  def wrap(fn):
+    _OPS[kind][name or fn.__name__] = fn
+    return fn
+
+  return wrap
+
 
 _TOKEN = re.compile(
   r"""\s*(?:
@@ -97,11 +124,12 @@ class _Parser:
     return name, tuple(args), kwargs
 
 
-def parse(spec: str) -> list[Op]:
-  """`'a|b(1, x=2)'` -> [('a', (), {}), ('b', (1,), {'x': 2})].
+def parse(spec: str, kind: str | None = None, empty_ok: bool = False) -> list[Op]:
+  """`'a|b(1, x=2)'` -> [('a', (), {}), ('b', (1,), {'x': 2})]; with `kind`, its ops only.
 
   Raises:
-    ValueError: naming the op that cannot be parsed, or for an empty spec.
+    ValueError: naming the op that cannot be parsed or that `kind` does not have, or for an
+      empty spec (unless `empty_ok`).
   """
   ops = []
   for part in filter(None, (p.strip() for p in spec.split("|"))):
@@ -109,14 +137,41 @@ def parse(spec: str) -> list[Op]:
       ops.append(_Parser(_tokens(part)).call())
     except ValueError as e:
       raise ValueError(f"Cannot parse preprocessing op {part!r} in {spec!r}: {e}") from None
-  if not ops:
+  if not ops and not empty_ok:
     raise ValueError("Empty preprocessing spec.")
+  for name, _, _ in ops if kind else ():
+    if name not in _OPS[kind]:
+      raise ValueError(
+        f"Unknown {_LABEL[kind]}preprocessing op {name!r} in {spec!r}; known ops: "
+        f"{sorted(_OPS[kind])}"
+      )
   return ops
+
+
+def bind(op: Op, kind: str) -> Callable:
+  """The function of op (name, args, kwargs) of `kind`, its arguments bound: it takes what the
+  kind passes per call (LEADING). TypeError (one line) for arguments the op does not take."""
+  name, args, kwargs = op
+  fn = _OPS[kind][name]
+  try:
+    inspect.signature(fn).bind(*([None] * LEADING[kind]), *args, **kwargs)
+  except TypeError as e:
+    raise TypeError(f"preprocessing op {name!r}: {e}") from None
+
+  def step(*inputs):
+    return fn(*inputs, *args, **kwargs)
+
+  return step
+
+
+def build(spec: str, kind: str, empty_ok: bool = False) -> list[Callable]:
+  """The ops of `spec` (see `parse`) as functions of what `kind` passes per call (`bind`)."""
+  return [bind(op, kind) for op in parse(spec, kind, empty_ok)]
 
 
 def resolve_size(size: int | float | None, image_size: int) -> int:
   """A size argument of an op in pixels: None is the dataset's `image_size`, a float a fraction
-  of it (`resize(1.143)` before a crop), an int itself. Shared by both implementations."""
+  of it (`resize(1.143)` before a crop), an int itself."""
   if size is None:
     return image_size
   if isinstance(size, float):

@@ -14,8 +14,9 @@ A source turns (config, split, host) into raw records and tells the pipeline how
   * `lost(raw)`: whether the record is a placeholder for one a damaged file lost;
   * `where(raw)`: a string naming the record (file and position) for error messages;
   * `host_length(h)`: the number of raw records host `h` reads per epoch.
-Its class says which task its records are for (`task`), gives a dataset's classes and split sizes
-without reading examples (`info`) and checks that a split is there (`check_readable`).
+The config's source says which task its records are for (`task`: `task_of`); the class gives a
+dataset's classes and split sizes without reading examples (`info`) and checks that a split is
+there (`check_readable`).
 
 Hosts read disjoint parts: by file when there are enough files (each host reads only its files),
 otherwise by example (every host reads everything and keeps every `process_count`-th record).
@@ -25,7 +26,7 @@ arrays are in memory) also offer the training stream of the whole run, independe
 of hosts: `stream(start, rows, batch_size, seed)`, from which each host reads the positions of its
 rows of every global batch.
 
-Which sources there are, by name: vit_jax.input_pipeline.sources (the one table).
+Which sources there are, by name: registry.py (the one table).
 """
 
 import dataclasses
@@ -77,6 +78,30 @@ def dataset_info(config, num_classes, class_names, num_examples) -> DatasetInfo:
   )
 
 
+def task_of(config) -> str:
+  """The task of the config's source: segmentation for the `seg_` sources (a config without a
+  source, as tools/make_shards builds for a folder, is of classification)."""
+  seg = str(getattr(config, "source", "")).startswith("seg_")
+  return SEGMENTATION if seg else CLASSIFICATION
+
+
+def data_dir(config) -> str:
+  if not config.data_dir:
+    raise ValueError(f"dataset.source={config.source!r} needs dataset.data_dir")
+  return config.data_dir
+
+
+def split_sizes(cls, config) -> dict[str, int | None]:
+  """Examples of the config's train and eval splits; None for a split that is not there."""
+  sizes = {}
+  for split in dict.fromkeys([config.train_split, config.eval_split]):
+    try:
+      sizes[split] = cls(config, split, 0, 1).host_length(0)
+    except (ValueError, FileNotFoundError):
+      sizes[split] = None
+  return sizes
+
+
 def uses_files_by_host(num_files: int, process_count: int) -> bool:
   """Split by file when every host gets files and the imbalance is at most one file in eight."""
   if process_count == 1:
@@ -99,7 +124,6 @@ def shuffle_seed(seed: int, epoch: tf.Tensor, host: int) -> tf.Tensor:
 class Source:
   """Base class; see the module docstring for the contract."""
 
-  task = CLASSIFICATION
   # Whether a record can fail to parse or decode (then it becomes a masked zero image, which
   # costs a nested tf.data dataset per record); False for arrays already in memory.
   may_fail = True
@@ -112,6 +136,7 @@ class Source:
 
   def __init__(self, config, split: str, process_index: int, process_count: int):
     self.config = config
+    self.task = task_of(config)
     self.split = split
     self.process_index = process_index
     self.process_count = process_count
@@ -159,7 +184,16 @@ class IndexedSource(Source):
     return len(range(host, self.num_items, self.process_count))
 
   def permutation(self, epoch: tf.Tensor, seed: int) -> tf.Tensor:
-    """The order of the items in epoch `epoch`, int64 [N]: a function of (seed, epoch)."""
+    """The order of the items in epoch `epoch`, int64 [N]: a function of (seed, epoch); for
+    segmentation numpy's `default_rng([seed, epoch]).permutation(N)` (their runs' order)."""
+    if self.task == SEGMENTATION:
+      n = self.num_items
+
+      def order(e):
+        return np.random.default_rng([seed, int(e)]).permutation(n).astype(np.int64)
+
+      index = tf.numpy_function(order, [tf.cast(epoch, tf.int64)], tf.int64, stateful=False)
+      return tf.ensure_shape(index, [n])
     return tf.random.experimental.stateless_shuffle(
       tf.range(self.num_items, dtype=tf.int64), seed=stateless_seed(seed, epoch, 0)
     )

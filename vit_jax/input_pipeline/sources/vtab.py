@@ -48,7 +48,8 @@ class Task:
     num_classes: classes after the label transform.
     tfds_sizes: examples in each tfds split the task reads, for that version (the val200 offset
       and carved test splits depend on them; checked against the prepared data).
-    val200: the tfds split of val200; test: the tfds split of the test set.
+    val200: the tfds split of val200, or the percentage of tfds `train` that the task's training
+      part takes (val200: the 200 examples right after it); test: the tfds split of the test set.
     label: record → int64 scalar label (default the record's `label`).
     image: record → image (encoded bytes or uint8 [h, w, c]; default the record's `image`).
   """
@@ -59,30 +60,28 @@ class Task:
   builder: str
   num_classes: int
   tfds_sizes: dict[str, int]
-  val200: str
-  test: str
+  val200: str | int = "validation[:200]"
+  test: str = "test"
   label: Callable[[Features], tf.Tensor] = lambda x: x["label"]
   image: Callable[[Features], tf.Tensor] = lambda x: x["image"]
 
   @property
   def splits(self) -> dict[str, str]:
     """VTAB split name → tfds split string."""
+    val200 = self.val200
+    if isinstance(val200, int):
+      start = val200 * self.tfds_sizes["train"] // 100
+      val200 = f"train[{start}:{start + 200}]"
     return dict(
       train800="train[:800]",
-      val200=self.val200,
-      train800val200=f"train[:800]+{self.val200}",
+      val200=val200,
+      train800val200=f"train[:800]+{val200}",
       test=self.test,
     )
 
   def parse(self, raw: Features) -> tuple[tf.Tensor, tf.Tensor]:
     """(image, labels int64 [1]) of a tfds record, as source.Source.parse returns them."""
     return self.image(raw), tf.reshape(tf.cast(self.label(raw), tf.int64), [1])
-
-
-def _after_train(train_size: int, train_percent: int) -> str:
-  """val200 taken right after the task's training part, the first `train_percent`% of train."""
-  start = train_percent * train_size // 100
-  return f"train[{start}:{start + 200}]"
 
 
 def _bin(value: tf.Tensor, thresholds) -> tf.Tensor:
@@ -139,7 +138,7 @@ _DSPRITES = dict(
   num_classes=16,
   tfds_sizes={"train": 737_280},
   # 80% train, 10% validation, 10% test, all out of tfds train.
-  val200=_after_train(737_280, 80),
+  val200=80,
   test="train[663552:]",
   image=dsprites_image,
 )
@@ -154,80 +153,54 @@ _CLEVR = dict(
   group="structured",
   builder="clevr:3.*.*",
   tfds_sizes={"train": 70_000, "validation": 15_000},
-  val200=_after_train(70_000, 90),
+  val200=90,
   test="validation",
 )
 
 _TASKS = (
   # Natural.
-  Task(
-    "caltech101", "Caltech101", "natural", "caltech101:3.*.*", 102,
-    {"train": 3_060, "test": 6_084}, _after_train(3_060, 90), "test",
-  ),
-  Task(
-    "cifar100", "CIFAR-100", "natural", "cifar100:3.*.*", 100,
-    {"train": 50_000, "test": 10_000}, _after_train(50_000, 90), "test",
-  ),
-  Task(
-    "dtd", "DTD", "natural", "dtd:3.*.*", 47,
-    {"train": 1_880, "validation": 1_880, "test": 1_880}, "validation[:200]", "test",
-  ),
+  Task("caltech101", "Caltech101", "natural", "caltech101:3.*.*", 102, {"train": 3_060, "test": 6_084}, 90),
+  Task("cifar100", "CIFAR-100", "natural", "cifar100:3.*.*", 100, {"train": 50_000, "test": 10_000}, 90),
+  Task("dtd", "DTD", "natural", "dtd:3.*.*", 47, {"train": 1_880, "validation": 1_880, "test": 1_880}),
   Task(
     "oxford_flowers102", "Flowers102", "natural", "oxford_flowers102:2.*.*", 102,
-    {"train": 1_020, "validation": 1_020, "test": 6_149}, "validation[:200]", "test",
+    {"train": 1_020, "validation": 1_020, "test": 6_149},
   ),
   # task_adaptation reads version 3; tfds 4.9 builds only 4.0.0 (same images and splits).
-  Task(
-    "oxford_iiit_pet", "Pets", "natural", "oxford_iiit_pet:4.*.*", 37,
-    {"train": 3_680, "test": 3_669}, _after_train(3_680, 80), "test",
-  ),
+  Task("oxford_iiit_pet", "Pets", "natural", "oxford_iiit_pet:4.*.*", 37, {"train": 3_680, "test": 3_669}, 80),
   Task(
     "sun397", "Sun397", "natural", "sun397/tfds:4.*.*", 397,
-    {"train": 76_128, "validation": 10_875, "test": 21_750}, "validation[:200]", "test",
+    {"train": 76_128, "validation": 10_875, "test": 21_750},
   ),
-  Task(
-    "svhn", "SVHN", "natural", "svhn_cropped:3.*.*", 10,
-    {"train": 73_257, "test": 26_032}, _after_train(73_257, 90), "test",
-  ),
+  Task("svhn", "SVHN", "natural", "svhn_cropped:3.*.*", 10, {"train": 73_257, "test": 26_032}, 90),
   # Specialized.
   Task(
     "patch_camelyon", "Camelyon", "specialized", "patch_camelyon:2.*.*", 2,
-    {"train": 262_144, "validation": 32_768, "test": 32_768}, "validation[:200]", "test",
+    {"train": 262_144, "validation": 32_768, "test": 32_768},
   ),
   # 60% train, 20% validation, 20% test, all out of tfds train.
-  Task(
-    "eurosat", "EuroSAT", "specialized", "eurosat/rgb:2.*.*", 10,
-    {"train": 27_000}, _after_train(27_000, 60), "train[21600:]",
-  ),
-  Task(
-    "resisc45", "Resisc45", "specialized", "resisc45:3.*.*", 45,
-    {"train": 31_500}, _after_train(31_500, 60), "train[25200:]",
-  ),
+  Task("eurosat", "EuroSAT", "specialized", "eurosat/rgb:2.*.*", 10, {"train": 27_000}, 60, "train[21600:]"),
+  Task("resisc45", "Resisc45", "specialized", "resisc45:3.*.*", 45, {"train": 31_500}, 60, "train[25200:]"),
   Task(
     "diabetic_retinopathy", "Retinopathy", "specialized",
     "diabetic_retinopathy_detection/btgraham-300:3.*.*", 5,
-    {"train": 35_126, "validation": 10_906, "test": 42_670}, "validation[:200]", "test",
+    {"train": 35_126, "validation": 10_906, "test": 42_670},
   ),
   # Structured.
   Task("clevr_count", "Clevr-Count", num_classes=8, label=clevr_count, **_CLEVR),
   Task("clevr_dist", "Clevr-Dist", num_classes=6, label=clevr_distance, **_CLEVR),
   Task(
     "dmlab", "DMLab", "structured", "dmlab:2.0.1", 6,
-    {"train": 65_550, "validation": 22_628, "test": 22_735}, "validation[:200]", "test",
+    {"train": 65_550, "validation": 22_628, "test": 22_735},
   ),
   Task("dsprites_loc", "dSpr-Loc", label=_binned("label_x_position", 32, 16), **_DSPRITES),
   Task("dsprites_ori", "dSpr-Ori", label=_binned("label_orientation", 40, 16), **_DSPRITES),
   Task(
     "kitti_dist", "KITTI-Dist", "structured", "kitti:3.1.0", 4,
-    {"train": 6_347, "validation": 423, "test": 711}, "validation[:200]", "test",
-    label=kitti_distance,
+    {"train": 6_347, "validation": 423, "test": 711}, label=kitti_distance,
   ),
-  Task(
-    "smallnorb_azi", "sNORB-Azim", num_classes=18, label=_feature("label_azimuth"), **_SMALLNORB
-  ),
-  Task(
-    "smallnorb_ele", "sNORB-Elev", num_classes=9, label=_feature("label_elevation"), **_SMALLNORB
-  ),
+  Task("smallnorb_azi", "sNORB-Azim", num_classes=18, label=_feature("label_azimuth"), **_SMALLNORB),
+  Task("smallnorb_ele", "sNORB-Elev", num_classes=9, label=_feature("label_elevation"), **_SMALLNORB),
 )  # fmt: skip
 TASKS: dict[str, Task] = {t.name: t for t in _TASKS}
 

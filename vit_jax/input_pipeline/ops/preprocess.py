@@ -20,27 +20,30 @@ Ops (images are uint8 [h, w, 3] between ops, float32 only after `value_range`):
   randaugment(num_layers=2, magnitude=10)   RandAugment (Cubuk et al., 2019), see randaugment.py
   value_range(vmin=-1, vmax=1) uint8 [0, 255] → float32 [vmin, vmax]
 
-This module holds TensorFlow ops only; batching and host logic live in pipeline.py.
+The ops are registered as the `tf` kind of the one registry (ops/registry.py, which parses the
+strings); batching and host logic live in pipeline.py.
 """
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import tensorflow as tf
 
-from vit_jax.input_pipeline import pp_spec
-from vit_jax.input_pipeline import randaugment as randaugment_lib
+from vit_jax.input_pipeline.ops import randaugment as randaugment_lib
+from vit_jax.input_pipeline.ops import registry
 
-_OPS: dict[str, Callable[..., tf.Tensor]] = {}
+_register = functools.partial(registry.register, "tf")
 
 
-def _register(name: str):
-  def wrap(fn):
-    _OPS[name] = fn
-    return fn
+def _sized(fn):
+  """op(image, rng, image_size, size=None) from fn(image, rng, size): the size resolved
+  (registry.resolve_size: None is image_size, a float a fraction of it)."""
 
-  return wrap
+  def op(image, rng, image_size, size=None):
+    return fn(image, rng, registry.resolve_size(size, image_size))
+
+  op.__name__ = fn.__name__
+  return op
 
 
 def _to_uint8(image: tf.Tensor) -> tf.Tensor:
@@ -85,7 +88,7 @@ def _to_rgb(image: tf.Tensor) -> tf.Tensor:
   return image
 
 
-@_register("decode")
+@_register()
 def decode(image: tf.Tensor, rng: tf.Tensor, image_size: int) -> tf.Tensor:
   """Encoded bytes (string scalar) or raw uint8 array → uint8 [h, w, 3]."""
   del rng, image_size
@@ -110,7 +113,7 @@ def _crop_window(shape, rng, area_min, area_max, aspect_min, aspect_max):
   return begin[0], begin[1], size[0], size[1]
 
 
-@_register("inception_crop")
+@_register()
 def inception_crop(
   image: tf.Tensor,
   rng: tf.Tensor,
@@ -122,7 +125,7 @@ def inception_crop(
   size: int | float | None = None,
 ) -> tf.Tensor:
   """Inception-style random-area, random-aspect crop, resized to [size, size]."""
-  size = pp_spec.resolve_size(size, image_size)
+  size = registry.resolve_size(size, image_size)
   y, x, h, w = _crop_window(tf.shape(image), rng, area_min, area_max, aspect_min, aspect_max)
   return _resize(image[y : y + h, x : x + w], size, size)
 
@@ -133,7 +136,7 @@ def _decode_inception_crop(
   """`decode|inception_crop` fused: JPEGs decode only the crop window (about 2× faster)."""
   if image.dtype != tf.string:
     return inception_crop(decode(image, rng, image_size), rng, image_size, **kwargs)
-  size = pp_spec.resolve_size(kwargs.pop("size", None), image_size)
+  size = registry.resolve_size(kwargs.pop("size", None), image_size)
   crop_args = {
     "area_min": kwargs.pop("area_min", 0.05),
     "area_max": kwargs.pop("area_max", 1.0),
@@ -155,17 +158,16 @@ def _decode_inception_crop(
   return tf.cond(tf.io.is_jpeg(image), jpeg, other)
 
 
-@_register("resize")
-def resize(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
-  del rng
-  size = pp_spec.resolve_size(size, image_size)
+@_register()
+@_sized
+def resize(image: tf.Tensor, rng: tf.Tensor, size: int) -> tf.Tensor:
   return _resize(image, size, size)
 
 
-@_register("resize_small")
-def resize_small(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
-  del rng
-  size = pp_spec.resolve_size(size, image_size)
+@_register()
+@_sized
+def resize_small(image: tf.Tensor, rng: tf.Tensor, size: int) -> tf.Tensor:
+  """The shorter side to `size`, the aspect ratio kept."""
   h, w = tf.shape(image)[0], tf.shape(image)[1]
   scale = size / tf.cast(tf.minimum(h, w), tf.float32)
   new_h = tf.maximum(size, tf.cast(tf.round(tf.cast(h, tf.float32) * scale), tf.int32))
@@ -173,30 +175,26 @@ def resize_small(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -
   return _resize(image, new_h, new_w)
 
 
-@_register("central_crop")
-def central_crop(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
-  del rng
-  size = pp_spec.resolve_size(size, image_size)
-  h, w = tf.shape(image)[0], tf.shape(image)[1]
-  y, x = (h - size) // 2, (w - size) // 2
-  crop = image[y : y + size, x : x + size]
-  crop.set_shape([size, size, 3])
-  return crop
+@_register()
+@_sized
+def central_crop(image: tf.Tensor, rng: tf.Tensor, size: int) -> tf.Tensor:
+  y, x = (tf.shape(image)[0] - size) // 2, (tf.shape(image)[1] - size) // 2
+  return tf.ensure_shape(image[y : y + size, x : x + size], [size, size, 3])
 
 
-@_register("random_crop")
-def random_crop(image: tf.Tensor, rng: tf.Tensor, image_size: int, size=None) -> tf.Tensor:
-  size = pp_spec.resolve_size(size, image_size)
+@_register()
+@_sized
+def random_crop(image: tf.Tensor, rng: tf.Tensor, size: int) -> tf.Tensor:
   return tf.image.stateless_random_crop(image, [size, size, 3], seed=rng)
 
 
-@_register("flip_lr")
+@_register()
 def flip_lr(image: tf.Tensor, rng: tf.Tensor, image_size: int) -> tf.Tensor:
   del image_size
   return tf.image.stateless_random_flip_left_right(image, seed=rng)
 
 
-@_register("randaugment")
+@_register()
 def randaugment(
   image: tf.Tensor, rng: tf.Tensor, image_size: int, num_layers: int = 2, magnitude: float = 10
 ) -> tf.Tensor:
@@ -204,7 +202,7 @@ def randaugment(
   return randaugment_lib.randaugment(image, rng, num_layers=num_layers, magnitude=magnitude)
 
 
-@_register("value_range")
+@_register()
 def value_range(
   image: tf.Tensor, rng: tf.Tensor, image_size: int, vmin: float = -1.0, vmax: float = 1.0
 ) -> tf.Tensor:
@@ -212,13 +210,9 @@ def value_range(
   return tf.cast(image, tf.float32) * ((vmax - vmin) / 255.0) + vmin
 
 
-def parse_spec(spec: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-  """`'a|b(1, x=2)'` → [('a', (), {}), ('b', (1,), {'x': 2})]; raises ValueError on unknown ops."""
-  ops = pp_spec.parse(spec)
-  for name, _, _ in ops:
-    if name not in _OPS:
-      raise ValueError(f"Unknown preprocessing op {name!r} in {spec!r}; known ops: {sorted(_OPS)}")
-  return ops
+def parse_spec(spec: str) -> list[registry.Op]:
+  """The ops of a spec of this kind (`registry.parse`): ValueError for an unknown op."""
+  return registry.parse(spec, "tf")
 
 
 def get_preprocess_fn(spec: str, image_size: int) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
@@ -235,8 +229,7 @@ def get_preprocess_fn(spec: str, image_size: int) -> Callable[[tf.Tensor, tf.Ten
   steps = []
   i = 0
   while i < len(ops):
-    name, args, kwargs = ops[i]
-    if name == "decode" and i + 1 < len(ops) and ops[i + 1][0] == "inception_crop":
+    if ops[i][0] == "decode" and i + 1 < len(ops) and ops[i + 1][0] == "inception_crop":
       _, crop_args, crop_kwargs = ops[i + 1]
       names = ("area_min", "area_max", "aspect_min", "aspect_max", "size")
       steps.append(
@@ -246,7 +239,7 @@ def get_preprocess_fn(spec: str, image_size: int) -> Callable[[tf.Tensor, tf.Ten
       )
       i += 2
       continue
-    steps.append(_bind(name, args, kwargs))
+    steps.append(registry.bind(ops[i], "tf"))
     i += 1
 
   def fn(image: tf.Tensor, rng: tf.Tensor) -> tf.Tensor:
@@ -264,12 +257,3 @@ def get_preprocess_fn(spec: str, image_size: int) -> Callable[[tf.Tensor, tf.Ten
     return tf.ensure_shape(image, [image_size, image_size, 3])
 
   return fn
-
-
-def _bind(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]):
-  op = _OPS[name]
-
-  def step(image, rng, image_size):
-    return op(image, rng, image_size, *args, **kwargs)
-
-  return step

@@ -11,13 +11,15 @@ parts of the source's training split, test objects from its test split.
 numpy and PIL; a split is made once per process and held in memory (4,000 canvases: 9 MB).
 """
 
-import dataclasses
+import collections
 import functools
 
 import numpy as np
 
-from vit_jax.input_pipeline import builtin
-from vit_jax.input_pipeline.segmentation import IGNORE_LABEL, resize
+from vit_jax.input_pipeline import splits
+from vit_jax.input_pipeline.ops.segmentation import resize
+from vit_jax.input_pipeline.sources import builtin
+from vit_jax.input_pipeline.sources.segmentation import IGNORE_LABEL
 
 GENERATOR_SEED = 0
 CANVAS = 48
@@ -30,13 +32,8 @@ SYNTHETIC = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class SyntheticSplit:
-  """A split: images uint8 [N, canvas, canvas, 1], masks uint8 [N, canvas, canvas], names."""
-
-  images: np.ndarray
-  masks: np.ndarray
-  names: list[str]
+# A split: images uint8 [N, canvas, canvas, 1], masks uint8 [N, canvas, canvas], names (`split/i`).
+SyntheticSplit = collections.namedtuple("SyntheticSplit", ["images", "masks", "names"])
 
 
 def make_synthetic(
@@ -106,6 +103,13 @@ def synthetic_split(name: str, split: str) -> SyntheticSplit:
     objects, labels, SPLIT_SIZES[split], seed=GENERATOR_SEED * 1000 + salt
   )
   return SyntheticSplit(images, masks, [f"{split}/{i}" for i in range(len(masks))])
+
+
+def get_split(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """(images, masks) of a split or a slice of one (`train[:1000]`, vit_jax.input_pipeline.splits)."""
+  base = splits.base_split(split)
+  data = synthetic_split(name, base)
+  return splits.take(split, f"segmentation split {base!r}", data.images, data.masks)
 
 
 def synthetic_class_names(name: str) -> list[str]:

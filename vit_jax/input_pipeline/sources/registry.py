@@ -1,36 +1,36 @@
 """The one table of data sources, by the name `dataset.source` gives, whatever their task.
 
-Every source implements vit_jax.input_pipeline.source.Source and says its task (`task`:
-classification or segmentation); the pipeline (vit_jax.input_pipeline.pipeline) reads every one
-through the same iterators, and the task decides what a record becomes (examples.py). A new
-source is a Source subclass in a module of its own and one line here.
+Every source implements base.Source and says its task (`task`: classification or segmentation);
+the pipeline (vit_jax.input_pipeline.pipeline) reads every one through the same iterators, and
+the task decides what a record becomes (vit_jax.input_pipeline.examples). A new source is a
+Source subclass and one line here.
 """
 
 import numpy as np
 
-from vit_jax.input_pipeline import indexed, segmentation_sources, shards, source, tfds_source
+from vit_jax.input_pipeline.sources import base, indexed, shards, tfds_source
 
-SOURCES: dict[str, type[source.Source]] = {
+SOURCES: dict[str, type[base.Source]] = {
   # Classification: an int64 label (or several, multi_label) per image.
   "tfrecord": shards.TFRecordSource,
   "tfds": tfds_source.TfdsSource,
   "folder": indexed.FolderSource,
   "builtin": indexed.BuiltinSource,
   # Segmentation: a label per pixel.
-  "seg_builtin": segmentation_sources.SyntheticSource,
-  "seg_folder": segmentation_sources.FolderSource,
-  "seg_shards": segmentation_sources.ShardsSource,
+  "seg_builtin": indexed.BuiltinSource,
+  "seg_folder": indexed.FolderSource,
+  "seg_shards": shards.ShardsSource,
 }
 
 
-def source_class(config) -> type[source.Source]:
+def source_class(config) -> type[base.Source]:
   """The class of `config.source`; one line for an unknown name."""
   if config.source not in SOURCES:
     raise ValueError(f"dataset.source={config.source!r}; expected one of {sorted(SOURCES)}")
   return SOURCES[config.source]
 
 
-def get_source(config, split: str, process_index: int, process_count: int) -> source.Source:
+def get_source(config, split: str, process_index: int, process_count: int) -> base.Source:
   return source_class(config)(config, split, process_index, process_count)
 
 
@@ -41,11 +41,11 @@ def check_readable(config, split: str) -> None:
   source_class(config).check_readable(config, split)
 
 
-def get_dataset_info(config) -> source.DatasetInfo:
+def get_dataset_info(config) -> base.DatasetInfo:
   """Number of classes, examples per split, class names; see DatasetInfo."""
   return source_class(config).info(config)
 
 
-def host_lengths(src: source.Source) -> np.ndarray:
+def host_lengths(src: base.Source) -> np.ndarray:
   """Records per epoch of every host, int64 [process_count]."""
   return np.array([src.host_length(h) for h in range(src.process_count)], np.int64)

@@ -8,7 +8,7 @@ import functools
 
 import tensorflow as tf
 
-from vit_jax.input_pipeline import source, vtab
+from vit_jax.input_pipeline.sources import base, vtab
 
 
 def tfds_builder(config):
@@ -27,7 +27,7 @@ def _known_splits(builder) -> dict[str, int]:
     return {}
 
 
-class TfdsSource(source.Source):
+class TfdsSource(base.Source):
   """A tfds dataset; hosts get `tfds.even_splits` of the split (tfds reads only the needed files).
 
   With `vtab_task` the VTAB task's `parse` (vtab.py) turns each record into (image, label).
@@ -54,7 +54,7 @@ class TfdsSource(source.Source):
     self._lengths: dict[int, int] = {}
 
   @classmethod
-  def info(cls, config) -> source.DatasetInfo:
+  def info(cls, config) -> base.DatasetInfo:
     builder = tfds_builder(config)
     num_classes, class_names = None, None
     if config.vtab_task:
@@ -72,7 +72,7 @@ class TfdsSource(source.Source):
         num_examples[s] = None
       if num_examples[s] is None:
         num_examples[s] = cls(config, s, 0, 1).host_length(0)
-    return source.dataset_info(config, num_classes, class_names, num_examples)
+    return base.dataset_info(config, num_classes, class_names, num_examples)
 
   @classmethod
   def check_readable(cls, config, split):
@@ -87,7 +87,7 @@ class TfdsSource(source.Source):
         read_config=self._tfds.ReadConfig(add_tfds_id=True),
       )
     except Exception as e:
-      raise source.MissingDataError(
+      raise base.MissingDataError(
         f"Cannot read split {self.split!r} of tfds dataset {self.config.name!r} "
         f"(data_dir={self.config.data_dir!r}): {e}"
       ) from e
@@ -114,7 +114,7 @@ class TfdsSource(source.Source):
     ds = self._host_dataset
     if shuffle:
       ds = ds.shuffle(
-        self.config.shuffle_buffer, seed=source.shuffle_seed(seed, epoch, self.process_index)
+        self.config.shuffle_buffer, seed=base.shuffle_seed(seed, epoch, self.process_index)
       )
     return ds
 
