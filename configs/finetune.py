@@ -2,7 +2,7 @@ r"""Fine-tuning (ViT paper §3.2, App. B.1.1) from a pretrained checkpoint.
 
 Arguments (`configs/finetune.py:key=value,...`, see configs/common.py):
   dataset    imagenet2012 | cifar10 | cifar100 | oxford_iiit_pet | oxford_flowers102 |
-             vtab/<task>, one of VTAB-1k's 19 (vit_jax.input_pipeline.vtab.TASKS, e.g.
+             vtab/<task>, one of VTAB-1k's 19 (vit_jax.input_pipeline.sources.vtab.TASKS, e.g.
              vtab/clevr_count) | animal_mnist, mnist_5k (CPU demo)   default cifar10
   model      a vit_jax.models preset, e.g. B/16, L/16, R50+B/16, or a   default B/16 (demo
              BiT ResNet, e.g. R50x1                                   for the demo's datasets)
@@ -53,7 +53,7 @@ Expected top-1 (paper Table 2, JFT-300M pretraining, 384px): ViT-L/16 87.76 Imag
 ReaL, 99.42 CIFAR-10, 93.90 CIFAR-100, 97.32 Pets, 99.74 Flowers; ViT-H/14 88.55, 90.72,
 99.50, 94.55, 97.56, 99.68. From ImageNet-21k (Table 5), ViT-B/16 reaches 98.95 CIFAR-10 and 83.97 ImageNet.
 VTAB-1k (App. B.1.1; the tasks, splits and label transforms of google-research/task_adaptation,
-see vit_jax/input_pipeline/vtab.py): every task trains 2,500 steps at batch 512, 384px, lr 0.01
+see vit_jax/input_pipeline/sources/vtab.py): every task trains 2,500 steps at batch 512, 384px, lr 0.01
 (grid 0.001, 0.003, 0.01, 0.03), 200 warmup steps, no flip; holdout trains on train800 and
 evaluates on val200 (the grid), holdout=false trains on train800val200 and evaluates on the
 task's test split. Paper Table 2, mean over the 19 tasks: ViT-H/14 JFT 77.63, ViT-L/16 JFT
@@ -98,7 +98,7 @@ _PRESETS = {
   # The same budget on the bundled MNIST-5k (28px digits): the offline suite's second dataset.
   "mnist_5k": dict(image_size=32, total_steps=1000, warmup=100, lr=0.1, test="test", minival=10),
 }
-# The bundled offline datasets (vit_jax.input_pipeline.builtin) with a preset.
+# The bundled offline datasets (vit_jax.input_pipeline.sources.builtin) with a preset.
 BUILTIN = ("animal_mnist", "mnist_5k")
 # VTAB-1k (App. B.1.1): every task 2,500 steps at lr 0.01 (the grid is searched on val200);
 # the paper gives no warmup, 200 steps is big_vision's transfer setting.

@@ -36,7 +36,7 @@ import ml_collections
 
 from vit_jax.configs import common
 
-# Datasets bundled with the code (vit_jax.input_pipeline.builtin); others default to tfds.
+# Datasets bundled with the code (vit_jax.input_pipeline.sources.builtin); others default to tfds.
 _BUILTIN = ("fashion_mnist", "animal_mnist", "mnist_5k", "digits")
 
 

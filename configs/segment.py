@@ -2,7 +2,7 @@ r"""Semantic segmentation (the paper's open question, §5) from a pretrained enc
 
 Arguments (`configs/segment.py:key=value,...`, see configs/common.py):
   dataset    animal_mnist_seg | fashion_mnist_seg | mnist_seg (offline synthetic tasks, 48px
-             canvases of 1-3 bundled objects, vit_jax/input_pipeline/segmentation_synthetic.py) |
+             canvases of 1-3 bundled objects, input_pipeline/sources/segmentation_synthetic.py) |
              folder (your data: --config.dataset.data_dir=<dir> holding
              <split>/images/*.png|jpg, <split>/masks/*.png and classes.txt) |
              shards (TFRecord shards of either, local or gs://, written by

@@ -4,7 +4,7 @@ r"""Writes a bundled offline dataset as an image folder: PNG files that any comm
   python -m vit_jax.tools.make_folder --dataset=animal_mnist_seg --split=test --max_examples=4 \
       --out=/tmp/canvases
 
-A classification dataset (one of vit_jax.input_pipeline.builtin's) becomes
+A classification dataset (one of vit_jax.input_pipeline.sources.builtin's) becomes
 `<out>/<split>/<class>/<index>.png`, the layout of the `folder` source and of
 `make_shards --folder`; a synthetic segmentation task (`*_seg`) becomes
 `<out>/<split>/images/<index>.png` with its class-index mask in `<out>/<split>/masks/<index>.png`

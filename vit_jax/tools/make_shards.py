@@ -17,7 +17,8 @@ as their original bytes; bundled arrays are encoded as PNG.
 With `--task=segmentation` (implied by a synthetic task's name) the input is a segmentation folder
 (`<split>/images/`, `<split>/masks/`, `classes.txt`) or a `seg_builtin` task, each record holds an
 image, its mask (a grey PNG of class indices, 255 ignored), their size, the name and the position
-in the split (vit_jax.input_pipeline.segmentation.serialize_example), and dataset_info.json adds
+in the split (vit_jax.input_pipeline.sources.segmentation.serialize_example), and
+dataset_info.json adds
 {task: 'segmentation', ignore_label, image_channels}; `source='seg_shards'` reads them:
 
   python -m vit_jax.tools.make_shards --task=segmentation --folder=/data/streets \
