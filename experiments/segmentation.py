@@ -4,8 +4,8 @@ r"""Semantic segmentation from ViT patch tokens, the paper's open question (§5)
   python -m experiments.segmentation --quick    # seconds: the same stages, tiny budgets (CI)
 
 The task is `animal_mnist_seg` (vit_jax/input_pipeline/sources/segmentation_synthetic.py):
-48x48 canvases holding 1 to 3 Animal-MNIST silhouettes over a noisy background, every object pixel labelled with its
-animal (11 classes with the background, soft edges ignored). The experiment:
+48x48 canvases holding 1 to 3 Animal-MNIST silhouettes over a noisy background, every object
+pixel labelled with its animal (11 classes with the background, soft edges ignored). The experiment:
 
   1. pretrains the demo ViT on Fashion-MNIST classification, the demo's pretraining recipe
      (`configs/pretrain.py:dataset=fashion_mnist`) at a shorter budget (`Profile`);
