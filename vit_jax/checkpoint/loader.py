@@ -18,7 +18,8 @@ import numpy as np
 from etils import epath
 
 from vit_jax import models
-from vit_jax.checkpoint import adapt, npz, timm_hf, train_state
+from vit_jax.checkpoint.state import train_state
+from vit_jax.checkpoint.weights import adapt, npz, timm_hf
 from vit_jax.models import mpp
 from vit_jax.runtime import json_file
 from vit_jax.runtime import workdir as workdir_lib
@@ -31,7 +32,7 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> dict[str, Any
     path: `.npz` or `.safetensors` (local or `gs://`), or an Orbax workdir, its `checkpoints/`
       or one step directory `checkpoints/<step>` (of a run with Polyak averaging: the average,
       the weights its evaluators reported; see train_state.restore_params).
-    num_heads: attention heads of a PyTorch-layout file (see vit_jax.checkpoint.npz.load).
+    num_heads: attention heads of a PyTorch-layout file (see vit_jax.checkpoint.weights.npz.load).
   """
   if npz.is_params_file(path):
     return npz.load(path, num_heads)  # (it refuses pickles with a message saying so)

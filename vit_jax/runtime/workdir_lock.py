@@ -36,11 +36,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 from absl import logging
 from etils import epath
 
-from vit_jax.runtime import gcs, json_file
+from vit_jax.runtime import distributed, gcs, json_file
 
 LOCK_FILE = "lock.json"
 LEASE_S = 300.0  # a holder not heard of for this long is gone
@@ -383,12 +382,8 @@ def lock(workdir: str, lease_s: float | None = None) -> Iterator[None]:
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     store = _store(epath.Path(workdir) / LOCK_FILE)
     refusal = _acquire(store, record, workdir, lease)
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    held = bool(multihost_utils.broadcast_one_to_all(np.int32(refusal is not None)))
-    if held and refusal is None:
-      refusal = f"{workdir} is in use by another run (process 0 names it)"
+  if distributed.of_process_0(refusal is not None) and refusal is None:
+    refusal = f"{workdir} is in use by another run (process 0 names it)"
   if refusal is not None:
     raise WorkdirLocked(refusal)
   renewal = _Renewal(store, record["token"], workdir, lease) if store is not None else None

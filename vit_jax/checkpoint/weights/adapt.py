@@ -4,7 +4,7 @@ What fine-tuning (`load_pretrained`), the linear probe and predict (`fit_posemb`
 checkpoint trained at another resolution or for other classes: the position embeddings are
 resized on the patch grid (paper §3.2), the head replaced, `pre_logits` kept or dropped, and
 any remaining difference in names or shapes reported in one error that lists them in the
-network's order. Reading and writing files is vit_jax.checkpoint.npz's business.
+network's order. Reading and writing files is vit_jax.checkpoint.weights.npz's business.
 
 A `posemb='sincos2d'` model has no position embedding parameter: it computes its table for the
 grid it sees, so it needs no resizing. `with_posemb_table` writes that table into its parameters
@@ -26,9 +26,9 @@ import ml_collections
 import numpy as np
 
 from vit_jax import models
-from vit_jax.checkpoint import layouts
-from vit_jax.checkpoint.layouts import POSEMB
-from vit_jax.checkpoint.npz import Params, flatten_params, load, unflatten_params
+from vit_jax.checkpoint.weights import layouts
+from vit_jax.checkpoint.weights.layouts import POSEMB
+from vit_jax.checkpoint.weights.npz import Params, flatten_params, load, unflatten_params
 from vit_jax.models import mpp, vit
 
 # Entries beyond this many are counted, not listed, in error messages.

@@ -3,8 +3,8 @@
 The file format is the published vit_jax one: flat `/`-separated names with the pre-linen
 counters (`Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/query/kernel`, ...), one
 array per name, never pickled. `load` also reads big_vision files (renamed by
-`vit_jax.checkpoint.layouts`) and timm / Hugging Face state dicts in `.safetensors` files (renamed by
-`vit_jax.checkpoint.timm_hf`, read with safetensors' numpy API: no torch); `save` always writes the
+`vit_jax.checkpoint.weights.layouts`) and timm / Hugging Face state dicts in `.safetensors` files (renamed by
+`vit_jax.checkpoint.weights.timm_hf`, read with safetensors' numpy API: no torch); `save` always writes the
 published layout, with encoder blocks unstacked, and `save_safetensors` a PyTorch-side layout.
 BiT ResNets (vit_jax.models.bit) are read and written in the published BiT layout
 (`resnet/root_block/standardized_conv2d/kernel`, `resnet/block1/unit01/a/...`,
@@ -35,7 +35,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from vit_jax.checkpoint import layouts, timm_hf
+from vit_jax.checkpoint.weights import layouts, timm_hf
 
 Params = dict[str, Any]  # nested dict of np.ndarray
 
@@ -128,7 +128,7 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
 
   The layout is recognised from the names: `.npz` files in the vit_jax or big_vision layout,
   `.safetensors` files holding a timm `VisionTransformer` (plain or R50 hybrid) or a Hugging
-  Face `ViTModel` / `ViTForImageClassification` state dict (see vit_jax.checkpoint.timm_hf).
+  Face `ViTModel` / `ViTForImageClassification` state dict (see vit_jax.checkpoint.weights.timm_hf).
 
   Args:
     path: local path, or any `tf.io.gfile` path (`gs://...`) when TensorFlow is installed.

@@ -1,6 +1,6 @@
 """What a failed restore of a training checkpoint step says about that step.
 
-`Checkpointer.restore_latest` (vit_jax.checkpoint.train_state) acts on the verdict:
+`Checkpointer.restore_latest` (vit_jax.checkpoint.state.train_state) acts on the verdict:
 
 - **Evidence that the step itself is broken** (`evidence`): the step is moved aside to
   `<workdir>/broken_checkpoints/` (never deleted) and the step before it restored, with a warning

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax.checkpoint.layouts import POSEMB
+from vit_jax.checkpoint.weights.layouts import POSEMB
 
 TIMM, HF = "timm", "hf"
 _BLOCK = "Transformer/encoderblock_{i}/"
