@@ -1,30 +1,17 @@
 """A fast local checkpoint tier: frequent saves of each process's own shards to its own disk.
 
-Besides the persistent checkpoints in the workdir (vit_jax.checkpoint.state.train_state: a bucket, on a
-pod), `config.checkpoint.local` can save every N steps or minutes to a directory on each host
-(local SSD, or /dev/shm: memory). Every process writes only the shards of its own devices (one
-copy of each, as Orbax's emergency checkpointing does) and the data iterator's state, under
-`<local.dir>/process_<i>/steps/<step>`; no process waits for another to save.
+`config.checkpoint.local` saves every N steps or minutes under
+`<local.dir>/process_<i>/steps/<step>` (local SSD, or /dev/shm), each process only the shards of
+its own devices and the data position, without waiting for the others. `restore_latest` takes
+the newest step complete on every process in either tier; nothing is fetched from peers
+(docs/training.md, "A local checkpoint tier").
 
-Restoring (`restore_latest`) takes the newest step that is complete on every process in either
-tier: the local steps that every process holds (agreed through one all-gather), else the
-workdir's. A process whose local tier is gone (a replaced VM, a wiped /dev/shm) holds none, so
-the run resumes from the workdir; nothing is fetched from peers. The state is the same pytree in
-both tiers, so a resume is bitwise the same whichever tier it comes from.
-
-A local tier belongs to one workdir and one topology: `<workdir>/local_tier.json` holds a random
-token that each process's `tier.json` repeats, with the process count, the process's index and
-its mesh. A tier written for another workdir (or an earlier run at the same path), or on another
-topology (its shards would not be this process's), is emptied, with a warning, instead of read;
-so is a tier whose `tier.json` is unreadable (whose it is cannot be told). A `local_tier.json`
-that is not one (vit_jax.runtime.json_file) is set aside (renamed, with a warning) and a new
-token made: the local tiers written before are then emptied, which loses at most the local
-steps newer than the workdir's, retrained as after a lost host; refusing would only ask the user
-to remove the file. A `checkpoint.local.dir` that cannot be used ends the run in one line naming
-the setting, the directory and the error.
-
-A failed local save (a full /dev/shm) is a warning and turns the tier off for the rest of the
-run: the persistent tier still holds the run.
+A tier belongs to one workdir and one topology: the random token of `<workdir>/local_tier.json`,
+repeated in each process's `tier.json` with its topology. Another's tier, or an unreadable
+`tier.json`, is emptied with a warning; a `local_tier.json` that is not one is set aside and a new
+token made (the tiers written before are then emptied: at most the local steps newer than the
+workdir's are trained again). A failed local save is a warning and turns the tier off for the
+run: the workdir's checkpoints go on.
 
 This file must not import TensorFlow.
 """

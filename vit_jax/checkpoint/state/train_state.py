@@ -70,14 +70,14 @@ class Checkpointer:
     """Args: workdir; save every `every_steps` steps (and when forced); keep the latest `keep`."""
     gcs.require_client(workdir)  # Orbax opens a gs:// directory with google-cloud-storage
     _register_array_handler()
+    self.every_steps = max(int(every_steps), 1)
     options = ocp.CheckpointManagerOptions(
-      save_interval_steps=max(int(every_steps), 1),
+      save_interval_steps=self.every_steps,
       max_to_keep=int(keep) if keep else None,
       enable_async_checkpointing=asynchronous,
       create=True,
       cleanup_tmp_directories=True,
     )
-    self.every_steps = max(int(every_steps), 1)
     self._asynchronous = asynchronous
     self.workdir = _absolute(workdir)
     self.directory = self.workdir / CHECKPOINT_DIR
@@ -184,12 +184,9 @@ class Checkpointer:
   ) -> tuple[int, Any, Any] | None:
     """(step, state, data_state) of the newest step that restores, or None without any step.
 
-    A step is moved aside to `<workdir>/broken_checkpoints/` (never deleted) only on evidence
-    that it is broken (vit_jax.checkpoint.state.restore_faults), once an older step restores; resuming
-    from an older step than the newest is said in a warning naming both. Every process acts on
-    the same verdict: the gravest of theirs.
-
-    `stop_requested()` True (a stop signal) cuts the waits between retries short.
+    A step with evidence that it is broken is moved aside once an older step restores, with a
+    warning naming both (see the module docstring); every process acts on the gravest verdict of
+    all. `stop_requested()` True (a stop signal) cuts the waits between retries short.
 
     Raises:
       CheckpointRestoreError: a step failed to restore, without evidence that it is broken,
@@ -232,9 +229,8 @@ class Checkpointer:
     self, step: int, abstract_state: Any, stop_requested: Callable[[], bool]
   ) -> tuple[Any, Any] | str:
     """(state, data_state) of `step`, or the evidence that it is broken; retries a failure
-    without evidence after each of restore_faults.RETRY_DELAYS_S. Each attempt runs on a worker
-    thread (vit_jax.checkpoint.state.storage_wait): the wait says what it waits for at least every
-    storage_wait.NOTICE_EVERY_S, and a stop request ends it within a second.
+    without evidence after each of restore_faults.RETRY_DELAYS_S, each attempt on a worker
+    thread (storage_wait).
 
     Raises:
       CheckpointRestoreError: it still failed after the retries, or a stop was requested
@@ -431,32 +427,22 @@ def _register_array_handler() -> None:
 
 def _first_line(error: BaseException) -> str:
   """The most telling line of `error`'s chain: the innermost cause that names a file, else its
-  own first line (TensorStore's outer message only repeats an array index), without the
-  TensorStore spec it ends with (a kilobyte of JSON)."""
-  chain, seen = [], error
-  while seen is not None and len(chain) < 20:
-    chain.append(seen)
-    seen = seen.__cause__ or seen.__context__
-  for e in reversed(chain):
+  own first line (TensorStore's outer message only repeats an array index)."""
+  for e in reversed(restore_faults.chain(error)):
     for line in str(e).splitlines():
       if re.search(r"(file|database) ", line) and os.sep in line:
-        return line.strip().split(" [tensorstore_spec=")[0]
-  text = str(error).strip()
-  return text.splitlines()[0] if text else type(error).__name__
+        return restore_faults.one_line(line)
+  return restore_faults.one_line(str(error)) or type(error).__name__
 
 
 def out_of_space(error: BaseException) -> bool:
   """Whether `error` or one of its causes is a full disk (ENOSPC, also as TensorStore says it)."""
-  seen = error
-  for _ in range(20):
-    if seen is None:
-      return False
-    if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
-      return True
-    if "No space left on device" in str(seen) or "os_error_code='28'" in str(seen):
-      return True
-    seen = seen.__cause__ or seen.__context__
-  return False
+  return any(
+    (isinstance(e, OSError) and e.errno == errno.ENOSPC)
+    or "No space left on device" in str(e)
+    or "os_error_code='28'" in str(e)
+    for e in restore_faults.chain(error)
+  )
 
 
 def _free_bytes(path: epath.Path) -> int | None:

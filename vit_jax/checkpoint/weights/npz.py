@@ -26,8 +26,8 @@ import tempfile
 import uuid
 import zipfile
 import zlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO
 
 import jax
 import jax.numpy as jnp
@@ -261,8 +261,7 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
   the file reads anywhere the published checkpoints do. A `posemb='sincos2d'` model has no
   position embedding parameter: `checkpoint.with_posemb_table` adds its table first (without
   it, the file is written with a warning, and only sincos2d models read it). The file is
-  written next to `path` under a temporary name and renamed over it, so a failure never leaves
-  a truncated `path` behind. In a multi-host job call this from one process, with fully
+  renamed over `path` once complete. In a multi-host job call this from one process, with fully
   addressable arrays.
 
   Args:
@@ -283,12 +282,31 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
       raise ValueError(f"{name!r} is a ShapeDtypeStruct, not an array")
     if value.dtype == jnp.bfloat16:
       flat[name] = value.astype(np.float32)
+  _write_atomically(path, lambda f: np.savez(f, allow_pickle=False, **flat))
+
+
+def save_safetensors(flat: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
+  """Writes a flat state dict (`timm_hf.to_timm` / `to_hf`) as a `.safetensors` file.
+
+  The file carries the `{'format': 'pt'}` metadata that transformers expects, is written with
+  safetensors' numpy API (no torch) and renamed over `path` once complete. Dtypes are kept
+  (safetensors holds bfloat16).
+  """
+  flat = {k: np.ascontiguousarray(v) for k, v in flat.items()}
+  _write_atomically(
+    path, lambda f: f.write(safetensors.numpy.save(flat, metadata={"format": "pt"}))
+  )
+
+
+def _write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
+  """`write(file)` to a temporary file beside `path`, then renamed over it: a failure never
+  leaves a truncated `path` behind."""
   path = os.fspath(path)
   if _is_remote(path):
     gfile = _gfile()
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     buffer = io.BytesIO()  # zipfile needs tell(), which not every gfile filesystem has.
-    np.savez(buffer, allow_pickle=False, **flat)
+    write(buffer)
     try:
       with gfile.GFile(tmp, "wb") as f:
         f.write(buffer.getvalue())
@@ -302,36 +320,9 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
   try:
     with os.fdopen(fd, "wb") as f:
-      np.savez(f, allow_pickle=False, **flat)
+      write(f)
       f.flush()
       os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
-def save_safetensors(flat: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
-  """Writes a flat state dict (`timm_hf.to_timm` / `to_hf`) as a `.safetensors` file.
-
-  The file carries the `{'format': 'pt'}` metadata that transformers expects, is written with
-  safetensors' numpy API (no torch) under a temporary name and renamed over `path`. Dtypes are
-  kept (safetensors holds bfloat16).
-  """
-  path = os.fspath(path)
-  flat = {k: np.ascontiguousarray(v) for k, v in flat.items()}
-  if _is_remote(path):
-    data = safetensors.numpy.save(flat, metadata={"format": "pt"})
-    gfile = _gfile()
-    with gfile.GFile(path, "wb") as f:
-      f.write(data)
-    return
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-  os.close(fd)
-  try:
-    safetensors.numpy.save_file(flat, tmp, metadata={"format": "pt"})
     os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):
