@@ -114,6 +114,11 @@ def _is_remote(path) -> bool:
   return "://" in os.fspath(path)
 
 
+def _open(path: str, mode: str = "rb"):
+  """A local file, or a `tf.io.gfile` one for a path with a scheme."""
+  return _gfile().GFile(path, mode) if _is_remote(path) else open(path, mode)
+
+
 def is_params_file(path: str | os.PathLike) -> bool:
   """Whether `path` names a file of parameters, not an Orbax directory.
 
@@ -169,8 +174,7 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
-  opener = _gfile().GFile if _is_remote(path) else open
-  with opener(path, "rb") as f:
+  with _open(path) as f:
     head = f.read(8)
     if not head.startswith(_ZIP_MAGIC):
       what = (
@@ -197,12 +201,8 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  if _is_remote(path):
-    with _gfile().GFile(path, "rb") as f:
-      data = f.read()
-  else:
-    with open(path, "rb") as f:  # a missing file raises FileNotFoundError here, as for .npz
-      data = f.read()
+  with _open(path) as f:  # a missing local file raises FileNotFoundError here, as for .npz
+    data = f.read()
   try:
     return dict(safetensors.numpy.load(data))
   except Exception as e:  # safetensors raises its own SafetensorError for a malformed header
@@ -221,8 +221,7 @@ def file_layout(path: str | os.PathLike) -> str:
   elif path.endswith(".safetensors"):
     names = list(_read_safetensors(path))
   else:
-    opener = _gfile().GFile if _is_remote(path) else open
-    with opener(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
+    with _open(path) as f, np.load(f, allow_pickle=False) as npz:
       names = list(npz.files)
   return timm_hf.layout_of(dict.fromkeys(names)) or "npz"
 
@@ -234,17 +233,10 @@ def read_foreign_config(path: str | os.PathLike) -> dict[str, Any] | None:
   """
   path = os.fspath(path)
   config_path = os.path.join(os.path.dirname(path), WEIGHTS_CONFIG_FILE)
-  if _is_remote(path):
-    gfile = _gfile()
-    if not gfile.exists(config_path):
-      return None
-    with gfile.GFile(config_path, "r") as f:
-      text = f.read()
-  else:
-    if not os.path.isfile(config_path):
-      return None
-    with open(config_path) as f:
-      text = f.read()
+  if not (_gfile().exists(config_path) if _is_remote(path) else os.path.isfile(config_path)):
+    return None
+  with _open(config_path, "r") as f:
+    text = f.read()
   try:
     config = json.loads(text)
   except json.JSONDecodeError as e:
