@@ -165,7 +165,7 @@ def checkpoint_config(
 ) -> ml_collections.ConfigDict:
   """Orbax checkpointing: save every N steps and at the end, keep the latest K, async writes.
 
-  `local`: the local tier (vit_jax.checkpoint.local_tier), off while `local.dir` is '': each
+  `local`: the local tier (vit_jax.checkpoint.state.local_tier), off while `local.dir` is '': each
   process also saves its own shards to `<local.dir>/process_<i>` (local SSD or /dev/shm) every
   `local.every_steps` steps or `local.every_minutes` minutes (0: not by that), keeping
   `local.keep` steps.

@@ -146,7 +146,7 @@ def compile_one(
 def _vit_jax_step(model, devices, global_batch, image_size, classes, mu_dtype="float32"):
   """The trainer's step (vit_jax.train.build), as vit_jax.tools.plan compiles it."""
   from vit_jax import sharding, train  # noqa: PLC0415
-  from vit_jax.checkpoint import train_state  # noqa: PLC0415
+  from vit_jax.checkpoint.state import train_state  # noqa: PLC0415
 
   config = vit_jax_config(model, global_batch, image_size)
   config.optimizer.mu_dtype = mu_dtype

@@ -16,7 +16,7 @@ from experiments import fingerprint, inside_vit
 from tests.helpers import REPO, experiment_run
 from vit_jax import checkpoint, models
 from vit_jax.analysis import capture, metrics, report
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.runtime import cli
 
 # ---------------------------------------------------------------------------------------------

@@ -47,13 +47,15 @@ def test_each_bad_file_raises_one_line_naming_it(tmp_path):
     assert "\n" not in text and str(tmp_path / file) in text, (name, text)
     assert raised.match(message), (name, text)
   assert set(checkpoint.load(tmp_path / "good.npz")) == {"a", "b"}
-  # The trainer's model_init reads through restore_params: the same lines.
-  from vit_jax.checkpoint import train_state
+  # The trainer's model_init reads a directory through restore_params: the same lines.
+  from vit_jax.checkpoint.state import train_state
 
-  for name in ("missing", "uncommitted", "text"):
+  for name in ("missing", "uncommitted"):
     file, message = bad[name]
     with pytest.raises((ValueError, FileNotFoundError), match=message):
       train_state.restore_params(tmp_path / file)
+  with pytest.raises(ValueError, match="text.npz: not an Orbax checkpoint"):
+    train_state.restore_params(tmp_path / "text.npz")
 
 
 def _run(args):

@@ -20,7 +20,7 @@ import numpy as np
 from test_image_header import bomb_png  # tests/
 
 from tests.helpers import REPO, xla_env
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.input_pipeline import testing
 from vit_jax.tools import make_shards
 

@@ -24,7 +24,7 @@ import pytest
 
 from tests.helpers import REPO, trees, xla_env
 from vit_jax import checkpoint, inference, models, objectives, sharding, train
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.configs import finetune, pretrain
 from vit_jax.objectives import distill, supervised
 from vit_jax.runtime import goodput

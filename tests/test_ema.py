@@ -11,7 +11,7 @@ import test_train  # tests/: the SIGKILL-resume harness and the small pretrain c
 
 from tests.helpers import random_weights
 from vit_jax import checkpoint, evaluators, sharding, train
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.configs import finetune
 from vit_jax.train import ema, loop, model_init
 

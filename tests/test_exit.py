@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import REPO, fault_injection, xla_env
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.runtime import workdir as workdir_lib
 
 RELEASE_DELAY_S = 60

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import pytest
 from absl import flags
 
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.runtime import cli
 
 # A ViT of the 'testing' preset's width with one block: what the checks train and fine-tune in
@@ -144,7 +144,7 @@ def _pretrained_workdir(path, model_config, image_size: int) -> str:
   """What a pretraining run of `model_config` leaves (checkpoints/<step>/ and config.json), with
   the initial weights: the input of folder_transfer, not what it tests."""
   from vit_jax import models
-  from vit_jax.checkpoint import train_state
+  from vit_jax.checkpoint.state import train_state
 
   model = models.get_model(model_config, 10)
   images = jnp.zeros((1, image_size, image_size, 3))

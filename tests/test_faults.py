@@ -21,7 +21,7 @@ import time
 import pytest
 
 from tests.helpers import REPO, fault_injection, small_disk, trees, xla_env
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.runtime import workdir as workdir_lib
 
 TOTAL = 40

@@ -22,7 +22,7 @@ import pytest
 from tests.helpers import REPO, fault_injection, random_weights, this_thread, trees, xla_env
 from tests.helpers import gcs as harness
 from vit_jax import checkpoint
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.runtime import gcs
 from vit_jax.runtime import workdir as workdir_lib
 from vit_jax.tools import make_shards

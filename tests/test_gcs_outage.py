@@ -17,7 +17,7 @@ import pytest
 
 from tests import test_gcs
 from tests.test_gcs import BUCKET, REPO, ROOT, main_args, run
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 
 pytestmark = pytest.mark.slow
 # tests/test_gcs.py's module fixtures, made again for this module: the shards on gs://, a child's
@@ -30,7 +30,7 @@ def test_a_restore_retries_a_failing_request_a_bounded_number_of_times(local_gcs
   1 retry; TensorStore's own default is 32, about 15 minutes), in the reads of the arrays'
   metadata and of the arrays: the retries are `Checkpointer`'s, on its schedule. Saves keep
   TensorStore's retries."""
-  from vit_jax.checkpoint import restore_faults
+  from vit_jax.checkpoint.state import restore_faults
 
   for key, value in local_gcs.env().items():
     monkeypatch.setenv(key, value)
@@ -68,7 +68,7 @@ def _copy_objects(local_gcs, source: str, target: str) -> None:
 
 def test_a_restore_waiting_on_storage_says_so_and_ends_on_sigterm(env, pretrained, local_gcs):
   """One object of step 2 answering 503 to every request: the restore says what it waits for
-  (vit_jax.checkpoint.storage_wait: nothing said for 30 s), each attempt gives up after
+  (vit_jax.checkpoint.state.storage_wait: nothing said for 30 s), each attempt gives up after
   TensorStore's bounded retries and is retried, and SIGTERM in the middle of an attempt ends the
   run within seconds with one line, exit 1, nothing moved (it used to wait out TensorStore's 32
   retries, 15 minutes, in silence, before acting on the signal). The same command without the

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.helpers import REPO, fault_injection, xla_env
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.runtime import goodput, profiling
 
 

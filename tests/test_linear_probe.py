@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint, evaluators, linear_probe, models
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.configs import linear_probe as linear_probe_config
 
 

@@ -1,4 +1,4 @@
-"""The local checkpoint tier (vit_jax.checkpoint.local_tier).
+"""The local checkpoint tier (vit_jax.checkpoint.state.local_tier).
 
 In-process: a state saved to the tier restores bitwise, the newer of the two tiers is taken (the
 local one at a tie), a tier of another workdir or topology is emptied, and docs/training.md's
@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from tests.helpers import REPO, fault_injection, local_cluster, this_thread, xla_env
 from vit_jax import sharding
-from vit_jax.checkpoint import local_tier, train_state
+from vit_jax.checkpoint.state import local_tier, train_state
 from vit_jax.runtime import goodput
 
 

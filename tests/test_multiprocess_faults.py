@@ -28,7 +28,7 @@ import pytest
 
 from tests.helpers import REPO, fault_injection, invariance_config, local_cluster, trees, xla_env
 from vit_jax import train
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.configs import pretrain
 
 FLAGS = ["--config.checkpoint.every_steps=5", "--config.checkpoint.asynchronous=true"]

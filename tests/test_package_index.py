@@ -5,7 +5,7 @@ The packages: vit_jax/, every vit_jax/<name>/ with an `__init__.py`, experiments
 experiments/<name>/ with one, and tests/helpers/. A module is a `.py` file of the folder (`__init__.py` aside, `__main__.py`
 included) or a subfolder with an `__init__.py`. The docstring names a module by its bare name
 (`npz`, `__main__`), its file name (`npz.py`) or its dotted name in the package
-(`vit_jax.checkpoint.npz`), not as part of a path (`configs/pretrain.py` names no module of the
+(`vit_jax.checkpoint.weights.npz`), not as part of a path (`configs/pretrain.py` names no module of the
 folder it is written in). It names no module that is not there: a
 `name.py` of its own (not part of a path), the first word of an index line (at the margin or
 two spaces in, the name, two or more spaces, its description) and a dotted `vit_jax.<package>.<name>` of its own

@@ -22,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from vit_jax.checkpoint import restore_faults, storage_wait, train_state
+from vit_jax.checkpoint.state import restore_faults, storage_wait, train_state
 
 
 def _state(step: int, width: int = 4) -> dict:

@@ -11,7 +11,7 @@ from PIL import Image
 
 from tests.helpers import trees
 from vit_jax import input_pipeline, predict, stages
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.evaluators import segmentation as seg_eval
 from vit_jax.input_pipeline import splits
 from vit_jax.input_pipeline.ops import segmentation as seg_ops

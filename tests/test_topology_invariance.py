@@ -46,7 +46,7 @@ from tests.helpers import (
   xla_env,
 )
 from vit_jax import sharding, train
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 
 # The meshes of layouts (1) and (2) (4 devices; (2) on 2 slices, `data` across them), and (3).
 MESHES = {"two": dict(data=2, fsdp=1, model=2), "accum": dict(data=2, fsdp=2, model=2)}

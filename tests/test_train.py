@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import REPO, xla_env
 from vit_jax import sharding, stages, train
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.configs import finetune, pretrain
 
 
@@ -237,7 +237,7 @@ _CHILD = textwrap.dedent(
   from vit_jax.runtime import startup
   loop = startup.import_module("vit_jax.train.loop")  # as a command imports it
   from vit_jax import input_pipeline
-  from vit_jax.checkpoint import train_state
+  from vit_jax.checkpoint.state import train_state
   module, factory = {config_fn!r}.split(":")
   config = getattr(importlib.import_module(module), factory)()
 

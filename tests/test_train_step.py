@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import this_thread
 from vit_jax import models, sharding, train
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.configs import finetune, pretrain
 from vit_jax.objectives import supervised
 from vit_jax.runtime import logging_util, workdir

@@ -8,7 +8,7 @@ with a warning naming it; or the run is refused in one line naming it. Through t
 (`python -m vit_jax.main`, a few steps): a `goodput.json` of another shape is set aside and the
 run finishes; a broken `config.json` beside checkpoints is refused in one line; an unusable
 `checkpoint.local.dir` is named in one line. The decisions are in each reader's docstring
-(vit_jax.runtime.goodput, workdir, workdir_lock, profiling, vit_jax.checkpoint.local_tier).
+(vit_jax.runtime.goodput, workdir, workdir_lock, profiling, vit_jax.checkpoint.state.local_tier).
 """
 
 import copy
@@ -31,7 +31,8 @@ import ml_collections
 import pytest
 
 from tests.helpers import REPO, xla_env
-from vit_jax.checkpoint import loader, local_tier
+from vit_jax.checkpoint import loader
+from vit_jax.checkpoint.state import local_tier
 from vit_jax.configs import pretrain
 from vit_jax.runtime import cli, console, goodput, json_file, profiling, workdir, workdir_lock
 from vit_jax.tools import goodput as goodput_tool

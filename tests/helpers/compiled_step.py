@@ -2,7 +2,7 @@
 planner's figures (test_plan) and the step-memory bounds (test_step_memory) are read from."""
 
 from vit_jax import sharding, train
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.tools import plan as planner
 
 

@@ -38,7 +38,7 @@ PROGRAM = textwrap.dedent(
   import orbax.checkpoint as ocp
   from vit_jax import evaluators, input_pipeline, main
   from vit_jax.runtime import cli
-  from vit_jax.checkpoint import restore_faults, train_state
+  from vit_jax.checkpoint.state import restore_faults, train_state
   name = os.environ.get("FAULT_SIGNAL", "SIGTERM")
   sig = getattr(signal, name)
   at, second = int(os.environ.get("FAULT_AT", 0)), int(os.environ.get("FAULT_SECOND_AT", 0))

@@ -4,7 +4,7 @@ its path."""
 import jax
 import numpy as np
 
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 
 
 def assert_equal(a, b, what: str = "") -> None:

@@ -1,11 +1,9 @@
-"""Load any checkpoint: a file or a trainer workdir, with the architecture that goes with it.
+"""Load any checkpoint (a weights file or a trainer workdir) with the architecture it goes with.
 
-`load(path)` returns the parameters of anything `config.model_init` accepts: a published `.npz`
-(vit_jax, big_vision or BiT layout), a timm / Hugging Face `.safetensors`, or an Orbax workdir
-of a pretrain or fine-tune run (its latest step), its `checkpoints/` directory or one step
-directory. `load_model(path)` adds the Flax module and the stage config: the architecture comes
-from the workdir's saved `config.json` when there is one, else from the parameter shapes.
-`representation_model` is the headless model the linear probe, predict and the analysis run.
+`load` reads the parameters (weights.npz for files, state.train_state for workdirs), `load_model`
+adds the Flax module and the stage config (the workdir's saved `config.json`, else the parameter
+shapes), and `representation_model` is the headless model the linear probe, predict and the
+analysis run.
 """
 
 import dataclasses
@@ -18,7 +16,8 @@ import numpy as np
 from etils import epath
 
 from vit_jax import models
-from vit_jax.checkpoint import adapt, npz, timm_hf, train_state
+from vit_jax.checkpoint.state import train_state
+from vit_jax.checkpoint.weights import adapt, npz, timm_hf
 from vit_jax.models import mpp
 from vit_jax.runtime import json_file
 from vit_jax.runtime import workdir as workdir_lib
@@ -31,7 +30,7 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> dict[str, Any
     path: `.npz` or `.safetensors` (local or `gs://`), or an Orbax workdir, its `checkpoints/`
       or one step directory `checkpoints/<step>` (of a run with Polyak averaging: the average,
       the weights its evaluators reported; see train_state.restore_params).
-    num_heads: attention heads of a PyTorch-layout file (see vit_jax.checkpoint.npz.load).
+    num_heads: attention heads of a PyTorch-layout file (see vit_jax.checkpoint.weights.npz.load).
   """
   if npz.is_params_file(path):
     return npz.load(path, num_heads)  # (it refuses pickles with a message saying so)
@@ -86,16 +85,10 @@ def load_model(
 
 
 def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDict:
-  """Reconstructs a ViT's model config from its parameter shapes.
-
-  Reads patch size and width from `embedding/kernel` [p, p, C, D], depth from the encoder
-  blocks (stacked or not), heads from `query/kernel` [D, heads, D/heads], the MLP width, the
-  classifier ('token' iff there is a `cls` parameter), DeiT's `distill_token` (iff there is a
-  `dist_token`), `representation_size` from `pre_logits`, `posemb='sincos2d'` when there is no
-  position embedding table (a sincos2d model of this package or of big_vision), and for hybrids
-  the ResNet's units per stage (`block{s}/unit{u}`) and width factor (`conv_root/kernel`
-  [7, 7, 3, 64 * width]). The GELU (`gelu_approximate`) is not in the shapes: it keeps its
-  default.
+  """Reconstructs a ViT's (or BiT ResNet's) model config from its parameter names and shapes:
+  patch size, width, depth (stacked blocks or not), heads, MLP width, classifier, DeiT's
+  distillation token, representation size, `posemb='sincos2d'` without a table, a hybrid's
+  ResNet. The GELU (`gelu_approximate`) is not in the shapes: it keeps its default.
   """
   if "root_block" in params:  # a BiT ResNet (vit_jax.models.bit)
     return _bit_config(params)

@@ -8,16 +8,14 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
+
+from vit_jax.runtime import distributed
 
 
 def gather(local: dict[str, int]) -> dict[str, Any]:
   """Every process's `local` iterator state, gathered (the same result on every process)."""
-  if jax.process_count() == 1:
-    return {"process_states": [local]}
   keys = sorted(local)
-  values = np.asarray([int(local[k]) for k in keys], np.int64)
-  gathered = np.asarray(multihost_utils.process_allgather(values))  # [processes, fields]
+  gathered = distributed.gather(np.asarray([int(local[k]) for k in keys], np.int64))
   return {"process_states": [dict(zip(keys, map(int, row), strict=True)) for row in gathered]}
 
 

@@ -3,7 +3,7 @@
   cli           a command's flags, the distributed flags, and its one-line end on an error
   config_files  the `--config` flag: which file a config path names, and bad overrides
   console       what reaches the terminal, and the log file that keeps everything else
-  distributed   connecting the processes of a multi-host run (jax.distributed)
+  distributed   connecting the processes of a multi-host run, and agreeing on values between them
   stopping      SIGTERM / SIGINT turned into a stop at a step every process saves
   workdir       a workdir's config.json and final metrics, atomic JSON writes
   workdir_lock  one writer per workdir, held as a lease its holder renews

@@ -1,17 +1,24 @@
 """Connecting the processes of a multi-host run (`jax.distributed.initialize`), for every entry
-point that runs stages: vit_jax.main and vit_jax.tools.transfer.
+point that runs stages (vit_jax.main, vit_jax.tools.transfer), and agreeing on values between them.
 
 On a multi-host TPU VM slice, or a job of several slices whose environment says so, it connects
 automatically (mode 'auto'); elsewhere (CPU or GPU
 clusters) every process passes the coordinator's `host:port`, the number of processes and its
 own index. A single process needs nothing. A process that goes silent ends the others within
 `LOST_PROCESS_TIMEOUT_S` (vit_jax.runtime.liveness, started by vit_jax.runtime.cli).
+
+The agreement functions (`gather`, `on_every_process`, `largest`, `of_process_0`) are collectives:
+every process calls them at the same point (on one process they only return the value). Values
+pass through jax's dtypes: a 64-bit integer is cut to 32 bits unless jax_enable_x64 is set.
 """
 
 import os
+from typing import Any
 
 import jax
+import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 # How long a process that shows no sign of life takes to count as gone (vit_jax.runtime.liveness):
 # the survivors of a lost host end within about this. Long compiles and restores do not silence a
@@ -71,3 +78,26 @@ def initialize(
     jax.device_count(),
   )
   return True
+
+
+def gather(value: Any) -> np.ndarray:
+  """Every process's `value` (a number or an array of one shape and dtype on every process), in
+  process order: [processes, *shape]."""
+  if jax.process_count() == 1:
+    return np.asarray(value)[None]
+  return np.asarray(multihost_utils.process_allgather(np.asarray(value)))
+
+
+def on_every_process(ok: bool) -> bool:
+  """Whether `ok` holds on every process."""
+  return bool(gather(np.int32(ok)).all())
+
+
+def largest(value: int) -> int:
+  """The largest of every process's `value`."""
+  return int(gather(np.int64(value)).max())
+
+
+def of_process_0(value: int) -> int:
+  """Process 0's `value`, on every process."""
+  return int(gather(np.int64(value))[0])

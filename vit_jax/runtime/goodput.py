@@ -22,7 +22,7 @@ committed nothing a rerun restored counts whole as lost. A run that finished is 
 lost time (a later rerun extends it on purpose); one that stopped (SIGTERM, preemption) is
 followed by the time until the rerun. `recomputed_steps` counts steps that were committed and
 yet trained again: the newest committed step (in the workdir, or in the local tier of every
-process whose tier survived: vit_jax.checkpoint.local_tier) minus the restored one, zero when a
+process whose tier survived: vit_jax.checkpoint.state.local_tier) minus the restored one, zero when a
 rerun resumes exactly.
 
 goodput = step / (every phase of every attempt + lost).

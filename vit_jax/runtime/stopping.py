@@ -9,7 +9,7 @@ saved), once a restore or initialisation returns, and once the first batch was f
 data pipeline's warm-up) and the step compiled (nothing new to save). A phase that does not
 return to Python (one XLA compile) is not cut short: the signal is acted on as it returns; a
 restore that waits on storage is abandoned 5 s after the signal, nothing moved, and ends the run
-with one line (vit_jax.checkpoint.storage_wait). The trainer then raises `Stopped`, which the entry point turns into one line and exit
+with one line (vit_jax.checkpoint.state.storage_wait). The trainer then raises `Stopped`, which the entry point turns into one line and exit
 status 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), so that a scheduler sees a
 run that did not finish and a rerun of the same command continues from the saved step without
 replaying any. A second signal stops without saving (the checkpoints already committed are

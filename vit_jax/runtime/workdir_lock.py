@@ -1,24 +1,18 @@
 """The workdir lock: one writer per workdir, held as a lease that its holder renews.
 
 While a stage runs, process 0 holds `<workdir>/lock.json` (host, pid, start time, PID namespace,
-a token) and renews it every quarter of its lease (`LEASE_S`). The lock's age (on a local disk
-the file's modification time, on gs:// the object's last write) says how long ago its holder
-last showed it was alive. A second launch stops with one line naming the holder while the lease
-runs. Once the lease has expired (the holder was killed, its VM preempted and replaced, its
-machine lost without a signal) a launch anywhere takes the lock over and says whose lock it took
-and why; a holder on this host whose process is gone (same host, same PID namespace) is taken
-over at once. An empty or unreadable lock file (a kill between its create and its write, or
-JSON that is no lock record: vit_jax.runtime.json_file) is no live holder once it is older than
-the lease; until then a launch stops with one line naming the file and `--break_lock`. It is
-neither set aside nor taken over sooner, since a launch may be writing it at that moment.
-`break_lock` removes a lock by hand (`vit_jax.main --break_lock`).
+a token) and renews it every quarter of its lease (`LEASE_S`); the lock's age (a local file's
+modification time, a gs:// object's last write) is how long ago its holder showed it was alive.
+A second launch stops with one line naming the holder while the lease runs; once it has expired,
+or at once when the holder is a gone process of this host, a launch takes the lock over and says
+whose it took and why. An empty or unreadable lock file (vit_jax.runtime.json_file) is no live
+holder once older than the lease; until then a launch stops with one line naming `--break_lock`
+(a launch may be writing it at that moment). `break_lock` removes a lock by hand.
 
-Each step is atomic where the storage allows it: the create is O_EXCL on a local disk and a
-generation precondition on gs://; a take-over replaces exactly the version it judged expired with its
-own record (on a local disk under a marker file created exclusively, on gs:// a write
-conditional on that version's generation), so of launches taking over at once one wins, and a
-holder that renewed meanwhile keeps its lock.
-On other object stores the check and the write are two requests.
+Each step is atomic where the storage allows it (O_EXCL and an exclusive take-over marker on a
+local disk, generation preconditions on gs://), so of launches taking over at once one wins and a
+holder that renewed meanwhile keeps its lock; on other object stores the check and the write are
+two requests. docs/training.md ("One writer per workdir, as a lease") has the whole behaviour.
 
 This file must not import TensorFlow.
 """
@@ -36,11 +30,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 from absl import logging
 from etils import epath
 
-from vit_jax.runtime import gcs, json_file
+from vit_jax.runtime import distributed, gcs, json_file
 
 LOCK_FILE = "lock.json"
 LEASE_S = 300.0  # a holder not heard of for this long is gone
@@ -111,6 +104,11 @@ def _parse(text: str | None) -> dict[str, Any] | None:
     return None
 
 
+def _token(text: str | None) -> str | None:
+  """The token of the lock record in `text` (None: no record)."""
+  return (_parse(text) or {}).get("token")
+
+
 def _why_expired(holder: Mapping[str, Any] | None, age: float, lease: float) -> str | None:
   """Why the lock may be taken over, or None while its holder counts as alive."""
   if holder is None:
@@ -175,7 +173,7 @@ class _LocalStore:
 
   def renew(self, token: str) -> bool:
     seen = self.read()
-    if seen is None or (_parse(seen.text) or {}).get("token") != token:
+    if seen is None or _token(seen.text) != token:
       return False
     os.utime(self.path)
     return True
@@ -234,7 +232,7 @@ class _GcsStore:
 
   def renew(self, token: str) -> bool:
     seen = gcs.read_versioned(self.path)
-    if seen is None or seen[1] != self.generation or (_parse(seen[0]) or {}).get("token") != token:
+    if seen is None or seen[1] != self.generation or _token(seen[0]) != token:
       return False
     self.generation = gcs.replace_if(self.path, seen[0], seen[1])
     return self.generation is not None
@@ -383,12 +381,8 @@ def lock(workdir: str, lease_s: float | None = None) -> Iterator[None]:
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     store = _store(epath.Path(workdir) / LOCK_FILE)
     refusal = _acquire(store, record, workdir, lease)
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    held = bool(multihost_utils.broadcast_one_to_all(np.int32(refusal is not None)))
-    if held and refusal is None:
-      refusal = f"{workdir} is in use by another run (process 0 names it)"
+  if distributed.of_process_0(refusal is not None) and refusal is None:
+    refusal = f"{workdir} is in use by another run (process 0 names it)"
   if refusal is not None:
     raise WorkdirLocked(refusal)
   renewal = _Renewal(store, record["token"], workdir, lease) if store is not None else None
@@ -398,7 +392,7 @@ def lock(workdir: str, lease_s: float | None = None) -> Iterator[None]:
     if renewal is not None:
       renewal.stop()
       seen = store.read()
-      if seen is not None and (_parse(seen.text) or {}).get("token") == record["token"]:
+      if seen is not None and _token(seen.text) == record["token"]:
         store.remove()
 
 

@@ -38,7 +38,8 @@ import ml_collections
 from absl import logging
 
 from vit_jax import checkpoint, models
-from vit_jax.checkpoint import layouts, timm_hf, train_state
+from vit_jax.checkpoint.state import train_state
+from vit_jax.checkpoint.weights import layouts, timm_hf
 from vit_jax.runtime import cli
 
 FORMATS = ("timm", "hf", "npz")

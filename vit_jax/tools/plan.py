@@ -246,7 +246,7 @@ def plan(
   import jax  # noqa: PLC0415
 
   from vit_jax import sharding, train  # noqa: PLC0415
-  from vit_jax.checkpoint import train_state  # noqa: PLC0415
+  from vit_jax.checkpoint.state import train_state  # noqa: PLC0415
   from vit_jax.cost import compiled_stats, flops  # noqa: PLC0415
   from vit_jax.cost import devices as device_table  # noqa: PLC0415
 

@@ -52,7 +52,7 @@ between two evaluation batches (the evaluation is abandoned), or once the restor
 compile returns. A second signal stops without saving (a command exits at once;
 vit_jax.runtime.stopping). Killed without notice, a run resumes from the latest complete
 checkpoint and replays the same steps; a latest checkpoint with evidence of damage is moved aside
-and the one before it used (vit_jax.checkpoint.train_state).
+and the one before it used (vit_jax.checkpoint.state.train_state).
 A run restarted after its last step runs its evaluators on the final state and returns their
 metrics (what vit_jax.main records).
 """

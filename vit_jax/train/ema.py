@@ -6,7 +6,7 @@ after every optimizer step t. The paper's Table 2 ImageNet fine-tuning adds Poly
 (1992) averaging with a factor of 0.9999 (§4.1). The trainer keeps the
 average in its state as `state['ema']` (same shapes, dtypes and shardings as the parameters,
 saved and resumed with them), evaluates it instead of the raw parameters, and
-`vit_jax.checkpoint.train_state.restore_params` returns it to later stages.
+`vit_jax.checkpoint.state.train_state.restore_params` returns it to later stages.
 
 Pure jax; no TensorFlow, no state of its own.
 """

@@ -8,7 +8,7 @@ import ml_collections
 from absl import logging
 
 from vit_jax import evaluators, input_pipeline, sharding
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 from vit_jax.cost import compiled_stats, flops
 from vit_jax.input_pipeline import host_states
 from vit_jax.runtime import goodput, logging_util, profiling, stopping

@@ -17,7 +17,7 @@ import numpy as np
 from absl import logging
 
 from vit_jax import checkpoint, models, sharding
-from vit_jax.checkpoint import train_state
+from vit_jax.checkpoint.state import train_state
 
 # What `model_from_init` keeps of the stage's own model config (the rest is the checkpoint's).
 STAGE_MODEL_FIELDS = (

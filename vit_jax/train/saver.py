@@ -1,8 +1,8 @@
 """Saving and restoring the trainer's state, in both tiers: `Saver`.
 
-The workdir's checkpoints (vit_jax.checkpoint.train_state) are saved at `checkpoint.every_steps`,
+The workdir's checkpoints (vit_jax.checkpoint.state.train_state) are saved at `checkpoint.every_steps`,
 at the last step and when the run is told to stop (a signal, a preemption notice); the local tier
-(vit_jax.checkpoint.local_tier), where configured, at its own steps between them. A run resumes
+(vit_jax.checkpoint.state.local_tier), where configured, at its own steps between them. A run resumes
 from the newer complete step of the two. Before any save the metrics window's first non-finite
 step is read: a bad step ends the run (FloatingPointError naming it) and is never saved. Each
 save carries every host's data-iterator position (vit_jax.input_pipeline.host_states), so the
@@ -16,7 +16,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from vit_jax.checkpoint import local_tier, train_state
+from vit_jax.checkpoint.state import local_tier, train_state
 from vit_jax.input_pipeline import host_states
 from vit_jax.runtime import goodput, stopping
 from vit_jax.train import model_init

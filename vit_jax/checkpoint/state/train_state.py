@@ -1,26 +1,18 @@
-"""Training checkpoints in the workdir (Orbax), and `restore_params` for any checkpoint path.
+"""The trainer's checkpoints in the workdir (Orbax), and `restore_params` of one of them.
 
 Layout: `<workdir>/checkpoints/<step>/state` holds the train state pytree (params, opt_state,
-step, rng, and ema with Polyak averaging) written by every process (each writes its own shards), and `<step>/data` the input
-iterator's state as JSON (written by process 0; the iterator state is the same on every process).
-Orbax writes a step to a temporary directory and renames it when complete, so a run killed at
-any moment leaves only complete steps behind; `latest_step` ignores the rest.
+step, rng, and ema with Polyak averaging), each process writing its own shards, and
+`<step>/data` the input iterator's state as JSON. Orbax writes a step to a temporary directory
+and renames it when complete, so a run killed at any moment leaves only complete steps behind.
+Restoring takes an abstract state (`jax.ShapeDtypeStruct`s carrying the target shardings), so a
+checkpoint written on one mesh restores onto any other.
 
-Restoring takes an abstract state (`jax.ShapeDtypeStruct`s carrying the target shardings), so
-a checkpoint written on one mesh restores onto any other.
+Faults (docs/training.md, "Stopping, faults and recovery"): only evidence that a step is broken (restore_faults) moves it
+aside to `<workdir>/broken_checkpoints/`, once an older step restores; any other restore error is
+retried, then ends the run in one line; each attempt runs on a worker thread (storage_wait). A
+failed save ends the run in one line; a full disk also removes the unfinished step.
 
-Faults: a step is moved aside to `<workdir>/broken_checkpoints/<step>` (never deleted) only on
-evidence that it is broken (a missing or truncated file, metadata that does not parse or does
-not match its arrays: vit_jax.checkpoint.restore_faults), once an older step restores, and the
-resume from that older step is a warning naming both. Any other restore error (a storage or
-memory error, a library's) is retried, then ends the run with one line, nothing moved; a step
-that does not fit the model ends it at once. Each restore attempt runs on a worker thread
-(vit_jax.checkpoint.storage_wait): a wait on storage says so every 30 s, a stop request ends it
-within seconds, and TensorStore retries a failing GCS request RESTORE_REQUEST_RETRIES times
-within one attempt. A save waiting on storage says so too. A save that fails ends the run with one line, and
-a full disk also removes the unfinished step directory and says how much space a step takes.
-
-This file must not import TensorFlow (`.npz` paths with a scheme go through vit_jax.checkpoint).
+This file must not import TensorFlow.
 """
 
 import copy
@@ -40,8 +32,8 @@ import tensorstore as ts
 from absl import logging
 from etils import epath
 
-from vit_jax.checkpoint import npz, restore_faults, storage_wait
-from vit_jax.runtime import gcs
+from vit_jax.checkpoint.state import restore_faults, storage_wait
+from vit_jax.runtime import distributed, gcs
 
 _STATE, _DATA = "state", "data"
 CHECKPOINT_DIR = "checkpoints"
@@ -78,14 +70,14 @@ class Checkpointer:
     """Args: workdir; save every `every_steps` steps (and when forced); keep the latest `keep`."""
     gcs.require_client(workdir)  # Orbax opens a gs:// directory with google-cloud-storage
     _register_array_handler()
+    self.every_steps = max(int(every_steps), 1)
     options = ocp.CheckpointManagerOptions(
-      save_interval_steps=max(int(every_steps), 1),
+      save_interval_steps=self.every_steps,
       max_to_keep=int(keep) if keep else None,
       enable_async_checkpointing=asynchronous,
       create=True,
       cleanup_tmp_directories=True,
     )
-    self.every_steps = max(int(every_steps), 1)
     self._asynchronous = asynchronous
     self.workdir = _absolute(workdir)
     self.directory = self.workdir / CHECKPOINT_DIR
@@ -192,12 +184,9 @@ class Checkpointer:
   ) -> tuple[int, Any, Any] | None:
     """(step, state, data_state) of the newest step that restores, or None without any step.
 
-    A step is moved aside to `<workdir>/broken_checkpoints/` (never deleted) only on evidence
-    that it is broken (vit_jax.checkpoint.restore_faults), once an older step restores; resuming
-    from an older step than the newest is said in a warning naming both. Every process acts on
-    the same verdict: the gravest of theirs.
-
-    `stop_requested()` True (a stop signal) cuts the waits between retries short.
+    A step with evidence that it is broken is moved aside once an older step restores, with a
+    warning naming both (see the module docstring); every process acts on the gravest verdict of
+    all. `stop_requested()` True (a stop signal) cuts the waits between retries short.
 
     Raises:
       CheckpointRestoreError: a step failed to restore, without evidence that it is broken,
@@ -240,9 +229,8 @@ class Checkpointer:
     self, step: int, abstract_state: Any, stop_requested: Callable[[], bool]
   ) -> tuple[Any, Any] | str:
     """(state, data_state) of `step`, or the evidence that it is broken; retries a failure
-    without evidence after each of restore_faults.RETRY_DELAYS_S. Each attempt runs on a worker
-    thread (vit_jax.checkpoint.storage_wait): the wait says what it waits for at least every
-    storage_wait.NOTICE_EVERY_S, and a stop request ends it within a second.
+    without evidence after each of restore_faults.RETRY_DELAYS_S, each attempt on a worker
+    thread (storage_wait).
 
     Raises:
       CheckpointRestoreError: it still failed after the retries, or a stop was requested
@@ -264,7 +252,7 @@ class Checkpointer:
           f"{doing}: a stop was requested while waiting on storage for {e.waited_s:.0f} s"
           f"{note}; nothing was moved. Rerun the same command to continue"
         ) from None
-      agreed = _gravest_on_every_process(outcome)
+      agreed = distributed.largest(outcome)  # the gravest: _OK < _RETRY < _BROKEN < _MISMATCH
       if agreed == _OK:
         return value
       why = value if outcome == agreed else "another process could not restore (its log says why)"
@@ -364,7 +352,7 @@ class Checkpointer:
     if jax.process_index() == 0:
       target.parent.mkdir(parents=True, exist_ok=True)
       (self.directory / str(step)).rename(target)
-    _on_every_process(True)  # a barrier: no process lists the steps before the move
+    distributed.on_every_process(True)  # a barrier: no process lists the steps before the move
     return target
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
@@ -439,32 +427,22 @@ def _register_array_handler() -> None:
 
 def _first_line(error: BaseException) -> str:
   """The most telling line of `error`'s chain: the innermost cause that names a file, else its
-  own first line (TensorStore's outer message only repeats an array index), without the
-  TensorStore spec it ends with (a kilobyte of JSON)."""
-  chain, seen = [], error
-  while seen is not None and len(chain) < 20:
-    chain.append(seen)
-    seen = seen.__cause__ or seen.__context__
-  for e in reversed(chain):
+  own first line (TensorStore's outer message only repeats an array index)."""
+  for e in reversed(restore_faults.chain(error)):
     for line in str(e).splitlines():
       if re.search(r"(file|database) ", line) and os.sep in line:
-        return line.strip().split(" [tensorstore_spec=")[0]
-  text = str(error).strip()
-  return text.splitlines()[0] if text else type(error).__name__
+        return restore_faults.one_line(line)
+  return restore_faults.one_line(str(error)) or type(error).__name__
 
 
 def out_of_space(error: BaseException) -> bool:
   """Whether `error` or one of its causes is a full disk (ENOSPC, also as TensorStore says it)."""
-  seen = error
-  for _ in range(20):
-    if seen is None:
-      return False
-    if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
-      return True
-    if "No space left on device" in str(seen) or "os_error_code='28'" in str(seen):
-      return True
-    seen = seen.__cause__ or seen.__context__
-  return False
+  return any(
+    (isinstance(e, OSError) and e.errno == errno.ENOSPC)
+    or "No space left on device" in str(e)
+    or "os_error_code='28'" in str(e)
+    for e in restore_faults.chain(error)
+  )
 
 
 def _free_bytes(path: epath.Path) -> int | None:
@@ -476,24 +454,6 @@ def _free_bytes(path: epath.Path) -> int | None:
 
 def _megabytes(n: int | None) -> str:
   return "an unknown amount" if n is None else f"{n / 2**20:,.1f} MiB"
-
-
-def _gravest_on_every_process(outcome: int) -> int:
-  """The gravest of every process's restore outcome (_OK < _RETRY < _BROKEN < _MISMATCH)."""
-  if jax.process_count() == 1:
-    return outcome
-  from jax.experimental import multihost_utils
-
-  return int(np.max(multihost_utils.process_allgather(np.int32(outcome))))
-
-
-def _on_every_process(ok: bool) -> bool:
-  """Whether `ok` holds on every process (a collective on several processes)."""
-  if jax.process_count() == 1:
-    return ok
-  from jax.experimental import multihost_utils
-
-  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
 
 
 def abstract_tree(tree: Any, shardings: Any) -> Any:
@@ -513,6 +473,8 @@ def _state_dir(path: epath.Path) -> epath.Path:
   """Finds the `state` item of a workdir, a checkpoints directory or one step directory."""
   if not path.exists():
     raise FileNotFoundError(f"{path}: no such file or directory")
+  if not path.is_dir():
+    raise ValueError(f"{path}: not an Orbax checkpoint (checkpoint.load reads weights files)")
   if (path / _STATE).is_dir():
     return path / _STATE
   if (path / CHECKPOINT_DIR).is_dir():
@@ -540,13 +502,11 @@ def committed_steps(path: str | os.PathLike) -> list[int]:
 
 
 def restore_params(path: str | os.PathLike, ema: bool | None = None) -> dict[str, Any]:
-  """Reads parameters from any checkpoint a stage may start from.
+  """Reads the parameters of a trainer's Orbax checkpoint (vit_jax.checkpoint.load reads any).
 
   Args:
-    path: a `.npz` (vit_jax or big_vision layout, local or `gs://`) or a timm / Hugging Face
-      `.safetensors` (see vit_jax.checkpoint.load),
-      or an Orbax checkpoint written by the trainer: a workdir (its latest step), its
-      `checkpoints/` directory (latest step) or one step directory `checkpoints/<step>`.
+    path: a workdir (its latest step), its `checkpoints/` directory (latest step) or one step
+      directory `checkpoints/<step>`.
     ema: of an Orbax checkpoint trained with Polyak averaging (`config.ema_decay`), the
       averaged parameters (None or True: the ones its evaluators reported) or the raw ones
       (False). True for a checkpoint without an average raises ValueError.
@@ -555,8 +515,6 @@ def restore_params(path: str | os.PathLike, ema: bool | None = None) -> dict[str
     Nested dict of numpy arrays (host memory, on every process), in the module layout of
     vit_jax.models.vit. Only the parameters are read, not the optimizer state.
   """
-  if npz.is_params_file(path):
-    return npz.load(path)
   state_dir = _state_dir(_absolute(path))
   checkpointer = ocp.PyTreeCheckpointer()
   metadata = checkpointer.metadata(state_dir)

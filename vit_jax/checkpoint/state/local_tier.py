@@ -1,30 +1,17 @@
 """A fast local checkpoint tier: frequent saves of each process's own shards to its own disk.
 
-Besides the persistent checkpoints in the workdir (vit_jax.checkpoint.train_state: a bucket, on a
-pod), `config.checkpoint.local` can save every N steps or minutes to a directory on each host
-(local SSD, or /dev/shm: memory). Every process writes only the shards of its own devices (one
-copy of each, as Orbax's emergency checkpointing does) and the data iterator's state, under
-`<local.dir>/process_<i>/steps/<step>`; no process waits for another to save.
+`config.checkpoint.local` saves every N steps or minutes under
+`<local.dir>/process_<i>/steps/<step>` (local SSD, or /dev/shm), each process only the shards of
+its own devices and the data position, without waiting for the others. `restore_latest` takes
+the newest step complete on every process in either tier; nothing is fetched from peers
+(docs/training.md, "A local checkpoint tier").
 
-Restoring (`restore_latest`) takes the newest step that is complete on every process in either
-tier: the local steps that every process holds (agreed through one all-gather), else the
-workdir's. A process whose local tier is gone (a replaced VM, a wiped /dev/shm) holds none, so
-the run resumes from the workdir; nothing is fetched from peers. The state is the same pytree in
-both tiers, so a resume is bitwise the same whichever tier it comes from.
-
-A local tier belongs to one workdir and one topology: `<workdir>/local_tier.json` holds a random
-token that each process's `tier.json` repeats, with the process count, the process's index and
-its mesh. A tier written for another workdir (or an earlier run at the same path), or on another
-topology (its shards would not be this process's), is emptied, with a warning, instead of read;
-so is a tier whose `tier.json` is unreadable (whose it is cannot be told). A `local_tier.json`
-that is not one (vit_jax.runtime.json_file) is set aside (renamed, with a warning) and a new
-token made: the local tiers written before are then emptied, which loses at most the local
-steps newer than the workdir's, retrained as after a lost host; refusing would only ask the user
-to remove the file. A `checkpoint.local.dir` that cannot be used ends the run in one line naming
-the setting, the directory and the error.
-
-A failed local save (a full /dev/shm) is a warning and turns the tier off for the rest of the
-run: the persistent tier still holds the run.
+A tier belongs to one workdir and one topology: the random token of `<workdir>/local_tier.json`,
+repeated in each process's `tier.json` with its topology. Another's tier, or an unreadable
+`tier.json`, is emptied with a warning; a `local_tier.json` that is not one is set aside and a new
+token made (the tiers written before are then emptied: at most the local steps newer than the
+workdir's are trained again). A failed local save is a warning and turns the tier off for the
+run: the workdir's checkpoints go on.
 
 This file must not import TensorFlow.
 """
@@ -44,8 +31,8 @@ from absl import logging
 from etils import epath
 from orbax.checkpoint._src.serialization import type_handler_registry
 
-from vit_jax.checkpoint import train_state
-from vit_jax.runtime import json_file
+from vit_jax.checkpoint.state import train_state
+from vit_jax.runtime import distributed, json_file
 from vit_jax.runtime import workdir as workdir_lib
 
 TOKEN_FILE = "local_tier.json"  # in the workdir
@@ -136,12 +123,7 @@ class LocalTier:
       return True
     if not (self._every_s and at_log_step):
       return False
-    late = time.monotonic() - self._last_save >= self._every_s
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-
-      late = bool(multihost_utils.broadcast_one_to_all(np.int32(late)))
-    return late
+    return bool(distributed.of_process_0(time.monotonic() - self._last_save >= self._every_s))
 
   def save(self, step: int, state: Any, data_state: Any, force: bool = False) -> bool:
     """Starts writing this process's shards of `state` and `data_state` at `step`; whether it
@@ -189,7 +171,7 @@ class LocalTier:
     held = np.full(_MAX_STEPS, -1, np.int64)
     mine = self.steps()[-_MAX_STEPS:]
     held[: len(mine)] = mine
-    every = [set(row[row >= 0].tolist()) for row in _gather(held)]  # per process
+    every = [set(row[row >= 0].tolist()) for row in distributed.gather(held)]  # per process
     common = set.intersection(*every)
     surviving = set.intersection(*[steps for steps in every if steps] or [set()])
     self.committed = max(surviving) if surviving else None
@@ -212,7 +194,7 @@ class LocalTier:
       reason = ""
     except Exception as e:  # noqa: BLE001 - the workdir's steps are used instead
       restored, reason = None, train_state._first_line(e)
-    if not _on_every_process(not reason):
+    if not distributed.on_every_process(not reason):
       logging.warning(
         "local checkpoint step %d does not restore (%s); using the workdir's checkpoints",
         step,
@@ -344,11 +326,9 @@ def _workdir_token(workdir: str) -> str:
       token = secrets.randbits(62)
       epath.Path(workdir).mkdir(parents=True, exist_ok=True)
       workdir_lib.write_json(path, {"token": f"{token:016x}"})
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    token = int(multihost_utils.broadcast_one_to_all(np.int64(token)))
-  return f"{token:016x}"
+  # On several processes the token passes through jax's int32 (vit_jax.runtime.distributed): the
+  # tiers written so far carry it so; an exact one would empty them once.
+  return f"{distributed.of_process_0(token):016x}"
 
 
 def _topology(mesh: jax.sharding.Mesh) -> str:
@@ -357,15 +337,3 @@ def _topology(mesh: jax.sharding.Mesh) -> str:
   axes = ",".join(f"{name}={size}" for name, size in mesh.shape.items())
   devices = ",".join(str(d.id) for d in mesh.devices.flat)
   return f"{jax.process_count()} processes, process {jax.process_index()}; {axes}; {devices}"
-
-
-def _gather(row: np.ndarray) -> np.ndarray:
-  if jax.process_count() == 1:
-    return row[None]
-  from jax.experimental import multihost_utils
-
-  return np.asarray(multihost_utils.process_allgather(row))
-
-
-def _on_every_process(ok: bool) -> bool:
-  return bool(np.all(_gather(np.asarray([int(ok)], np.int32))))

@@ -1,15 +1,12 @@
 """Waiting on storage: a checkpoint call run on a worker thread that the caller waits on in slices.
 
-A storage client retries a failing request on its own, inside one call that does not return to
-Python until it gives up: TensorStore's GCS driver 32 times, backing off to 32 s (a restore of a
-step with one object answering 503 took 898 s against the local GCS server of the tests). While
-the main thread is inside such a call a run says nothing, and a stop signal's handler
-(vit_jax.runtime.stopping) only runs once the call returns. `wait(call, notices, ...)` runs
-`call` on a daemon thread instead, and the caller's thread looks up every `_SLICE_S`: `notices`
-(a `Notices`) logs what it waits for once nothing was said for NOTICE_EVERY_S, and once
-`stop_requested()` turns True the call has STOP_GRACE_S more to return, then `Abandoned` is
-raised (the call goes on in its thread until its client gives up; its result is dropped). A call
-that fails raises its own exception here.
+A storage client retries a failing request inside one call that does not return to Python until
+it gives up (TensorStore's GCS driver: 32 times, backing off to 32 s; 898 s for one restore in
+the tests), while the run says nothing and a stop signal's handler (vit_jax.runtime.stopping)
+waits. `wait(call, notices, ...)` runs `call` on a daemon thread instead and looks up every
+`_SLICE_S`: `notices` logs what it waits for once nothing was said for NOTICE_EVERY_S, and once
+`stop_requested()` turns True the call has STOP_GRACE_S more to return before `Abandoned` is
+raised (the call goes on in its thread; its result is dropped).
 
 This file must not import TensorFlow.
 """

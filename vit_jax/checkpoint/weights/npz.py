@@ -3,8 +3,8 @@
 The file format is the published vit_jax one: flat `/`-separated names with the pre-linen
 counters (`Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/query/kernel`, ...), one
 array per name, never pickled. `load` also reads big_vision files (renamed by
-`vit_jax.checkpoint.layouts`) and timm / Hugging Face state dicts in `.safetensors` files (renamed by
-`vit_jax.checkpoint.timm_hf`, read with safetensors' numpy API: no torch); `save` always writes the
+`vit_jax.checkpoint.weights.layouts`) and timm / Hugging Face state dicts in `.safetensors` files (renamed by
+`vit_jax.checkpoint.weights.timm_hf`, read with safetensors' numpy API: no torch); `save` always writes the
 published layout, with encoder blocks unstacked, and `save_safetensors` a PyTorch-side layout.
 BiT ResNets (vit_jax.models.bit) are read and written in the published BiT layout
 (`resnet/root_block/standardized_conv2d/kernel`, `resnet/block1/unit01/a/...`,
@@ -26,8 +26,8 @@ import tempfile
 import uuid
 import zipfile
 import zlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from vit_jax.checkpoint import layouts, timm_hf
+from vit_jax.checkpoint.weights import layouts, timm_hf
 
 Params = dict[str, Any]  # nested dict of np.ndarray
 
@@ -114,6 +114,11 @@ def _is_remote(path) -> bool:
   return "://" in os.fspath(path)
 
 
+def _open(path: str, mode: str = "rb"):
+  """A local file, or a `tf.io.gfile` one for a path with a scheme."""
+  return _gfile().GFile(path, mode) if _is_remote(path) else open(path, mode)
+
+
 def is_params_file(path: str | os.PathLike) -> bool:
   """Whether `path` names a file of parameters, not an Orbax directory.
 
@@ -128,7 +133,7 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
 
   The layout is recognised from the names: `.npz` files in the vit_jax or big_vision layout,
   `.safetensors` files holding a timm `VisionTransformer` (plain or R50 hybrid) or a Hugging
-  Face `ViTModel` / `ViTForImageClassification` state dict (see vit_jax.checkpoint.timm_hf).
+  Face `ViTModel` / `ViTForImageClassification` state dict (see vit_jax.checkpoint.weights.timm_hf).
 
   Args:
     path: local path, or any `tf.io.gfile` path (`gs://...`) when TensorFlow is installed.
@@ -169,8 +174,7 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
-  opener = _gfile().GFile if _is_remote(path) else open
-  with opener(path, "rb") as f:
+  with _open(path) as f:
     head = f.read(8)
     if not head.startswith(_ZIP_MAGIC):
       what = (
@@ -197,12 +201,8 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  if _is_remote(path):
-    with _gfile().GFile(path, "rb") as f:
-      data = f.read()
-  else:
-    with open(path, "rb") as f:  # a missing file raises FileNotFoundError here, as for .npz
-      data = f.read()
+  with _open(path) as f:  # a missing local file raises FileNotFoundError here, as for .npz
+    data = f.read()
   try:
     return dict(safetensors.numpy.load(data))
   except Exception as e:  # safetensors raises its own SafetensorError for a malformed header
@@ -221,8 +221,7 @@ def file_layout(path: str | os.PathLike) -> str:
   elif path.endswith(".safetensors"):
     names = list(_read_safetensors(path))
   else:
-    opener = _gfile().GFile if _is_remote(path) else open
-    with opener(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
+    with _open(path) as f, np.load(f, allow_pickle=False) as npz:
       names = list(npz.files)
   return timm_hf.layout_of(dict.fromkeys(names)) or "npz"
 
@@ -234,17 +233,10 @@ def read_foreign_config(path: str | os.PathLike) -> dict[str, Any] | None:
   """
   path = os.fspath(path)
   config_path = os.path.join(os.path.dirname(path), WEIGHTS_CONFIG_FILE)
-  if _is_remote(path):
-    gfile = _gfile()
-    if not gfile.exists(config_path):
-      return None
-    with gfile.GFile(config_path, "r") as f:
-      text = f.read()
-  else:
-    if not os.path.isfile(config_path):
-      return None
-    with open(config_path) as f:
-      text = f.read()
+  if not (_gfile().exists(config_path) if _is_remote(path) else os.path.isfile(config_path)):
+    return None
+  with _open(config_path, "r") as f:
+    text = f.read()
   try:
     config = json.loads(text)
   except json.JSONDecodeError as e:
@@ -261,8 +253,7 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
   the file reads anywhere the published checkpoints do. A `posemb='sincos2d'` model has no
   position embedding parameter: `checkpoint.with_posemb_table` adds its table first (without
   it, the file is written with a warning, and only sincos2d models read it). The file is
-  written next to `path` under a temporary name and renamed over it, so a failure never leaves
-  a truncated `path` behind. In a multi-host job call this from one process, with fully
+  renamed over `path` once complete. In a multi-host job call this from one process, with fully
   addressable arrays.
 
   Args:
@@ -283,12 +274,31 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
       raise ValueError(f"{name!r} is a ShapeDtypeStruct, not an array")
     if value.dtype == jnp.bfloat16:
       flat[name] = value.astype(np.float32)
+  _write_atomically(path, lambda f: np.savez(f, allow_pickle=False, **flat))
+
+
+def save_safetensors(flat: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
+  """Writes a flat state dict (`timm_hf.to_timm` / `to_hf`) as a `.safetensors` file.
+
+  The file carries the `{'format': 'pt'}` metadata that transformers expects, is written with
+  safetensors' numpy API (no torch) and renamed over `path` once complete. Dtypes are kept
+  (safetensors holds bfloat16).
+  """
+  flat = {k: np.ascontiguousarray(v) for k, v in flat.items()}
+  _write_atomically(
+    path, lambda f: f.write(safetensors.numpy.save(flat, metadata={"format": "pt"}))
+  )
+
+
+def _write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
+  """`write(file)` to a temporary file beside `path`, then renamed over it: a failure never
+  leaves a truncated `path` behind."""
   path = os.fspath(path)
   if _is_remote(path):
     gfile = _gfile()
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     buffer = io.BytesIO()  # zipfile needs tell(), which not every gfile filesystem has.
-    np.savez(buffer, allow_pickle=False, **flat)
+    write(buffer)
     try:
       with gfile.GFile(tmp, "wb") as f:
         f.write(buffer.getvalue())
@@ -302,36 +312,9 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
   try:
     with os.fdopen(fd, "wb") as f:
-      np.savez(f, allow_pickle=False, **flat)
+      write(f)
       f.flush()
       os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
-def save_safetensors(flat: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
-  """Writes a flat state dict (`timm_hf.to_timm` / `to_hf`) as a `.safetensors` file.
-
-  The file carries the `{'format': 'pt'}` metadata that transformers expects, is written with
-  safetensors' numpy API (no torch) under a temporary name and renamed over `path`. Dtypes are
-  kept (safetensors holds bfloat16).
-  """
-  path = os.fspath(path)
-  flat = {k: np.ascontiguousarray(v) for k, v in flat.items()}
-  if _is_remote(path):
-    data = safetensors.numpy.save(flat, metadata={"format": "pt"})
-    gfile = _gfile()
-    with gfile.GFile(path, "wb") as f:
-      f.write(data)
-    return
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-  os.close(fd)
-  try:
-    safetensors.numpy.save_file(flat, tmp, metadata={"format": "pt"})
     os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):

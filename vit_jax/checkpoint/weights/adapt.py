@@ -4,7 +4,7 @@ What fine-tuning (`load_pretrained`), the linear probe and predict (`fit_posemb`
 checkpoint trained at another resolution or for other classes: the position embeddings are
 resized on the patch grid (paper §3.2), the head replaced, `pre_logits` kept or dropped, and
 any remaining difference in names or shapes reported in one error that lists them in the
-network's order. Reading and writing files is vit_jax.checkpoint.npz's business.
+network's order. Reading and writing files is vit_jax.checkpoint.weights.npz's business.
 
 A `posemb='sincos2d'` model has no position embedding parameter: it computes its table for the
 grid it sees, so it needs no resizing. `with_posemb_table` writes that table into its parameters
@@ -26,9 +26,9 @@ import ml_collections
 import numpy as np
 
 from vit_jax import models
-from vit_jax.checkpoint import layouts
-from vit_jax.checkpoint.layouts import POSEMB
-from vit_jax.checkpoint.npz import Params, flatten_params, load, unflatten_params
+from vit_jax.checkpoint.weights import layouts
+from vit_jax.checkpoint.weights.layouts import POSEMB
+from vit_jax.checkpoint.weights.npz import Params, flatten_params, load, unflatten_params
 from vit_jax.models import mpp, vit
 
 # Entries beyond this many are counted, not listed, in error messages.
@@ -104,33 +104,35 @@ def resize_posemb(
   return np.concatenate([prefix, resized], axis=1)
 
 
+def _hw(image_size: int | Sequence[int]) -> tuple[int, int]:
+  return (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+
+
+def _posemb_shape(model: Any, image_size: int | Sequence[int]) -> tuple[int, ...]:
+  """The shape of `model`'s position embedding table at `image_size` (nothing computed)."""
+  h, w = _hw(image_size)
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]
+  )
+  return tuple(shapes["Transformer"]["posembed_input"]["pos_embedding"].shape)
+
+
 def image_grid(model_config: Any, image_size: int | Sequence[int]) -> tuple[int, int]:
   """The patch grid (gh, gw) of the model at `image_size` (`s` or `(h, w)`): the image size over
   the patch size, after the hybrid's ResNet downsampling."""
-  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+  h, w = _hw(image_size)
   resnet = model_config.get("resnet")
   if resnet is not None:
     # Stride-2 SAME root conv and max-pool, then one stride-2 SAME stage per stage after the first.
     for _ in range(2 + len(resnet["num_layers"]) - 1):
       h, w = -(-h // 2), -(-w // 2)
-  p = model_config.patch_size
-  ph, pw = (p, p) if isinstance(p, int) else tuple(p)
+  ph, pw = _hw(model_config.patch_size)
   return h // ph, w // pw
 
 
 def patch_grid(model_config: Any, num_patches: int) -> tuple[int, int]:
-  """The model's patch grid (gh, gw).
-
-  Computed from `model_config.image_size` (int or (h, w)) and the patch size, including the
-  hybrid's ResNet downsampling (`image_grid`); without `image_size`, the grid must be square.
-
-  Args:
-    model_config: the model ConfigDict.
-    num_patches: gh*gw, from the model's position embedding; checked against `image_size`.
-
-  Returns:
-    (gh, gw).
-  """
+  """The model's patch grid (gh, gw) of `num_patches` (from its position embedding): that of
+  `model_config.image_size` (`image_grid`, checked against `num_patches`), else a square."""
   image_size = model_config.get("image_size")
   if image_size is None:
     s = math.isqrt(num_patches)
@@ -169,14 +171,10 @@ def with_posemb_table(
   flat = flatten_params(params)
   if model_config.get("posemb", "learn") != "sincos2d":
     return unflatten_params(flat)
-  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
   # The learned twin's table shape: its tokens (class and any other prefix token included).
   twin = models.get_model(model_config, None, posemb="learn")
-  shapes = jax.eval_shape(
-    lambda: twin.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]
-  )
-  _, tokens, width = shapes["Transformer"]["posembed_input"]["pos_embedding"].shape
-  grid = image_grid(model_config, (h, w))
+  _, tokens, width = _posemb_shape(twin, image_size)
+  grid = image_grid(model_config, image_size)
   table = vit.fixed_posemb(grid, width, tokens - grid[0] * grid[1])
   flat[POSEMB] = table.astype(np.float32)
   return unflatten_params(flat)
@@ -241,19 +239,17 @@ def fit_posemb(
     flat = flatten_params(params)
     ignore_sincos_table(flat, "fit_posemb")
     return unflatten_params(flat)
-  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-  shapes = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, h, w, 3)), train=False)["params"]
-  )
   if "posembed_input" not in params["Transformer"]:
     raise ValueError(_NO_TABLE)
   old = params["Transformer"]["posembed_input"]["pos_embedding"]
-  new = shapes["Transformer"]["posembed_input"]["pos_embedding"]
+  new = _posemb_shape(model, image_size)
   params = dict(params)
-  if old.shape != new.shape:
+  if old.shape != new:
     prefix = num_prefix_tokens(params)
-    grid_config = ml_collections.ConfigDict(dict(model_config.to_dict(), image_size=(h, w)))
-    grid = patch_grid(grid_config, new.shape[1] - prefix)
+    grid_config = ml_collections.ConfigDict(
+      dict(model_config.to_dict(), image_size=_hw(image_size))
+    )
+    grid = patch_grid(grid_config, new[1] - prefix)
     transformer = dict(params["Transformer"])
     transformer["posembed_input"] = {
       "pos_embedding": resize_posemb(old, grid, num_prefix_tokens=prefix)

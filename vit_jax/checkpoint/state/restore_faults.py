@@ -1,29 +1,12 @@
 """What a failed restore of a training checkpoint step says about that step.
 
-`Checkpointer.restore_latest` (vit_jax.checkpoint.train_state) acts on the verdict:
-
-- **Evidence that the step itself is broken** (`evidence`): the step is moved aside to
-  `<workdir>/broken_checkpoints/` (never deleted) and the step before it restored, with a warning
-  naming both steps and why. Only these count:
-  - a file of the step is missing: FileNotFoundError (or OSError ENOENT) naming a path inside
-    the step, TensorStore NOT_FOUND in the step's database, the step's `state/_METADATA` absent;
-  - a file of the step is truncated or does not decode: TensorStore OUT_OF_RANGE (a byte range
-    past a file's end), DATA_LOSS (a manifest or chunk that does not decode), or a
-    FAILED_PRECONDITION / INVALID_ARGUMENT saying a stream is truncated, corrupt or does not
-    decode; a JSON metadata file of the step that does not parse (json.JSONDecodeError, or
-    TensorStore's "Invalid JSON": Orbax reads `state/_sharding` with the metadata);
-  - the saved arrays disagree with the step's own metadata: an array stored with another shape
-    than the step's `_METADATA` records (Orbax: "not compatible with the stored shape"), once
-    the model was found to match that metadata.
-- **A step that does not fit the model** (`mismatch`: parameter names or shapes in the step's
-  metadata differ from the model's, i.e. another config): `CheckpointMismatch`, one line,
-  nothing moved. It says nothing about the step.
-- **Anything else** says nothing about the step either: OSError such as EIO or ETIMEDOUT,
-  ConnectionError, TimeoutError, google.api_core's transient errors, TensorStore UNAVAILABLE /
-  DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED, MemoryError, a library's own error. The restore is
-  retried after each of RETRY_DELAYS_S, then the run ends with `CheckpointRestoreError` (one
-  line naming the step, the directory and the cause), nothing moved. Each attempt is bounded
-  (train_state.RESTORE_REQUEST_RETRIES), so that the schedule holds in wall time.
+`evidence`: why an error shows that the step itself is broken (a file of the step missing,
+truncated or undecodable, metadata that does not parse, arrays stored with other shapes than the
+step's metadata records), or None. `mismatch`: how the model's state differs from the step's
+metadata (another config: `CheckpointMismatch`, nothing moved). Anything else (I/O, network,
+memory, a library's error) says nothing about the step: it is retried after each of
+RETRY_DELAYS_S, then `CheckpointRestoreError`. train_state's `Checkpointer.restore_latest` acts
+on the verdict (docs/training.md, "Stopping, faults and recovery").
 
 This file must not import TensorFlow.
 """
@@ -57,7 +40,8 @@ class CheckpointMismatch(ValueError):  # noqa: N818 - named for what it is, like
   """A checkpoint step holds other parameters or shapes than the model being trained."""
 
 
-def _chain(error: BaseException) -> list[BaseException]:
+def chain(error: BaseException) -> list[BaseException]:
+  """`error` and its causes, outermost first."""
   chain, seen = [], error
   while seen is not None and len(chain) < 20:
     chain.append(seen)
@@ -76,21 +60,21 @@ def evidence(error: BaseException, step_dir: str | os.PathLike, metadata_fits: b
       shape that differs from the requested one contradicts that metadata).
   """
   step = os.fspath(step_dir).rstrip("/") + "/"  # "/20/", never a prefix of "/200/"
-  for e in _chain(error):
+  for e in chain(error):
     text = str(e)
     if isinstance(e, json.JSONDecodeError):
       return f"a metadata file of the step does not parse: {e}"
     if isinstance(e, FileNotFoundError) or (isinstance(e, OSError) and e.errno == errno.ENOENT):
       named = " ".join(str(x) for x in (e.filename, text) if x)
       if step in named or named.rstrip("/") + "/" == step:
-        return f"a file of the step is missing: {_one_line(text)}"
+        return f"a file of the step is missing: {one_line(text)}"
     code = text.split(":", 1)[0].strip()
     if code in _BROKEN_CODES and step in text:
-      return f"a file of the step is truncated or missing: {_one_line(text)}"
+      return f"a file of the step is truncated or missing: {one_line(text)}"
     if code in _UNDECODABLE_CODES and step in text and _UNDECODABLE.search(text):
-      return f"a file of the step does not decode: {_one_line(text)}"
+      return f"a file of the step does not decode: {one_line(text)}"
     if metadata_fits and _STORED_SHAPE in text:
-      return f"an array's stored shape differs from the step's metadata: {_one_line(text)}"
+      return f"an array's stored shape differs from the step's metadata: {one_line(text)}"
   return None
 
 
@@ -125,7 +109,7 @@ def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   return out
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
   """The first line of `text`, without TensorStore's spec (a kilobyte of JSON)."""
   line = text.strip().splitlines()[0].split(" [tensorstore_spec=")[0] if text.strip() else ""
   return line if len(line) <= 400 else line[:400] + "..."

@@ -1,30 +1,14 @@
 """Maps timm and Hugging Face ViT state dicts onto the published vit_jax layout, and back.
 
-PyTorch ViTs are stored as flat `.`-separated state dicts (in `safetensors` files):
-
-- timm `VisionTransformer` (`cls_token`, `pos_embed`, `patch_embed.proj`, `blocks.{i}.norm1|
-  attn.qkv|attn.proj|norm2|mlp.fc1|mlp.fc2`, `norm`, `head`), including the R50+ViT hybrids
-  (`patch_embed.backbone.stem.conv|norm`, `patch_embed.backbone.stages.{s}.blocks.{u}.conv1..3|
-  norm1..3|downsample.conv|downsample.norm`, as timm's `vision_transformer_hybrid` builds them);
-- Hugging Face `ViTModel` (`embeddings.*`, `encoder.layer.{i}.attention.attention.query|key|
-  value`, `attention.output.dense`, `intermediate.dense`, `output.dense`, `layernorm_before|
-  after`, `layernorm`, `pooler.dense`) and `ViTForImageClassification` (the same under `vit.`,
-  plus `classifier`); the in-memory names of transformers 5 (`layers.{i}.attention.q_proj`, ...)
-  are read too.
-
-The conversion only transposes and reshapes (never computes), so a round trip is bit-exact:
-torch linears [out, in] become kernels [in, out]; convolutions [out, in, kh, kw] become
-[kh, kw, in, out]; timm's fused `qkv` [3 D, D] is split into query/key/value kernels
-[D, heads, head_dim] (biases [heads, head_dim]); the attention output projection [D, D] becomes
-`out/kernel` [heads, head_dim, D]. The head count is not in a state dict: it comes from the
-caller (`num_heads`, read from the `config.json` beside the file by `checkpoint.load`) or, for
-the standard widths, from the ViT presets.
-
-Architectures this ViT cannot represent (layer-scale, register or distillation tokens, QK-norm,
-a norm before the blocks or after pooling, attention pooling, gated MLPs, ...) are refused with
-one line naming the parameter. This file only renames and reshapes numpy arrays: it imports
-neither torch nor TensorFlow; `config_for_timm`/`config_for_hf` write the `config.json` from
-which timm (`create_model('local-dir:DIR')`) or transformers (`ViTConfig`) build the model.
+timm's `VisionTransformer` (with its R50 hybrids) and Hugging Face's `ViTModel` /
+`ViTForImageClassification` (and transformers 5's in-memory names, read only): `_ROWS` names
+every parameter in each. The conversion only transposes and reshapes, so a round trip is
+bit-exact; timm's fused `qkv` is split into query, key and value. A state dict does not hold the
+head count: the caller passes it (`num_heads`, which `checkpoint.load` reads from the
+`config.json` beside the file), else the ViT preset of the same width gives it. Architectures this
+ViT cannot represent are refused in one line naming the parameter (`_UNSUPPORTED`).
+`config_for_timm` / `config_for_hf` write the `config.json` from which timm or transformers
+build the model (docs/interop.md). Numpy only: neither torch nor TensorFlow is imported.
 """
 
 import logging
@@ -35,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax.checkpoint.layouts import POSEMB
+from vit_jax.checkpoint.weights.layouts import POSEMB
 
 TIMM, HF = "timm", "hf"
 _BLOCK = "Transformer/encoderblock_{i}/"
@@ -51,58 +35,37 @@ _HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 #   conv    torch [out, in, kh, kw] <-> kernel [kh, kw, in, out]
 #   heads   torch [heads * head_dim, in] <-> kernel [in, heads, head_dim] (query, key, value)
 #   out     torch [out, heads * head_dim] <-> kernel [heads, head_dim, out]
-# Rows: (kind, torch name template, our name template, read_only). `{i}` is an encoder block,
-# `{s}`/`{u}` a ResNet stage/unit (0-based in torch, 1-based in ours), `{r}` a conv of a unit,
-# `{w}` the leaf (weight|bias in torch).
-_TIMM_ROWS = (
-  ("same", "cls_token", "cls", False),
-  ("same", "pos_embed", POSEMB, False),
-  ("conv", "patch_embed.proj.{w}", "embedding/{w}", False),
-  ("norm", "blocks.{i}.norm1.{w}", _BLOCK + "LayerNorm_0/{w}", False),
-  ("out", "blocks.{i}.attn.proj.{w}", _ATTN + "out/{w}", False),
-  ("norm", "blocks.{i}.norm2.{w}", _BLOCK + "LayerNorm_2/{w}", False),
-  ("linear", "blocks.{i}.mlp.fc1.{w}", _BLOCK + "MlpBlock_3/Dense_0/{w}", False),
-  ("linear", "blocks.{i}.mlp.fc2.{w}", _BLOCK + "MlpBlock_3/Dense_1/{w}", False),
-  ("norm", "norm.{w}", "Transformer/encoder_norm/{w}", False),
-  # timm < 0.9 kept the representation layer (Linear + tanh, as ours); timm 1.x has none.
-  ("linear", "pre_logits.fc.{w}", "pre_logits/{w}", True),
-  ("linear", "head.{w}", "head/{w}", False),
-  ("conv", "patch_embed.backbone.stem.conv.{w}", "conv_root/{w}", False),
-  ("norm", "patch_embed.backbone.stem.norm.{w}", "gn_root/{w}", False),
-  ("conv", "patch_embed.backbone.stages.{s}.blocks.{u}.conv{r}.{w}", "block{s}/unit{u}/conv{r}/{w}", False),
-  ("norm", "patch_embed.backbone.stages.{s}.blocks.{u}.norm{r}.{w}", "block{s}/unit{u}/gn{r}/{w}", False),
-  ("conv", "patch_embed.backbone.stages.{s}.blocks.{u}.downsample.conv.{w}", "block{s}/unit{u}/conv_proj/{w}", False),
-  ("norm", "patch_embed.backbone.stages.{s}.blocks.{u}.downsample.norm.{w}", "block{s}/unit{u}/gn_proj/{w}", False),
+# Rows: (kind, our name, timm's, Hugging Face's, transformers 5's in-memory name), None where a
+# layout has no such parameter (timm fuses query, key and value into one `qkv`: `_TIMM_QKV`).
+# `{b}` is an encoder block's prefix (ours `Transformer/encoderblock_{i}/`, then each layout's),
+# `{a}` our attention module in it, `{s}`/`{u}` a ResNet stage/unit (0-based in torch, 1-based in
+# ours), `{r}` a conv of a unit, `{w}` the leaf (weight|bias in torch). transformers 5 writes the
+# Hugging Face names (save_pretrained); its in-memory ones are read from a state dict saved
+# directly, never written. HF's ViTPooler (Dense + tanh on the class token) is exactly our
+# representation layer, as timm < 0.9's `pre_logits` (timm 1.x has none; `to_timm` refuses it).
+_ROWS = (
+  ("same", "cls", "cls_token", "embeddings.cls_token", None),
+  ("same", POSEMB, "pos_embed", "embeddings.position_embeddings", None),
+  ("conv", "embedding/{w}", "patch_embed.proj.{w}", "embeddings.patch_embeddings.projection.{w}", None),
+  ("norm", "{b}LayerNorm_0/{w}", "{b}norm1.{w}", "{b}layernorm_before.{w}", "{b}layernorm_before.{w}"),
+  ("heads", "{a}query/{w}", None, "{b}attention.attention.query.{w}", "{b}attention.q_proj.{w}"),
+  ("heads", "{a}key/{w}", None, "{b}attention.attention.key.{w}", "{b}attention.k_proj.{w}"),
+  ("heads", "{a}value/{w}", None, "{b}attention.attention.value.{w}", "{b}attention.v_proj.{w}"),
+  ("out", "{a}out/{w}", "{b}attn.proj.{w}", "{b}attention.output.dense.{w}", "{b}attention.o_proj.{w}"),
+  ("norm", "{b}LayerNorm_2/{w}", "{b}norm2.{w}", "{b}layernorm_after.{w}", "{b}layernorm_after.{w}"),
+  ("linear", "{b}MlpBlock_3/Dense_0/{w}", "{b}mlp.fc1.{w}", "{b}intermediate.dense.{w}", "{b}mlp.fc1.{w}"),
+  ("linear", "{b}MlpBlock_3/Dense_1/{w}", "{b}mlp.fc2.{w}", "{b}output.dense.{w}", "{b}mlp.fc2.{w}"),
+  ("norm", "Transformer/encoder_norm/{w}", "norm.{w}", "layernorm.{w}", None),
+  ("linear", "pre_logits/{w}", "pre_logits.fc.{w}", "pooler.dense.{w}", None),
+  ("linear", "head/{w}", "head.{w}", "classifier.{w}", None),
+  ("conv", "conv_root/{w}", "patch_embed.backbone.stem.conv.{w}", None, None),
+  ("norm", "gn_root/{w}", "patch_embed.backbone.stem.norm.{w}", None, None),
+  ("conv", "block{s}/unit{u}/conv{r}/{w}", "patch_embed.backbone.stages.{s}.blocks.{u}.conv{r}.{w}", None, None),
+  ("norm", "block{s}/unit{u}/gn{r}/{w}", "patch_embed.backbone.stages.{s}.blocks.{u}.norm{r}.{w}", None, None),
+  ("conv", "block{s}/unit{u}/conv_proj/{w}", "patch_embed.backbone.stages.{s}.blocks.{u}.downsample.conv.{w}", None, None),
+  ("norm", "block{s}/unit{u}/gn_proj/{w}", "patch_embed.backbone.stages.{s}.blocks.{u}.downsample.norm.{w}", None, None),
 )  # fmt: skip
 _TIMM_QKV = re.compile(r"^blocks\.(\d+)\.attn\.qkv\.(weight|bias)$")
-
-_HF_ROWS = (
-  ("same", "embeddings.cls_token", "cls", False),
-  ("same", "embeddings.position_embeddings", POSEMB, False),
-  ("conv", "embeddings.patch_embeddings.projection.{w}", "embedding/{w}", False),
-  ("norm", "encoder.layer.{i}.layernorm_before.{w}", _BLOCK + "LayerNorm_0/{w}", False),
-  ("heads", "encoder.layer.{i}.attention.attention.query.{w}", _ATTN + "query/{w}", False),
-  ("heads", "encoder.layer.{i}.attention.attention.key.{w}", _ATTN + "key/{w}", False),
-  ("heads", "encoder.layer.{i}.attention.attention.value.{w}", _ATTN + "value/{w}", False),
-  ("out", "encoder.layer.{i}.attention.output.dense.{w}", _ATTN + "out/{w}", False),
-  ("norm", "encoder.layer.{i}.layernorm_after.{w}", _BLOCK + "LayerNorm_2/{w}", False),
-  ("linear", "encoder.layer.{i}.intermediate.dense.{w}", _BLOCK + "MlpBlock_3/Dense_0/{w}", False),
-  ("linear", "encoder.layer.{i}.output.dense.{w}", _BLOCK + "MlpBlock_3/Dense_1/{w}", False),
-  ("norm", "layernorm.{w}", "Transformer/encoder_norm/{w}", False),
-  # ViTPooler: Dense + tanh on the class token, exactly our representation layer.
-  ("linear", "pooler.dense.{w}", "pre_logits/{w}", False),
-  ("linear", "classifier.{w}", "head/{w}", False),
-  # transformers 5 names the modules differently in memory (its save_pretrained writes the
-  # names above); a state dict saved directly from such a model reads as well.
-  ("norm", "layers.{i}.layernorm_before.{w}", _BLOCK + "LayerNorm_0/{w}", True),
-  ("heads", "layers.{i}.attention.q_proj.{w}", _ATTN + "query/{w}", True),
-  ("heads", "layers.{i}.attention.k_proj.{w}", _ATTN + "key/{w}", True),
-  ("heads", "layers.{i}.attention.v_proj.{w}", _ATTN + "value/{w}", True),
-  ("out", "layers.{i}.attention.o_proj.{w}", _ATTN + "out/{w}", True),
-  ("norm", "layers.{i}.layernorm_after.{w}", _BLOCK + "LayerNorm_2/{w}", True),
-  ("linear", "layers.{i}.mlp.fc1.{w}", _BLOCK + "MlpBlock_3/Dense_0/{w}", True),
-  ("linear", "layers.{i}.mlp.fc2.{w}", _BLOCK + "MlpBlock_3/Dense_1/{w}", True),
-)  # fmt: skip
 _HF_PREFIX = "vit."  # ViTForImageClassification's backbone; its `classifier` is not prefixed.
 
 # Parameters of architectures this ViT cannot represent: (pattern, what it is).
@@ -173,12 +136,20 @@ def _fill(template: str, groups: Mapping[str, str], kind: str, to_torch: bool) -
   return template.format(**values)
 
 
-def _compiled(rows):
-  return [(kind, _regex(t, True), t, _regex(o, False), o, ro) for kind, t, o, ro in rows]
+def _compiled(column: int, block: str, read_only: bool = False) -> list[tuple]:
+  """One layout's rows of `_ROWS`: (kind, torch regex, torch template, our regex, our template,
+  read_only), `block` the layout's block prefix."""
+  rows = []
+  for kind, ours, *torch_names in _ROWS:
+    if torch_names[column] is not None:
+      t = torch_names[column].replace("{b}", block)
+      o = ours.replace("{b}", _BLOCK).replace("{a}", _ATTN)
+      rows.append((kind, _regex(t, True), t, _regex(o, False), o, read_only))
+  return rows
 
 
-_TIMM = _compiled(_TIMM_ROWS)
-_HF = _compiled(_HF_ROWS)
+_TIMM = _compiled(0, "blocks.{i}.")
+_HF = _compiled(1, "encoder.layer.{i}.") + _compiled(2, "layers.{i}.", read_only=True)
 
 
 # ---------------------------------------------------------------------------------------------
