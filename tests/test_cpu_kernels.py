@@ -184,7 +184,7 @@ def test_layer_norm_is_as_accurate_as_xla(kernels, shape):
 
 def _loss_and_grads(model, params, images):
   def loss(p):
-    return jnp.sum(jnp.sin(model.apply({"params": p}, images, train=False)))
+    return jnp.sum(jnp.sin(model.apply({"params": p}, images, train=False)[0]))
 
   return jax.jit(jax.value_and_grad(loss))(params)
 
