@@ -22,10 +22,9 @@ Dropout draws each example's mask from the layer's 'dropout' key and the example
 way in any batch, micro-batch or sharding (the trainer's invariance, vit_jax.train); so does
 stochastic depth (`stochastic_depth`, `ops.drop_path_keep`), which drops whole residual branches.
 
-Two parts of the "better plain ViT baselines" (Beyer et al., 2022) and AugReg (Steiner et al.,
-2021) recipes, off by default: fixed 2-D sin-cos position embeddings (`posemb='sincos2d'`,
-`sincos2d_posemb`: no parameter, computed for the actual patch grid, so any resolution and
-aspect ratio without resizing) and stochastic depth (Huang et al., 2016).
+The "better plain ViT baselines" (Beyer et al., 2022) and AugReg (Steiner et al., 2021)
+recipes' fixed 2-D sin-cos position embeddings and stochastic depth are off by default
+(`posemb`, `stochastic_depth`: VisionTransformer's attributes).
 
 Layout for speed, not for the parameters (which keep the checkpoint format): the Dense layers run
 as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, the attention core
