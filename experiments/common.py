@@ -215,7 +215,7 @@ def train_step_fn(module, tx):
 
   def train_step(params, opt_state, images, labels):
     def loss_fn(params):
-      logits = module.apply({"params": params}, images, train=True)
+      logits, _ = module.apply({"params": params}, images, train=True)
       return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(params)

@@ -88,7 +88,7 @@ def test_bit_r50x1_matches_timm(tmp_path):
     model64 = models.get_model("BiT-R50x1", NUM_CLASSES, dtype=jnp.float64, param_dtype=jnp.float64)
     params64 = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
     ours = np.asarray(
-      jax.jit(lambda p, x: model64.apply({"params": p}, x, train=False))(
+      jax.jit(lambda p, x: model64.apply({"params": p}, x, train=False)[0])(
         params64, jnp.asarray(images, jnp.float64)
       )
     )

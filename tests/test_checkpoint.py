@@ -48,7 +48,7 @@ def _zero_head(shapes):
 def _logits(model, params, images):
   """The model's logits, compiled as one program (op by op, B/16 compiles dozens)."""
   return np.asarray(
-    jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(params, images)
+    jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[0])(params, images)
   )
 
 
@@ -509,7 +509,7 @@ def test_bit_published_file_fine_tunes_with_a_new_head(tiny_bit, tmp_path):
   _assert_trees_equal(rest(loaded), rest(params))
   images = _images(BIT_IMAGES)
   np.testing.assert_array_equal(_logits(new_model, loaded, images), 0.0)
-  rep = lambda m, p: m.apply({"params": p}, images, train=False, return_representation=True)  # noqa: E731
+  rep = lambda m, p: m.apply({"params": p}, images, train=False)[1]["pre_logits"]  # noqa: E731
   np.testing.assert_array_equal(rep(new_model, loaded), rep(model, params))
 
 

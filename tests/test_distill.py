@@ -106,9 +106,9 @@ def test_without_the_token_the_tree_and_outputs_are_todays():
   assert sorted(params) == ["Transformer", "cls", "embedding", "head"]
   x = _images(4)
   for train_mode in (True, False):
-    a = default.apply({"params": params}, x, train=train_mode)
-    b = off.apply({"params": params}, x, train=train_mode)
-    assert isinstance(a, jax.Array) and a.shape == (4, 10)  # one array, also in training
+    a, out_a = default.apply({"params": params}, x, train=train_mode)
+    b, _ = off.apply({"params": params}, x, train=train_mode)
+    assert a.shape == (4, 10) and "dist_logits" not in out_a  # one head, also in training
     np.testing.assert_array_equal(a, b)
 
 
@@ -116,20 +116,20 @@ def test_inference_is_the_average_of_the_two_heads(tmp_path):
   model = models.get_model("testing", 10, distill_token=True, representation_size=24)
   params = _perturbed(_init(model))
   x = _images(4)
-  cls_logits, dist_logits = model.apply({"params": params}, x, train=True)
+  _, out = model.apply({"params": params}, x, train=True)
+  cls_logits, dist_logits = out["class_logits"], out["dist_logits"]
   assert cls_logits.shape == dist_logits.shape == (4, 10)
   assert np.abs(cls_logits - dist_logits).max() > 1e-3  # two different heads
-  predicted = model.apply({"params": params}, x, train=False)  # no dropout: the same tokens
+  predicted, out = model.apply({"params": params}, x, train=False)  # no dropout: the same tokens
   np.testing.assert_array_equal(predicted, (cls_logits + dist_logits) / 2)
 
   # The representation is the class token's pre-logits: the input of `head`.
-  rep = np.asarray(model.apply({"params": params}, x, train=False, return_representation=True))
+  rep = np.asarray(out["pre_logits"])
   head = jax.tree.map(np.float64, params["head"])
   np.testing.assert_allclose(rep @ head["kernel"] + head["bias"], cls_logits, atol=1e-5)
   # Token maps leave both prefix tokens out.
-  assert model.apply({"params": params}, x, train=False, return_tokens=True).shape == (4, 16, 32)
-  (grid,) = models.forward_intermediates(model, params, x, (-1,))
-  assert grid.shape == (4, 4, 4, 32)
+  assert out["tokens"].shape == (4, 16, 32)
+  assert out["blocks"][-1].shape == (4, 4, 4, 32)
 
   # A distilled `.npz` (the published layout plus the two names) loads with its architecture.
   path = tmp_path / "deit.npz"
@@ -137,7 +137,7 @@ def test_inference_is_the_average_of_the_two_heads(tmp_path):
   loaded = checkpoint.load_model(str(path))
   assert loaded.model_config.distill_token is True
   np.testing.assert_array_equal(
-    loaded.model.apply({"params": loaded.params}, x, train=False), predicted
+    loaded.model.apply({"params": loaded.params}, x, train=False)[0], predicted
   )
   assert inference.native_image_size(loaded.params, loaded.model) == 16
   with pytest.raises(ValueError, match="distill_token=True needs classifier='token'"):
@@ -191,9 +191,10 @@ def test_loss_matches_a_float64_reference(token, mixed):
   batch = dict(image=_images(n), label=labels, index=jnp.arange(n))
   loss, correct = objective.per_example(model, params, batch, jax.random.key(0), teacher_params)
 
-  out = model.apply({"params": params}, batch["image"], train=True)
-  z_cls, z_dist = out if token else (out, out)
-  y_t = np.argmax(teacher_model.apply({"params": teacher_params}, batch["image"], train=False), -1)
+  logits, out = model.apply({"params": params}, batch["image"], train=True)
+  z_cls, z_dist = (out["class_logits"], out["dist_logits"]) if token else (logits, logits)
+  y_t = teacher_model.apply({"params": teacher_params}, batch["image"], train=False)[0]
+  y_t = np.argmax(y_t, -1)
   targets = np.eye(k)[labels] if not mixed else labels
   assert (y_t != np.argmax(targets, -1)).any()  # the two terms' labels differ
   ce_label = -(targets * _log_softmax64(z_cls)).sum(-1)

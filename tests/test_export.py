@@ -44,7 +44,7 @@ def _apply64(source: export_lib.Exportable, images: np.ndarray) -> np.ndarray:
     fields = dict(dtype=jnp.float64, param_dtype=jnp.float64)
     model64 = source.model.clone(**fields)
     params64 = jax.tree.map(lambda x: np.asarray(x, np.float64), source.params)
-    fn = jax.jit(lambda p, x: model64.apply({"params": p}, x, train=False))
+    fn = jax.jit(lambda p, x: model64.apply({"params": p}, x, train=False)[0])
     return np.asarray(fn(params64, np.asarray(images, np.float64)))
 
 

@@ -109,7 +109,7 @@ def test_model_with_float32_reduction_computes_the_same_function():
     params = model.init(jax.random.PRNGKey(0), images, train=False)["params"]
 
     def loss(p):
-      return jnp.sum(jnp.square(model.apply({"params": p}, images, train=False)))
+      return jnp.sum(jnp.square(model.apply({"params": p}, images, train=False)[0]))
 
     return params, *jax.jit(jax.value_and_grad(loss))(params)
 

@@ -73,14 +73,8 @@ def test_dropout_masks_follow_the_example_not_its_row():
 
   @jax.jit
   def logits(x, ids):  # the representation: the zero-initialised head would hide everything
-    return model.apply(
-      {"params": params},
-      x,
-      train=True,
-      example_ids=ids,
-      return_representation=True,
-      rngs={"dropout": key},
-    )
+    _, out = model.apply({"params": params}, x, train=True, example_ids=ids, rngs={"dropout": key})
+    return out["pre_logits"]
 
   ids = jnp.arange(B) + 100
   out = logits(images, ids)

@@ -22,7 +22,7 @@ class _FixedLogits:
     self.logits = jnp.asarray(logits, jnp.float32)
 
   def apply(self, variables, images, **kwargs):
-    return self.logits
+    return self.logits, {}
 
 
 def _logits(seed=0):

@@ -85,14 +85,12 @@ def test_representation_model_resizes_posemb_and_picks_the_layer():
   assert "head" not in rep_params
   assert rep_params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 37, 32)
   assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 17, 32)  # intact
-  assert rep_model.apply({"params": rep_params}, images, train=False).shape == (2, 24)
+  assert rep_model.apply({"params": rep_params}, images, train=False)[0].shape == (2, 24)
 
   pooled_model, pooled_params = checkpoint.representation_model(config, params, "pooled", 16)
   assert "pre_logits" not in pooled_params
-  out = pooled_model.apply({"params": pooled_params}, images[:, :16, :16], train=False)
-  full = model.apply(
-    {"params": params}, images[:, :16, :16], train=False, return_representation=True
-  )
+  out, _ = pooled_model.apply({"params": pooled_params}, images[:, :16, :16], train=False)
+  full = model.apply({"params": params}, images[:, :16, :16], train=False)[1]["pre_logits"]
   assert out.shape == (2, 32)
   # pre_logits = tanh(Dense(pooled)): the pooled token is what the pre-logits layer reads.
   dense = params["pre_logits"]
@@ -113,7 +111,7 @@ def test_blocks_representation_is_every_blocks_mean_map_in_order(preset):
   params = model.init(jax.random.key(0), images, train=False)["params"]
   features = np.asarray(evaluators.representation_fn(model, "blocks")(params, images))
   depth = model.num_layers if preset == "testing" else len(model.block_units)
-  maps = models.forward_intermediates(model, params, images, tuple(range(depth)))
+  maps = model.apply({"params": params}, images, train=False)[1]["blocks"]
   expected = np.concatenate([np.asarray(m, np.float64).mean(axis=(1, 2)) for m in maps], -1)
   assert len(maps) == depth >= 2 and features.shape == expected.shape
   np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-5)

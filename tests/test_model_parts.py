@@ -67,7 +67,7 @@ def _apply(model, params, images, key=None, ids=None, **kw):
   """Logits (and the `intermediates` with key: training, stochastic depth's decisions sown)."""
   if key is None:
     return np.asarray(
-      jax.jit(lambda p, x: model.apply({"params": p}, x, train=False, **kw))(params, images)
+      jax.jit(lambda p, x: model.apply({"params": p}, x, train=False, **kw)[0])(params, images)
     )
 
   @jax.jit
@@ -76,7 +76,7 @@ def _apply(model, params, images, key=None, ids=None, **kw):
       {"params": p}, x, train=True, rngs={"dropout": k}, example_ids=i, mutable=["intermediates"]
     )
 
-  logits, state = train(params, images, key, np.arange(len(images)) if ids is None else ids)
+  (logits, _), state = train(params, images, key, np.arange(len(images)) if ids is None else ids)
   return np.asarray(logits), jax.tree.map(np.asarray, state["intermediates"])
 
 
@@ -420,8 +420,8 @@ def test_scan_and_remat_make_the_same_decisions():
 
   def grads(model, p, x):
     def loss(p):
-      out = model.apply({"params": p}, x, train=True, rngs={"dropout": key})
-      return jnp.sum(out**2)
+      logits, _ = model.apply({"params": p}, x, train=True, rngs={"dropout": key})
+      return jnp.sum(logits**2)
 
     return jax.jit(jax.grad(loss))(p)
 

@@ -61,8 +61,20 @@ def _init(model, image_size=32, batch=2, seed=0):
   return params, images
 
 
-def _apply(model, params, images, **kw):
-  return jax.jit(lambda p, x: model.apply({"params": p}, x, train=False, **kw))(params, images)
+def _output(model, output="logits", **kw):
+  """fn(params, images): the model's logits, or its `out[output]` (and the state, if `mutable`)."""
+
+  def fn(p, x):
+    result = model.apply({"params": p}, x, train=False, **kw)
+    (logits, out), state = result if "mutable" in kw else (result, None)
+    y = logits if output == "logits" else out[output]
+    return y if state is None else (y, state)
+
+  return fn
+
+
+def _apply(model, params, images, output="logits", **kw):
+  return jax.jit(_output(model, output, **kw))(params, images)
 
 
 def _randomize(params, seed=3, scale=0.05):
@@ -119,14 +131,14 @@ def _assert_trees_as_accurate(ours, reference, exact, ulps=4):
     _assert_as_accurate(a, b, c, ulps=ulps, scale=tree_scale if zero else None)
 
 
-def _apply64(model, params, images, **kw):
+def _apply64(model, params, images, output="logits", **kw):
   """The model in float64 (XLA kernels), as the exact value float32 results are measured against."""
   with jax.enable_x64(True):
     model64 = model.clone(
       dtype=jnp.float64, param_dtype=jnp.float64, attention_kernel="xla", layer_norm_kernel="xla"
     )
     params64 = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
-    fn = jax.jit(lambda p, x: model64.apply({"params": p}, x, train=False, **kw))
+    fn = jax.jit(_output(model64, output, **kw))
     return jax.tree.map(np.asarray, fn(params64, np.asarray(images, np.float64)))
 
 
@@ -293,8 +305,8 @@ def test_gap_classifier_is_the_head_of_the_mean_token():
       {"params": p}, x, train=False, capture_intermediates=lambda m, _: m.name == "Transformer"
     )
   )
-  logits, state = capture(params, images)
-  tokens = np.float64(state["intermediates"]["Transformer"]["__call__"][0])
+  (logits, _), state = capture(params, images)
+  tokens = np.float64(state["intermediates"]["Transformer"]["__call__"][0][0])
   assert tokens.shape == (2, 64, 32)  # [batch, patches, width]: 8x8 patches, no class token
   kernel, bias = np.float64(params["head"]["kernel"]), np.float64(params["head"]["bias"])
   pooled = tokens.mean(axis=1)
@@ -306,14 +318,14 @@ def test_gap_classifier_is_the_head_of_the_mean_token():
   assert np.abs(expected).max() > 100 * bound.max()  # the head is not zero: a real comparison
   # ... and not what the class-token readout (token 0) would give.
   assert np.abs(expected - (tokens[:, 0] @ kernel + bias)).min() > 100 * bound.max()
-  rep = _apply(model, params, images, return_representation=True)
+  rep = _apply(model, params, images, "pre_logits")
   assert rep.shape == (2, 32) and np.all(np.abs(rep - pooled) <= pool_bound)
 
 
 def test_representation_layer():
   model = models.get_model("testing", num_classes=3, representation_size=16)
   params, images = _init(model)
-  rep = _apply(model, _randomize(params), images, return_representation=True)
+  rep = _apply(model, _randomize(params), images, "pre_logits")
   assert rep.shape == (2, 16)
   assert np.all(np.abs(rep) <= 1.0)  # tanh
   assert _apply(models.get_model("testing", num_classes=None), params, images).shape == (2, 32)
@@ -496,7 +508,7 @@ def test_fused_attention_branch_layout(monkeypatch):
 
   def loss_and_grads(model=model, params=params, images=images):
     def loss(p):
-      return jnp.sum(jnp.sin(model.apply({"params": p}, images, train=False)))
+      return jnp.sum(jnp.sin(model.apply({"params": p}, images, train=False)[0]))
 
     return jax.jit(jax.value_and_grad(loss))(params)
 
@@ -575,7 +587,7 @@ def test_remat_gives_the_same_gradients():
 
   def grads(model, p, x=images):
     def loss(p):
-      return jnp.sum(model.apply({"params": p}, x, train=True, rngs=rngs) ** 2)
+      return jnp.sum(model.apply({"params": p}, x, train=True, rngs=rngs)[0] ** 2)
 
     return jax.jit(jax.grad(loss))(p)
 
@@ -610,7 +622,7 @@ def test_dropout_only_in_training():
   ev2 = _apply(model, params, images)
   np.testing.assert_array_equal(ev1, ev2)
   train_apply = jax.jit(
-    lambda p, x, k: model.apply({"params": p}, x, train=True, rngs={"dropout": k})
+    lambda p, x, k: model.apply({"params": p}, x, train=True, rngs={"dropout": k})[0]
   )
   tr = lambda seed: train_apply(params, images, jax.random.key(seed))  # noqa: E731
   np.testing.assert_array_equal(tr(1), tr(1))
@@ -735,14 +747,14 @@ def test_bit_representation_shapes():
   for size in (32, 64, 224):  # downsampled by 32 (and padded), then pooled
     images = jax.ShapeDtypeStruct((2, size, size, 3), jnp.float32)
     shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
-    rep = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), shapes, images)
+    rep, _ = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), shapes, images)
     assert rep.shape == (2, 4 * 32 * 8) and rep.dtype == jnp.float32
 
 
 def test_bit_fresh_head_is_zero_and_representation(tiny_bit):
   model, fresh, params, images = tiny_bit
   np.testing.assert_array_equal(_apply(model, fresh, images), 0.0)
-  rep = _apply(model, params, images, return_representation=True)
+  rep = _apply(model, params, images, "pre_logits")
   assert rep.shape == (2, 4 * 32 * 2)
   assert np.all(rep >= 0)  # GroupNorm → ReLU → average pool
   head = params["head"]["conv2d"]

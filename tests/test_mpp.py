@@ -83,15 +83,20 @@ def test_model_keeps_the_vit_layout_and_learns_only_from_corrupted_patches():
   assert set(params) - set(vit_params) == {"mask_embedding", "mpp_head"}
   assert set(vit_params) - set(params) == {"head"}
   assert params["mpp_head"]["kernel"].shape == (32, 512)
-  out = model.apply({"params": params}, images, train=True, rngs={"mpp": jax.random.PRNGKey(1)})
-  assert out["outputs"].shape == (2, 16, 512) and np.all((out["kind"] != 0).sum(-1) == 8)
-  rep = model.apply({"params": params}, images, train=False, return_representation=True)
-  assert rep.shape == (2, 32)
+  logits, out = model.apply(
+    {"params": params}, images, train=True, rngs={"mpp": jax.random.PRNGKey(1)}
+  )
+  kind = out["kind"]
+  assert logits.shape == (2, 16, 512) and np.all((kind != 0).sum(-1) == 8)
+  # Out of training nothing is corrupted: the pre-logits are the clean image's mean token.
+  _, clean_out = model.apply({"params": params}, images, train=False)
+  assert clean_out["pre_logits"].shape == (2, 32) and not np.any(clean_out["kind"])
+  np.testing.assert_allclose(clean_out["pre_logits"], clean_out["tokens"].mean(axis=1))
   # The loss does not depend on the predictions of uncorrupted patches.
-  loss, acc = mpp_objective.per_example_loss(out, images, 4, "mean_color")
-  clean = (out["kind"] == mpp.KEPT_CLEAN)[..., None]
-  noisy = dict(out, outputs=jnp.where(clean, 1e3 * out["outputs"] + 5.0, out["outputs"]))
-  loss2, acc2 = mpp_objective.per_example_loss(noisy, images, 4, "mean_color")
+  loss, acc = mpp_objective.per_example_loss(logits, kind, images, 4, "mean_color")
+  clean = (kind == mpp.KEPT_CLEAN)[..., None]
+  noisy = jnp.where(clean, 1e3 * logits + 5.0, logits)
+  loss2, acc2 = mpp_objective.per_example_loss(noisy, kind, images, 4, "mean_color")
   np.testing.assert_allclose(loss, loss2)
   np.testing.assert_allclose(acc, acc2)
 

@@ -54,7 +54,7 @@ def test_npz_without_config_infers_architecture_and_size(tmp_path):
   top = clf.top_k(images, k=5)
   assert [len(t) for t in top] == [3, 3]  # k is capped at the number of classes
   x = np.stack([inference.preprocess(im, 16) for im in images])
-  expected = np.asarray(jax.nn.softmax(model.apply({"params": params}, x, train=False)))
+  expected = np.asarray(jax.nn.softmax(model.apply({"params": params}, x, train=False)[0]))
   for t, e in zip(top, expected, strict=True):
     assert [i for i, _, _ in t] == list(np.argsort(-e))
     np.testing.assert_allclose([p for _, _, p in t], np.sort(e)[::-1], rtol=1e-5)
@@ -168,6 +168,6 @@ def test_other_image_size_resizes_posemb_and_sigmoid_heads_get_sigmoid(tmp_path)
   )
   (probs,) = clf.probabilities([image])
   x = inference.preprocess(image, 24)[None]
-  logits = model.apply({"params": clf.params}, x, train=False)[0]
+  logits = model.apply({"params": clf.params}, x, train=False)[0][0]
   np.testing.assert_allclose(probs, jax.nn.sigmoid(logits), rtol=1e-5)
   assert not np.isclose(probs.sum(), 1.0)  # independent class scores, not a distribution

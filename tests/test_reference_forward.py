@@ -88,7 +88,7 @@ def _case(name):
 def _float32_logits(name):
   """The float32 model's logits, traced now: under the kernels this process's devices select."""
   model, params, images, _ = _case(name)
-  logits = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(params, images)
+  logits = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[0])(params, images)
   assert logits.dtype == jnp.float32
   return np.asarray(logits)
 
@@ -102,7 +102,7 @@ def _float64_logits(name):
   with jax.enable_x64(True):
     model64 = model.clone(dtype=jnp.float64, param_dtype=jnp.float64)
     params64 = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
-    fn = jax.jit(lambda p, x: model64.apply({"params": p}, x, train=False))
+    fn = jax.jit(lambda p, x: model64.apply({"params": p}, x, train=False)[0])
     logits = fn(params64, np.asarray(images, np.float64))
     assert logits.dtype == jnp.float64
     return np.asarray(logits)

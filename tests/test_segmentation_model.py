@@ -1,4 +1,5 @@
-"""Feature maps (`models.forward_intermediates`) and the segmentation model (encoder + head)."""
+"""Feature maps (the models' `out['blocks']`, `out['normed_blocks']`) and the segmentation model
+(encoder + head)."""
 
 import jax
 import jax.numpy as jnp
@@ -18,13 +19,17 @@ def _init(model, size):
   return init(jnp.zeros((1, size, size, 3)))
 
 
-def _apply(model, params, images, **kw):
-  return jax.jit(lambda p, x: model.apply({"params": p}, x, train=False, **kw))(params, images)
+def _apply(model, params, images, output="logits"):
+  def fn(p, x):
+    logits, out = model.apply({"params": p}, x, train=False)
+    return logits if output == "logits" else out[output]
+
+  return jax.jit(fn)(params, images)
 
 
 def _maps(model, params, images, layers, norm=False):
-  maps = jax.jit(lambda p, x: models.forward_intermediates(model, p, x, layers, norm=norm))
-  return maps(params, images)
+  maps = _apply(model, params, images, "normed_blocks" if norm else "blocks")
+  return [maps[i] for i in layers]
 
 
 def _images(n, size, seed=1):
@@ -37,7 +42,7 @@ def test_vit_last_map_is_the_tokens_the_head_reads_and_block0_is_a_one_block_vit
   images = _images(2, 16)
   first, last = _maps(model, params, images, (0, -1), norm=True)
   assert first.shape == last.shape == (2, 4, 4, 32)  # 16px / 4px patches, width 32
-  tokens = _apply(model, params, images, return_tokens=True)
+  tokens = _apply(model, params, images, "tokens")
   np.testing.assert_array_equal(np.asarray(last).reshape(2, 16, 32), np.asarray(tokens))
   # Block 0's map, normed, is the output of the same ViT cut to its first block.
   one_block = models.get_model(
@@ -46,7 +51,7 @@ def test_vit_last_map_is_the_tokens_the_head_reads_and_block0_is_a_one_block_vit
   cut = dict(
     params, Transformer={k: v for k, v in params["Transformer"].items() if k != "encoderblock_1"}
   )
-  ref = _apply(one_block, cut, images, return_tokens=True)
+  ref = _apply(one_block, cut, images, "tokens")
   np.testing.assert_allclose(np.asarray(first).reshape(2, 16, 32), ref, atol=1e-6)
   # Without the norm, the last map is the residual stream: not normalised.
   (raw,) = _maps(model, params, images, (1,))
@@ -81,7 +86,7 @@ def test_hybrid_maps_are_on_the_resnet_grid():
   (last,) = _maps(model, params, images, (-1,), norm=True)
   # One-stage stem: 7x7/2 conv + max-pool /2 → 4x4 feature map, 1x1 patches.
   assert last.shape == (2, 4, 4, 32)
-  tokens = _apply(model, params, images, return_tokens=True)
+  tokens = _apply(model, params, images, "tokens")
   np.testing.assert_array_equal(np.asarray(last).reshape(2, 16, 32), np.asarray(tokens))
 
 
@@ -103,18 +108,16 @@ def test_bit_maps_have_the_block_strides_and_the_last_one_pools_to_the_represent
     (2, 2, 2, 512),
     (2, 1, 1, 1024),
   ]
-  rep = _apply(model, params, images, return_representation=True)
+  rep = _apply(model, params, images, "pre_logits")
   np.testing.assert_allclose(np.mean(maps[3], axis=(1, 2)), rep, atol=1e-5)
   assert np.all(np.asarray(maps[3]) >= 0)  # after the final ReLU
   assert np.any(np.asarray(maps[2]) < 0)  # the residual stream, not activated
 
 
-@pytest.mark.parametrize("layers", [(2,), (-3,), ()])
+@pytest.mark.parametrize("layers", [(2,), (-3,)])
 def test_a_layer_outside_the_model_is_one_clear_line(layers):
-  model = models.get_model("testing", 10)
-  params = _init(model, 16)
-  with pytest.raises(ValueError, match=r"feature layer|feature_layers is empty") as e:
-    models.forward_intermediates(model, params, _images(1, 16), layers)
+  with pytest.raises(ValueError, match=r"feature layer") as e:
+    segmentation.get_model("testing", 10, "progressive", layers)
   assert "\n" not in str(e.value)
 
 
@@ -151,8 +154,7 @@ def test_linear_head_is_a_per_token_classifier_upsampled_bilinearly():
   params = _init(model, 16)
   images = _images(1, 16)
   logits = np.asarray(_apply(model, params, images))
-  base = models.get_model("testing", 3)
-  (tokens,) = _maps(base, params, images, (-1,), norm=True)
+  (tokens,) = _maps(model, params, images, (-1,), norm=True)
   kernel, bias = (np.asarray(params["head"]["linear"][k]) for k in ("kernel", "bias"))
   coarse = np.asarray(tokens) @ kernel + bias  # [1, 4, 4, 3]
   # Bilinear ×4 (half-pixel centres: token j's centre is pixel 4j + 1.5). Pixels 7 and 8 lie

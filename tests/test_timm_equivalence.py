@@ -78,10 +78,10 @@ def _compare(tmp_path, preset, timm_name, vit_jax_eps=False, float64=False, tole
       )
       params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
       ours = np.asarray(
-        model.apply({"params": params}, jnp.asarray(images, jnp.float64), train=False)
+        model.apply({"params": params}, jnp.asarray(images, jnp.float64), train=False)[0]
       )
   else:
-    ours = np.asarray(model.apply({"params": params}, jnp.asarray(images), train=False))
+    ours = np.asarray(model.apply({"params": params}, jnp.asarray(images), train=False)[0])
   assert ours.shape == theirs.shape == (2, NUM_CLASSES)
   assert np.abs(ours).max() > 0.1  # a meaningful check: the head is not zero
   diff = float(np.abs(ours - theirs).max())

@@ -134,10 +134,10 @@ def _ours(directory, images, float64=False):
       )
       params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
       return model_config, np.asarray(
-        model.apply({"params": params}, jnp.asarray(images, jnp.float64), train=False)
+        model.apply({"params": params}, jnp.asarray(images, jnp.float64), train=False)[0]
       )
   model = models.get_model(model_config, num_classes)
-  return model_config, np.asarray(model.apply({"params": params}, images, train=False))
+  return model_config, np.asarray(model.apply({"params": params}, images, train=False)[0])
 
 
 def _report(what, diff):
@@ -159,7 +159,7 @@ def test_export_to_timm_gives_the_same_logits(tmp_path, gelu_approximate):
   assert cfg["model_args"]["act_layer"] == ("gelu_tanh" if gelu_approximate else "gelu")
 
   images = _images(224)
-  ours = np.asarray(model.apply({"params": params}, images, train=False))
+  ours = np.asarray(model.apply({"params": params}, images, train=False)[0])
   assert np.abs(ours).max() > 0.1  # a meaningful check: the head is not zero
   theirs = _child(tmp_path, "timm_export", tmp_path / "timm", images)
   name = "tanh" if gelu_approximate else "exact"
@@ -220,7 +220,7 @@ def test_hf_vit_for_image_classification_both_ways(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"model": config.to_dict()}))
   convert.convert(str(tmp_path / "ours.npz"), str(tmp_path / "hf_out"), "hf")
   images = _images(64)
-  ours = np.asarray(model.apply({"params": params}, images, train=False))
+  ours = np.asarray(model.apply({"params": params}, images, train=False)[0])
   assert np.abs(ours).max() > 0.1
   theirs = _child(tmp_path, "hf_export", tmp_path / "hf_out", images)
   assert (

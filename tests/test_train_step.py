@@ -297,7 +297,7 @@ def test_checkpoint_load_model_reads_a_workdir_a_step_and_its_npz(tmp_path):
   assert loaded.model.num_classes == 10 and loaded.model.hidden_size == config.model.hidden_size
   size = config.dataset.image_size
   images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype(np.float32)
-  logits = loaded.model.apply({"params": loaded.params}, images, train=False)
+  logits = loaded.model.apply({"params": loaded.params}, images, train=False)[0]
   assert logits.shape == (2, 10)
   (tmp_path / "exported").mkdir()
   checkpoint.save(loaded.params, tmp_path / "exported" / "model.npz")
@@ -305,7 +305,7 @@ def test_checkpoint_load_model_reads_a_workdir_a_step_and_its_npz(tmp_path):
   from_npz = checkpoint.load_model(tmp_path / "exported" / "model.npz")
   assert from_npz.config is None and from_npz.model.num_layers == config.model.num_layers
   np.testing.assert_allclose(
-    from_npz.model.apply({"params": from_npz.params}, images, train=False),
+    from_npz.model.apply({"params": from_npz.params}, images, train=False)[0],
     logits,
     rtol=1e-6,
     atol=1e-6,

@@ -106,7 +106,7 @@ class Classifier:
         self.num_classes,
       )
       self.class_names = None
-    self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False))
+    self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False)[0])
 
   def name(self, index: int) -> str:
     return self.class_names[index] if self.class_names else f"class {index}"
@@ -264,7 +264,7 @@ class Segmenter:
     self.image_size = int(saved.dataset.image_size)
     names = dataset_class_names(saved.dataset)
     self.class_names = names if names and len(names) == self.num_classes else None
-    self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False))
+    self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False)[0])
 
   def masks(self, images: Sequence[Image.Image], batch_size: int = 16) -> list[np.ndarray]:
     """uint8 class indices [h, w] per image, at each image's own size."""

@@ -121,7 +121,7 @@ def compile_step(model_name, variant, batch, dtype, mode, image_size, num_classe
     ]
     params = jax.tree.unflatten(treedef, leaves)
     if mode == "forward":
-      forward = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))
+      forward = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[0])
       compiled = forward.lower(params, images).compile()
 
       def run():

@@ -129,7 +129,7 @@ def vit_b16_images_per_s(batch: int, steps: int) -> float | None:
   @jax.jit
   def step(params, opt_state, key):
     def loss_fn(p):
-      logits = model.apply({"params": p}, images, train=True, rngs={"dropout": key})
+      logits, _ = model.apply({"params": p}, images, train=True, rngs={"dropout": key})
       return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
     grads = jax.grad(loss_fn)(params)

@@ -138,7 +138,9 @@ def jax_runner(args, module, batch, mode, image_size, num_classes, seed=0) -> Ru
   params = jax.jit(lambda: module.init(rng, images[:1], train=False)["params"])()
 
   if mode == "forward":
-    forward = jax.jit(lambda params, images: module.apply({"params": params}, images, train=False))
+    forward = jax.jit(
+      lambda params, images: module.apply({"params": params}, images, train=False)[0]
+    )
     compiled = forward.lower(params, images).compile()
 
     def run(n):

@@ -185,7 +185,6 @@ def forward(
   params: Params,
   images: np.ndarray,
   gelu_approximate: bool = True,
-  return_representation: bool = False,
   branch_scales: np.ndarray | None = None,
 ) -> np.ndarray:
   """The ViT (or R50+ViT hybrid, where the tree has `conv_root`) in float64.
@@ -194,12 +193,11 @@ def forward(
     params: the model's parameter tree (unrolled blocks `Transformer/encoderblock_{i}`).
     images: [batch, height, width, 3].
     gelu_approximate: the MLP's GELU, tanh approximation (True) or exact.
-    return_representation: return y (after the pre-logits, if any) instead of the logits.
     branch_scales: [blocks, 2, batch], stochastic depth's scale of each block's MSA and MLP
       term for each example (`encoder_block`); None: none.
 
   Returns:
-    Logits [batch, classes] (or the representation), float64.
+    Logits [batch, classes] (without a head: the representation), float64.
   """
   params = as_float64(params)
   x = np.asarray(images, np.float64)
@@ -224,6 +222,6 @@ def forward(
   y = z[:, 0] if token else z.mean(axis=1)
   if "pre_logits" in params:
     y = np.tanh(dense(y, params["pre_logits"]))
-  if return_representation or "head" not in params:
+  if "head" not in params:
     return y
   return dense(y, params["head"])

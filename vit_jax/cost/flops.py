@@ -101,7 +101,7 @@ def forward_flops(model: Any, image_shape: tuple[int, int]) -> float:
   params = jax.eval_shape(
     lambda x: model.init({"params": jax.random.key(0)}, x, train=False)["params"], image
   )
-  jaxpr = jax.make_jaxpr(lambda p, x: model.apply({"params": p}, x, train=False))(params, image)
+  jaxpr = jax.make_jaxpr(lambda p, x: model.apply({"params": p}, x, train=False)[0])(params, image)
   return jaxpr_matmul_flops(jaxpr.jaxpr)
 
 

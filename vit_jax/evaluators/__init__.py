@@ -53,8 +53,10 @@ startup with one line naming every such evaluator and both ways out (its `datase
 `every_steps=-1`). An entry with `skip_if_missing` (set by `runlocal` on the entries of another
 dataset than the stage's) is left out instead, with one warning line.
 
-Representations come from `model.apply(..., train=False, return_representation=True)` (the
-pre-logits, or the pooled token when the model has none). Data is read with the input
+The trainer builds each with one constructor (`build`): the registry's class declares the model
+output it reads (`reads`: 'logits' or an `out` key of vit_jax.models, e.g. 'pre_logits', the
+pre-logits or the pooled token when the model has none), the entry fields naming its splits
+(`splits`) and what it needs of the dataset (`needs`). Data is read with the input
 pipeline's `make_eval_iterator` (each example exactly once, padding masked), imported lazily so
 that this package imports without TensorFlow; `_utils` holds what the evaluators share (host
 transfer of global arrays, feature extraction).
@@ -69,7 +71,6 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from vit_jax import models
 from vit_jax.evaluators._utils import ArrayFn, DataSource
 from vit_jax.evaluators.classification import ClassificationEvaluator
 from vit_jax.evaluators.fewshot import FewShotEvaluator
@@ -97,9 +98,20 @@ REGISTRY = {
 DataFactory = Callable[[Mapping[str, Any], str | None, int], DataSource]
 
 
+def output_fn(model: nn.Module, key: str = "logits") -> ArrayFn:
+  """Jitted fn(params, images [B, H, W, 3]) -> the model's `key` output: 'logits' or an `out`
+  entry (vit_jax.models), e.g. 'pre_logits' [B, R]; under jit nothing else is computed."""
+
+  def fn(params, images):
+    logits, out = model.apply({"params": params}, images, train=False)
+    return logits if key == "logits" else out[key]
+
+  return jax.jit(fn)
+
+
 def predict_fn(model: nn.Module) -> ArrayFn:
   """Jitted fn(params, images [B, H, W, 3]) -> logits [B, K] in float32."""
-  return jax.jit(lambda params, images: model.apply({"params": params}, images, train=False))
+  return output_fn(model, "logits")
 
 
 def representation_fn(model: nn.Module, representation: str = "pre_logits") -> ArrayFn:
@@ -112,16 +124,11 @@ def representation_fn(model: nn.Module, representation: str = "pre_logits") -> A
   block's pooled token has specialised away.
   """
   if representation != "blocks":
-    return jax.jit(
-      lambda params, images: model.apply(
-        {"params": params}, images, train=False, return_representation=True
-      )
-    )
-  depth = model.num_layers if hasattr(model, "num_layers") else len(model.block_units)  # ViT | BiT
+    return output_fn(model, "pre_logits")
 
   def blocks_fn(params, images):
-    maps = models.forward_intermediates(model, params, images, tuple(range(depth)))
-    return jnp.concatenate([m.mean(axis=(1, 2)) for m in maps], axis=-1)
+    _, out = model.apply({"params": params}, images, train=False)
+    return jnp.concatenate([m.mean(axis=(1, 2)) for m in out["blocks"]], axis=-1)
 
   return jax.jit(blocks_fn)
 
@@ -214,12 +221,11 @@ def build(
     The evaluators, in the order of `evals`.
   """
   make_data = make_data or input_pipeline_data(mesh, data_axes)
-  num_classes = num_classes or num_classes_of
-  predict, represent = predict_fn(model), representation_fn(model)
-  sharding = None
+  context = dict(num_classes=num_classes or num_classes_of, class_names=_class_names_of)
   if mesh is not None:
     spec = jax.sharding.PartitionSpec(data_axes if data_axes is not None else mesh.axis_names)
-    sharding = jax.sharding.NamedSharding(mesh, spec)
+    context["sharding"] = lambda ds: jax.sharding.NamedSharding(mesh, spec)
+  fns = {}  # one jitted function per model output read
   out, missing = [], []
   for name, entry in _as_dict(evals).items():
     kwargs = _as_dict(entry)
@@ -232,22 +238,20 @@ def build(
     ds = downstream_dataset(dataset, kwargs.pop("dataset", None))
     bs = kwargs.pop("batch_size", None) or batch_size
     kwargs.setdefault("name", name)
+    cls = REGISTRY[kind]
     try:
-      # Default splits: the dataset's own (`train_split`, and `eval_split` for None).
-      if kind in ("classification", "real"):
-        data = make_data(ds, kwargs.pop("split", None) or None, bs)
-        out.append(REGISTRY[kind](predict, data, **kwargs))
-        continue
-      if kind == "segmentation":
-        data = make_data(ds, kwargs.pop("split", None) or None, bs)
-        kwargs.setdefault("class_names", _class_names_of(ds))
-        out.append(REGISTRY[kind](predict, data, num_classes(ds), **kwargs))
-        continue
-      train = make_data(ds, kwargs.pop("train_split", None) or ds.get("train_split", "train"), bs)
-      test = make_data(ds, kwargs.pop("test_split", None), bs)
-      if kind == "fewshot":
-        kwargs.setdefault("sharding", sharding)
-      out.append(REGISTRY[kind](represent, train, test, num_classes(ds), **kwargs))
+      if cls.reads not in fns:
+        fns[cls.reads] = output_fn(model, cls.reads)
+      # Each split field's default: the dataset's own (`train_split`; None: its `eval_split`).
+      for arg, field in cls.splits.items():
+        split = kwargs.pop(field, None) or (
+          ds.get(field, "train") if field == "train_split" else None
+        )
+        kwargs[arg] = make_data(ds, split, bs)
+      for arg in cls.needs:
+        if arg in context and kwargs.get(arg) is None:
+          kwargs[arg] = context[arg](ds)
+      out.append(cls(fns[cls.reads], **kwargs))
     except ValueError as e:
       from vit_jax.input_pipeline import MissingDataError  # TensorFlow: data was read
 
@@ -295,6 +299,7 @@ __all__ = [
   "SegmentationEvaluator",
   "build",
   "downstream_dataset",
+  "output_fn",
   "predict_fn",
   "representation_fn",
 ]

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -17,6 +18,57 @@ from jax.experimental import multihost_utils
 DataSource = Callable[[], Iterable[Mapping[str, Any]]]
 # fn(params, images [B, H, W, 3]) -> representation [B, R] (or logits [B, K]).
 ArrayFn = Callable[[Any, Any], jax.Array]
+
+
+class OnSplit:
+  """What the evaluators of one split share: the model's logits `fn(params, images)` over
+  `data`, each batch's `metrics(logits, batch)` summed on device (`summing`); `max_examples`
+  stops a pass after the first batches holding that many rows (a quick look, not the metric;
+  0 / None: the whole split)."""
+
+  reads, splits, needs = "logits", {"data": "split"}, ()
+
+  def __init__(
+    self,
+    fn: ArrayFn,
+    data: DataSource,
+    *,
+    name: str,
+    every_steps: int = 0,
+    max_examples: int | None = None,
+  ):
+    self.data, self.name, self.every_steps = data, name, every_steps
+    self.max_examples = max_examples or None
+    self._accumulate = summing(fn, self.metrics)
+
+  def metrics(self, logits: jax.Array, batch: Mapping[str, Any]) -> Any:
+    raise NotImplementedError
+
+
+class Probe:
+  """What the few-shot and linear probes share: `fn(params, images) -> [B, R]` (the model's
+  pre-logits) read over a training and a test split of `num_classes` classes; `max_examples`
+  caps how much of each split is read (0 / None: the whole splits)."""
+
+  reads = "pre_logits"
+  splits = {"train_data": "train_split", "test_data": "test_split"}
+  needs = ("num_classes",)
+
+  def __init__(
+    self,
+    fn: ArrayFn,
+    train_data: DataSource,
+    test_data: DataSource,
+    num_classes: int,
+    *,
+    name: str,
+    every_steps: int = 0,
+    seed: int = 0,
+    max_examples: int | None = None,
+  ):
+    self.fn, self.train_data, self.test_data = fn, train_data, test_data
+    self.num_classes, self.name, self.every_steps, self.seed = num_classes, name, every_steps, seed
+    self.max_examples = max_examples or None
 
 
 def to_host(x: Any) -> np.ndarray:
@@ -41,6 +93,17 @@ def gather_rows(x: jax.Array, rows: np.ndarray) -> np.ndarray:
   replicated = jax.sharding.NamedSharding(x.sharding.mesh, jax.sharding.PartitionSpec())
   out = jax.jit(lambda a, i: a[i], out_shardings=replicated)(x, padded)
   return np.asarray(out.addressable_data(0))[:n]
+
+
+def summing(fn: ArrayFn, metrics: Callable[[jax.Array, Mapping[str, Any]], Any]):
+  """Jitted accumulate(sums, params, batch) -> sums + metrics(fn(params, images), batch), the
+  sums any tree of arrays (they stay on device: no host round trip per batch)."""
+
+  @jax.jit
+  def accumulate(sums, params, batch):
+    return jax.tree.map(jnp.add, sums, metrics(fn(params, batch["image"]), batch))
+
+  return accumulate
 
 
 def sum_over_split(

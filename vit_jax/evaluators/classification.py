@@ -45,38 +45,23 @@ def batch_metrics(
   }
 
 
-class ClassificationEvaluator:
-  """Top-1 accuracy and mean loss of `predict_fn(params, images) -> logits [B, K]`.
+class ClassificationEvaluator(_utils.OnSplit):
+  """Top-1 accuracy and mean loss of `fn(params, images) -> logits [B, K]`.
 
   Metrics: `{name}/accuracy`, `{name}/loss`, `{name}/num_examples`. With `max_examples` the
   pass stops after the first batches holding that many rows (a quick look, not the metric).
   """
 
-  def __init__(
-    self,
-    predict_fn: _utils.ArrayFn,
-    data: _utils.DataSource,
-    *,
-    loss: str = "softmax_xent",
-    name: str = "val",
-    every_steps: int = 0,
-    max_examples: int | None = None,
-  ):
+  def __init__(self, *args, loss: str = "softmax_xent", name: str = "val", **kwargs):
+    """`args`, `kwargs`: `_utils.OnSplit`'s."""
     if loss not in LOSSES:
       raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-    self.data = data
-    self.name = name
-    self.every_steps = every_steps
-    self.max_examples = max_examples or None  # 0 / None: the whole split
+    self.loss = loss
+    super().__init__(*args, name=name, **kwargs)
 
-    @jax.jit
-    def accumulate(sums, params, batch):
-      logits = predict_fn(params, batch["image"])
-      mask = batch.get("mask", jnp.ones(logits.shape[:1], jnp.float32))
-      new = batch_metrics(logits, batch["label"], mask, loss)
-      return jax.tree.map(jnp.add, sums, new)
-
-    self._accumulate = accumulate
+  def metrics(self, logits, batch):
+    mask = batch.get("mask", jnp.ones(logits.shape[:1], jnp.float32))
+    return batch_metrics(logits, batch["label"], mask, self.loss)
 
   def run(self, params: Any) -> dict[str, float]:
     """Returns {f'{name}/accuracy', f'{name}/loss', f'{name}/num_examples'} over the split."""

@@ -106,7 +106,7 @@ class _ReservoirPerClass:
     return None
 
 
-class FewShotEvaluator:
+class FewShotEvaluator(_utils.Probe):
   """Few-shot linear top-1 of the representation `fn(params, images) -> [B, R]`.
 
   The first `run` reads the training split once and keeps a seeded, uniform sample of
@@ -117,33 +117,23 @@ class FewShotEvaluator:
   Metrics: `{name}/{k}shot` for each k in `shots`.
   """
 
+  needs = ("num_classes", "sharding")
+
   def __init__(
     self,
-    fn: _utils.ArrayFn,
-    train_data: _utils.DataSource,
-    test_data: _utils.DataSource,
-    num_classes: int,
-    *,
+    *args,
     shots: Sequence[int] = (1, 5, 10, 25),
     l2_reg: float = 1.0,
-    seed: int = 0,
     name: str = "fewshot",
-    every_steps: int = 0,
-    max_examples: int | None = None,
     max_cache_bytes: int = 2**30,
     sharding: Any = None,
+    **kwargs,
   ):
-    """Args: see the class docstring; `sharding` places cached image batches on the mesh."""
-    self.fn = fn
-    self.train_data = train_data
-    self.test_data = test_data
-    self.num_classes = num_classes
+    """`args` and `kwargs`: `_utils.Probe`'s; `sharding` places cached image batches on the
+    mesh."""
+    super().__init__(*args, name=name, **kwargs)
     self.shots = tuple(sorted(shots))
     self.l2_reg = l2_reg
-    self.seed = seed
-    self.name = name
-    self.every_steps = every_steps
-    self.max_examples = max_examples or None  # 0 / None: whole splits
     self.max_cache_bytes = max_cache_bytes
     self.sharding = sharding
     self._positions: np.ndarray | None = None  # [M] positions in the split, in sample order

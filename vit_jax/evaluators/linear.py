@@ -127,7 +127,7 @@ def fit_and_score(
   return out
 
 
-class LinearProbeEvaluator:
+class LinearProbeEvaluator(_utils.Probe):
   """Ridge and logistic-regression probes of `fn(params, images) -> [B, R]` on a whole split.
 
   Metrics: `{name}/{probe}_accuracy` and `{name}/{probe}_l2_reg` for each probe, and
@@ -136,34 +136,22 @@ class LinearProbeEvaluator:
 
   def __init__(
     self,
-    fn: _utils.ArrayFn,
-    train_data: _utils.DataSource,
-    test_data: _utils.DataSource,
-    num_classes: int,
-    *,
+    *args,
     probes: Sequence[str] = ("ridge", "logreg"),
     ridge_l2_regs: Sequence[float] = RIDGE_L2_REGS,
     logreg_l2_regs: Sequence[float] = LOGREG_L2_REGS,
     val_fraction: float = 0.1,
-    seed: int = 0,
-    max_examples: int | None = None,
     name: str = "linear",
-    every_steps: int = 0,
+    **kwargs,
   ):
+    """`args` and `kwargs`: `_utils.Probe`'s."""
     unknown = set(probes) - set(PROBES)
     if unknown:
       raise ValueError(f"unknown probe(s) {sorted(unknown)}; known: {sorted(PROBES)}")
-    self.fn = fn
-    self.train_data = train_data
-    self.test_data = test_data
-    self.num_classes = num_classes
+    super().__init__(*args, name=name, **kwargs)
     self.probes = tuple(probes)
     self.l2_regs = {"ridge": tuple(ridge_l2_regs), "logreg": tuple(logreg_l2_regs)}
     self.val_fraction = val_fraction
-    self.seed = seed
-    self.max_examples = max_examples or None  # 0 / None: whole splits
-    self.name = name
-    self.every_steps = every_steps
 
   def features(self, params: Any) -> tuple[np.ndarray, ...]:
     """(x_train, y_train, x_test, y_test) on the host."""

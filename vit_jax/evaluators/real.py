@@ -32,38 +32,23 @@ def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> dict
   return {"correct": jnp.sum(in_set * counted), "count": jnp.sum(counted)}
 
 
-class RealEvaluator:
-  """ReaL top-1 of `predict_fn(params, images) -> logits [B, K]` over multi-hot ReaL labels.
+class RealEvaluator(_utils.OnSplit):
+  """ReaL top-1 of `fn(params, images) -> logits [B, K]` over multi-hot ReaL labels.
 
   Metrics: `{name}/accuracy`, `{name}/num_examples` (images with a non-empty set).
   """
 
-  def __init__(
-    self,
-    predict_fn: _utils.ArrayFn,
-    data: _utils.DataSource,
-    *,
-    name: str = "real",
-    every_steps: int = 0,
-    max_examples: int | None = None,
-  ):
-    self.data = data
-    self.name = name
-    self.every_steps = every_steps
-    self.max_examples = max_examples or None  # 0 / None: the whole split
+  def __init__(self, *args, name: str = "real", **kwargs):
+    """`args`, `kwargs`: `_utils.OnSplit`'s."""
+    super().__init__(*args, name=name, **kwargs)
 
-    @jax.jit
-    def accumulate(sums, params, batch):
-      logits = predict_fn(params, batch["image"])
-      if batch["label"].ndim != 2:
-        raise ValueError(
-          f"evaluator {name!r} needs multi-hot ReaL labels [B, K] (dataset.multi_label=True, "
-          f"label_key='real_label'), got labels of shape {batch['label'].shape}"
-        )
-      new = batch_metrics(logits, batch["label"], batch["mask"])
-      return jax.tree.map(jnp.add, sums, new)
-
-    self._accumulate = accumulate
+  def metrics(self, logits, batch):
+    if batch["label"].ndim != 2:
+      raise ValueError(
+        f"evaluator {self.name!r} needs multi-hot ReaL labels [B, K] (dataset.multi_label=True, "
+        f"label_key='real_label'), got labels of shape {batch['label'].shape}"
+      )
+    return batch_metrics(logits, batch["label"], batch["mask"])
 
   def run(self, params: Any) -> dict[str, float]:
     """Returns {f'{name}/accuracy', f'{name}/num_examples'} over the split."""

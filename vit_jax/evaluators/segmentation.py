@@ -67,35 +67,30 @@ def metrics_from_confusion(
   return out
 
 
-class SegmentationEvaluator:
-  """Mean IoU and pixel accuracy of `predict_fn(params, images) -> logits [B, H, W, K]`."""
+class SegmentationEvaluator(_utils.OnSplit):
+  """Mean IoU and pixel accuracy of `fn(params, images) -> logits [B, H, W, K]`."""
+
+  needs = ("num_classes", "class_names")
 
   def __init__(
     self,
-    predict_fn: _utils.ArrayFn,
+    fn: _utils.ArrayFn,
     data: _utils.DataSource,
     num_classes: int,
     *,
-    name: str = "val",
-    every_steps: int = 0,
     class_names: Sequence[str] | None = None,
-    max_examples: int | None = None,
+    name: str = "val",
+    **kwargs,
   ):
-    self.data = data
-    self.name = name
-    self.every_steps = every_steps
+    """`kwargs`: `_utils.OnSplit`'s."""
     self.num_classes = int(num_classes)
     self.class_names = list(class_names) if class_names else None
-    self.max_examples = max_examples or None
+    super().__init__(fn, data, name=name, **kwargs)
 
-    @jax.jit
-    def accumulate(matrix, params, batch):
-      logits = predict_fn(params, batch["image"])
-      labels = batch["label"]
-      weights = jnp.broadcast_to(batch["mask"][:, None, None], labels.shape)
-      return matrix + confusion(jnp.argmax(logits, -1), labels, weights, self.num_classes)
-
-    self._accumulate = accumulate
+  def metrics(self, logits, batch):
+    labels = batch["label"]
+    weights = jnp.broadcast_to(batch["mask"][:, None, None], labels.shape)
+    return confusion(jnp.argmax(logits, -1), labels, weights, self.num_classes)
 
   def run(self, params: Any) -> dict[str, float]:
     matrix = jnp.zeros((self.num_classes, self.num_classes), jnp.float32)

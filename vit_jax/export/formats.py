@@ -71,8 +71,9 @@ class Exportable:
   note: str = ""  # a line for the user about what was exported (an MPP checkpoint's encoder)
 
   def apply(self, images: Any) -> Any:
-    """Logits [batch, K] (or the representation) of preprocessed float32 images."""
-    return self.model.apply({"params": self.params}, images, train=False)
+    """Logits [batch, K] (a headless model's: its representation) of preprocessed float32
+    images; the model's other outputs (`out`) are not traced into the export."""
+    return self.model.apply({"params": self.params}, images, train=False)[0]
 
   def names(self) -> list[str]:
     """Class names, or `class i` where the checkpoint carries none."""

@@ -24,7 +24,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.models.resnet import StdConv
+from vit_jax.models.resnet import ResNetStage, StdConv, Unit
+from vit_jax.models.vit import Ids, Output
 
 Dtype = Any
 
@@ -126,13 +127,8 @@ class _PreActConv(nn.Module):
     return y, shortcut
 
 
-class PreActBottleneck(nn.Module):
+class PreActBottleneck(Unit):
   """A pre-activation bottleneck unit: 1x1 → 3x3 (strided) → 1x1 (4× features) + shortcut."""
-
-  features: int
-  strides: tuple[int, int] = (1, 1)
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -150,29 +146,6 @@ class PreActBottleneck(nn.Module):
     y, _ = _PreActConv(self.features, 3, self.strides, name="b", **kw)(y)
     y, _ = _PreActConv(out, 1, name="c", **kw)(y)
     return y + (x.astype(y.dtype) if shortcut is None else shortcut)
-
-
-class _Block(nn.Module):
-  """`units` bottleneck units `unit01`, `unit02`, ...; the first carries the block's stride."""
-
-  units: int
-  features: int
-  first_strides: tuple[int, int]
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    for u in range(self.units):
-      strides = self.first_strides if u == 0 else (1, 1)
-      x = PreActBottleneck(
-        self.features,
-        strides,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name=f"unit{u + 1:02d}",
-      )(x)
-    return x
 
 
 class _RootBlock(nn.Module):
@@ -219,7 +192,8 @@ class ResNetV2(nn.Module):
   """BiT ResNet classifier.
 
   Attributes:
-    num_classes: width of the zero-initialised head; None returns the representation.
+    num_classes: width of the zero-initialised head; None for none (the logits are then the
+      pre-logits, see vit_jax.models).
     block_units: bottleneck units per block, e.g. (3, 4, 6, 3) for R50.
     width_factor: channel multiplier (the `x3` of BiT-R50x3).
     base_width: root width at factor 1 (BiT: 64); block s has base_width·factor·2^(s-1)
@@ -237,55 +211,36 @@ class ResNetV2(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(
-    self,
-    images: jax.Array,
-    *,
-    train: bool,
-    return_representation: bool = False,
-    example_ids: jax.Array | None = None,
-    feature_layers: Sequence[int] | None = None,
-    feature_norm: bool = False,
-  ) -> jax.Array | list[jax.Array]:
-    """Classifies images, or returns the feature maps of chosen blocks (`feature_layers`).
+  def __call__(self, images: jax.Array, *, train: bool, example_ids: Ids = None) -> Output:
+    """(logits, out) of images [batch, height, width, 3] in [-1, 1] (vit_jax.models): `encode`,
+    the global average pool (`out['pre_logits']`, [batch, 4·width·2^(S-1)]), the head.
 
-    Args:
-      images: [batch, height, width, 3], values in [-1, 1].
-      train: unused (no dropout, and GroupNorm has no batch statistics); the trainer's
-        interface.
-      return_representation: return the pooled features [batch, 4·width·2^(S-1)] instead.
-      example_ids: unused (nothing random); the trainer's interface.
-      feature_layers: block indices (0 is `block1`; -1 the last) whose outputs to return
-        instead of the logits: a list, in this order, of float32 [batch, H/s, W/s, channels]
-        maps, s = 4, 8, 16, 32 for blocks 1 to 4 (channels 4·width·2^(block-1)).
-      feature_norm: the last block's map goes through the network's final GroupNorm → ReLU
-        (what the pooled representation averages); the other blocks' maps are the residual
-        stream as it is. `vit_jax.models.forward_intermediates` is the call to use.
-
-    Returns:
-      Logits [batch, num_classes] in float32 (or the representation, or the feature maps).
+    `train` and `example_ids` are unused (nothing random, and GroupNorm has no batch
+    statistics): the trainer's interface.
     """
-    del train, example_ids
-    layers = ()
-    if feature_layers is not None:
-      from vit_jax.models.vit import _layer_indices  # noqa: PLC0415 - one shared check
+    x, out = self.encode(images)
+    pooled = jnp.mean(x, axis=(1, 2))  # [batch, channels]
+    out["pre_logits"] = pooled.astype(jnp.float32)
+    if self.num_classes is None:
+      return out["pre_logits"], out
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    logits = _Head(self.num_classes, self.head_bias_init, name="head", **kw)(pooled)
+    return logits.astype(jnp.float32), out
 
-      layers = _layer_indices(feature_layers, len(self.block_units))
+  def encode(self, images: jax.Array, **_) -> tuple[jax.Array, dict[str, Any]]:
+    """The root block, the stages and the final GroupNorm → ReLU: that map, and `out` with
+    `blocks` (each stage's output, float32 [batch, H/s, W/s, channels], s = 4, 8, 16, 32 for
+    blocks 1 to 4, channels 4·width·2^(block-1)) and `normed_blocks` (the same, the last through
+    the final GroupNorm → ReLU: the map the pool averages)."""
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     width = int(self.base_width * self.width_factor)
     x = _RootBlock(width, name="root_block", **kw)(images.astype(self.dtype))
-    maps = []
+    blocks = []
     for s, units in enumerate(self.block_units):
-      first_strides = (1, 1) if s == 0 else (2, 2)
-      x = _Block(units, width * 2**s, first_strides, name=f"block{s + 1}", **kw)(x)
-      maps.append(x)
+      strides = (1, 1) if s == 0 else (2, 2)
+      unit = dict(unit=PreActBottleneck, unit_names="unit{:02d}")
+      x = ResNetStage(units, width * 2**s, strides, **kw, **unit, name=f"block{s + 1}")(x)
+      blocks.append(x.astype(jnp.float32))
     x = nn.relu(GroupNorm(name="group_norm", **kw)(x))
-    if layers:
-      if feature_norm:
-        maps[-1] = x
-      return [maps[i].astype(jnp.float32) for i in layers]
-    x = jnp.mean(x, axis=(1, 2))  # [batch, channels]
-    if return_representation or self.num_classes is None:
-      return x.astype(jnp.float32)
-    logits = _Head(self.num_classes, self.head_bias_init, name="head", **kw)(x)
-    return logits.astype(jnp.float32)
+    out = dict(blocks=tuple(blocks), normed_blocks=(*blocks[:-1], x.astype(jnp.float32)))
+    return x, out

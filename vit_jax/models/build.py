@@ -1,6 +1,4 @@
-"""Flax modules from a model preset or config: `get_model`, and `forward_intermediates` for the
-feature maps of chosen blocks. This file must not import TensorFlow.
-"""
+"""Flax modules from a model preset or config: `get_model`. This file must not import TensorFlow."""
 
 from typing import Any
 
@@ -34,9 +32,8 @@ def get_model(
     **overrides: any model field, e.g. `representation_size=768, dtype='bfloat16', scan=True`.
 
   Returns:
-    The `VisionTransformer` (or BiT `ResNetV2`); call
-    `model.apply({'params': params}, images, train=False)`, with `return_representation=True`
-    for the pre-logits (ViT) or pooled features (BiT).
+    The `VisionTransformer` (or BiT `ResNetV2`): `logits, out = model.apply({'params': params},
+    images, train=False)` (vit_jax.models).
   """
   if isinstance(name_or_config, str):
     config = presets.get_model_config(name_or_config)
@@ -62,33 +59,3 @@ def get_model(
   if mesh is not None:
     fields["attention_kernel"] = ops.attention_kernel_for_mesh(fields["attention_kernel"], mesh)
   return vit.VisionTransformer(num_classes=num_classes, **fields)
-
-
-def forward_intermediates(
-  model: nn.Module,
-  params: Any,
-  images: Any,
-  layers: tuple[int, ...] = (-1,),
-  *,
-  norm: bool = False,
-) -> list[Any]:
-  """The feature maps of chosen blocks of a ViT, hybrid or BiT ResNet (timm's
-  `forward_intermediates` idea), for dense prediction.
-
-  Args:
-    model: from `get_model` (a `VisionTransformer` or `bit.ResNetV2`; its head is not used).
-    params: the model's parameters.
-    images: float [batch, height, width, 3] in [-1, 1].
-    layers: block indices, 0 the first, negative ones from the last (-1: the last block).
-    norm: ViT: each map through the encoder's final LayerNorm (the last block's map is then
-      exactly the patch tokens the head reads, `return_tokens`); BiT: the last block's map
-      through the final GroupNorm → ReLU (its spatial mean is the pooled representation).
-
-  Returns:
-    One float32 map per entry of `layers`: ViT and hybrids [batch, H/p, W/p, hidden_size] (the
-    patch tokens on their grid, the class token left out); BiT [batch, H/s, W/s, channels] with
-    s = 4, 8, 16, 32 for blocks 1 to 4.
-  """
-  return model.apply(
-    {"params": params}, images, train=False, feature_layers=tuple(layers), feature_norm=norm
-  )

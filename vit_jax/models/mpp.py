@@ -18,14 +18,12 @@ from fold_in(key, its example id), so an image is corrupted the same way in any 
 `MaskedPatchPredictor` is a VisionTransformer with two extra parameters at the top level,
 `mask_embedding` [D] and the Dense `mpp_head`; every other name is the ViT's, so a fine-tuning
 stage starts from an MPP checkpoint with `model_init` (vit_jax.checkpoint.load_pretrained drops
-the two). Its representation (`return_representation=True`, the few-shot evaluators') is the
-mean of the patch tokens after the final LayerNorm: the class token's output is never trained by
-this objective. Targets need image patches, so R50 hybrids are not supported.
+the two). Its pre-logits (what the few-shot evaluators read) are the mean of the patch tokens
+after the final LayerNorm: the class token's output is never trained by this objective. Targets need image patches, so R50 hybrids are not supported.
 
 This file must not import TensorFlow.
 """
 
-import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -178,10 +176,12 @@ def corrupt(
 class MaskedPatchPredictor(vit.VisionTransformer):
   """A ViT with a [mask] embedding and a per-patch prediction head (`mpp_head`).
 
-  Called with `train` and a 'mpp' rng (corruption; without one a fixed key is used), and
-  optionally `example_ids` (int [batch], keying each image's corruption and dropout), it returns
-  dict(outputs [batch, patches, num_outputs] float32, kind int32 [batch, patches]); with
-  `return_representation=True` the mean patch token [batch, D] of the uncorrupted image.
+  (logits, out) as every model (vit_jax.models): the logits are the predictions of every patch
+  [batch, patches, num_outputs] float32; `out` adds to the ViT's `kind` (int32 [batch, patches])
+  and `pre_logits`, the mean patch token [batch, D]. With `train` (and a 'mpp' rng; without one
+  a fixed key is used) the image is corrupted first (`corrupt`; `example_ids` int [batch] key
+  each image's corruption and dropout); without, it is not (every `kind` KEPT_CLEAN), so the
+  pre-logits are the clean image's.
   """
 
   target: str = "mean_color"
@@ -190,40 +190,27 @@ class MaskedPatchPredictor(vit.VisionTransformer):
   random_rate: float = 0.1
 
   @nn.compact
-  def __call__(
-    self,
-    images: jax.Array,
-    *,
-    train: bool,
-    return_representation: bool = False,
-    example_ids: jax.Array | None = None,
-  ):
-    if return_representation:
-      tokens = super().__call__(images, train=train, return_tokens=True)
-      return jnp.mean(tokens, axis=1)
+  def __call__(self, images: jax.Array, *, train: bool, example_ids: vit.Ids = None) -> vit.Output:
     mask_embedding = self.param(
       MASK_EMBEDDING, nn.initializers.normal(0.02), (self.hidden_size,), self.param_dtype
     )
-    key = self.make_rng("mpp") if self.has_rng("mpp") else jax.random.PRNGKey(0)
     kinds = []
 
     def corrupt_fn(x):
-      out, kind = corrupt(
-        key, x, mask_embedding, self.corrupt_rate, self.mask_rate, self.random_rate, example_ids
-      )
+      key = self.make_rng("mpp") if self.has_rng("mpp") else jax.random.PRNGKey(0)
+      rates = (self.corrupt_rate, self.mask_rate, self.random_rate)
+      out, kind = corrupt(key, x, mask_embedding, *rates, example_ids)
       kinds.append(kind)
       return out
 
-    tokens = super().__call__(
-      images, train=train, corrupt_fn=corrupt_fn, return_tokens=True, example_ids=example_ids
-    )
-    outputs = nn.Dense(
-      num_outputs(self.target, self.patch_size),
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      name=HEAD,
-    )(tokens)
-    return dict(outputs=outputs.astype(jnp.float32), kind=kinds[0])
+    fn = corrupt_fn if train else None
+    _, out = self.encode(images, train=train, example_ids=example_ids, corrupt_fn=fn)
+    tokens = out["tokens"]
+    width = num_outputs(self.target, self.patch_size)
+    head = nn.Dense(width, dtype=self.dtype, param_dtype=self.param_dtype, name=HEAD)
+    out["kind"] = kinds[0] if kinds else jnp.zeros(tokens.shape[:2], jnp.int32)
+    out["pre_logits"] = jnp.mean(tokens, axis=1)
+    return head(tokens).astype(jnp.float32), out
 
 
 def get_model(
@@ -236,15 +223,5 @@ def get_model(
   backbone = build.get_model(model_config, None, mesh=mesh)
   if backbone.resnet is not None:
     raise ValueError("masked patch prediction needs image patches; R50 hybrids are not supported")
-  fields = {
-    f.name: getattr(backbone, f.name)
-    for f in dataclasses.fields(backbone)
-    if f.init and f.name not in ("parent", "name")
-  }
-  return MaskedPatchPredictor(
-    **fields,
-    target=mpp.target,
-    corrupt_rate=float(mpp.corrupt_rate),
-    mask_rate=float(mpp.mask_rate),
-    random_rate=float(mpp.random_rate),
-  )
+  rates = {k: float(mpp[k]) for k in ("corrupt_rate", "mask_rate", "random_rate")}
+  return MaskedPatchPredictor(**vit.settings(backbone), target=mpp.target, **rates)

@@ -59,13 +59,17 @@ class StdConv(nn.Module):
     )
 
 
-class ResidualUnit(nn.Module):
-  """A bottleneck unit: 1x1 → 3x3 (strided) → 1x1 (4× features), GroupNorm after each conv."""
+class Unit(nn.Module):
+  """What a bottleneck unit is built with: `features` bottleneck channels (4× as many out)."""
 
   features: int
   strides: tuple[int, int] = (1, 1)
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+
+
+class ResidualUnit(Unit):
+  """A bottleneck unit: 1x1 → 3x3 (strided) → 1x1 (4× features), GroupNorm after each conv."""
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -89,24 +93,23 @@ class ResidualUnit(nn.Module):
 
 
 class ResNetStage(nn.Module):
-  """`block_size` residual units; the first one carries the stage's stride."""
+  """`block_size` units of the class `unit` (`ResidualUnit`, or BiT's pre-activation unit),
+  named `unit1`, `unit2`, ... (BiT: `unit01`, ...); the first carries the stage's stride."""
 
   block_size: int
   features: int
   first_stride: tuple[int, int]
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  unit: Any = ResidualUnit  # the class of the units
+  unit_names: str = "unit{}"  # their names, of 1, 2, ...
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     for i in range(self.block_size):
-      x = ResidualUnit(
-        self.features,
-        strides=self.first_stride if i == 0 else (1, 1),
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name=f"unit{i + 1}",
-      )(x)
+      strides = self.first_stride if i == 0 else (1, 1)
+      kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, name=self.unit_names.format(i + 1))
+      x = self.unit(self.features, strides, **kw)(x)
     return x
 
 

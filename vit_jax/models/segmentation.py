@@ -15,15 +15,14 @@ head is the `head` subtree, initialised fresh:
                (SETR-PUP's progressive upsampling), a per-pixel linear classifier, and a
                bilinear resize to the pixels if the grid is not there yet.
 
-The ViT's maps are read through its final LayerNorm (`feature_norm`), the BiT ResNet's last map
-through its final GroupNorm → ReLU (vit_jax.models.forward_intermediates). The model returns
-float32 logits [batch, height, width, classes] at the input's resolution; with
-`return_representation=True` the spatial mean of the last map (what few-shot evaluators read).
+The head reads the encoder's `out['normed_blocks']` (vit_jax.models): the ViT's maps through its
+final LayerNorm, the BiT ResNet's last map through its final GroupNorm → ReLU. The logits are
+float32 [batch, height, width, classes] at the input's resolution; `out['pre_logits']` is the
+spatial mean of the last map read (what few-shot evaluators read).
 
 This file must not import TensorFlow.
 """
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,69 +90,44 @@ def _resize(x: jax.Array, hw: Sequence[int]) -> jax.Array:
   return jax.image.resize(x, (x.shape[0], *hw, x.shape[3]), "bilinear")
 
 
-def _segment(module, encode, images, train, return_representation, example_ids) -> jax.Array:
-  """The body of both segmenting models' `__call__`: `encode` is the encoder's own `__call__`,
-  asked for the maps of `module.head_layers` (normed); the head is made inside the caller's
-  compact method, so it is named `head` under the model."""
-  maps = encode(
-    images,
-    train=train,
-    example_ids=example_ids,
-    feature_layers=module.head_layers,
-    feature_norm=True,
-  )
-  if return_representation:
-    return jnp.mean(maps[-1], axis=(1, 2))
-  head = SegmentationHead(
-    module.num_classes,
-    module.head_kind,
-    module.head_width,
-    module.dtype,
-    module.param_dtype,
-    name="head",
-  )
-  return head(maps, images.shape[1:3]).astype(jnp.float32)
+def _segmenting(encoder: type[nn.Module], name: str) -> type[nn.Module]:
+  """`encoder` (a ViT or BiT class) with a `SegmentationHead` named `head` on the normed maps
+  of its blocks `head_layers`; `num_classes` is the number of segmentation classes (background
+  included)."""
+
+  class Segmenting(encoder):
+    head_kind: str = "linear"
+    head_layers: tuple[int, ...] = (-1,)
+    head_width: int = 64
+
+    @nn.compact
+    def __call__(self, images: jax.Array, *, train: bool, example_ids: vit.Ids = None):
+      """(logits float32 [batch, height, width, K], out) of images [batch, height, width, 3] in
+      [-1, 1]: the encoder's `out` and `pre_logits`, the spatial mean of the last map read."""
+      _, out = self.encode(images, train=train, example_ids=example_ids)
+      maps = [out["normed_blocks"][i] for i in self.head_layers]
+      out["pre_logits"] = jnp.mean(maps[-1], axis=(1, 2))
+      kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, name="head")
+      head = SegmentationHead(self.num_classes, self.head_kind, self.head_width, **kw)
+      return head(maps, images.shape[1:3]).astype(jnp.float32), out
+
+  Segmenting.__name__ = Segmenting.__qualname__ = name
+  return Segmenting
 
 
-class SegmentingViT(vit.VisionTransformer):
-  """A ViT (or hybrid) with a segmentation head on its patch tokens; `num_classes` is the number
-  of segmentation classes (background included)."""
-
-  head_kind: str = "linear"
-  head_layers: tuple[int, ...] = (-1,)
-  head_width: int = 64
-
-  @nn.compact
-  def __call__(
-    self,
-    images: jax.Array,
-    *,
-    train: bool,
-    return_representation: bool = False,
-    example_ids: jax.Array | None = None,
-  ) -> jax.Array:
-    """images [batch, height, width, 3] in [-1, 1] → float32 logits [batch, height, width, K]."""
-    return _segment(self, super().__call__, images, train, return_representation, example_ids)
+SegmentingViT = _segmenting(vit.VisionTransformer, "SegmentingViT")
+SegmentingBiT = _segmenting(bit.ResNetV2, "SegmentingBiT")
 
 
-class SegmentingBiT(bit.ResNetV2):
-  """A BiT ResNet with a segmentation head on its blocks' feature maps (the baseline)."""
-
-  head_kind: str = "linear"
-  head_layers: tuple[int, ...] = (-1,)
-  head_width: int = 64
-
-  @nn.compact
-  def __call__(
-    self,
-    images: jax.Array,
-    *,
-    train: bool,
-    return_representation: bool = False,
-    example_ids: jax.Array | None = None,
-  ) -> jax.Array:
-    """images [batch, height, width, 3] in [-1, 1] → float32 logits [batch, height, width, K]."""
-    return _segment(self, super().__call__, images, train, return_representation, example_ids)
+def _layer_indices(layers: Sequence[int], num_blocks: int) -> tuple[int, ...]:
+  """Block indices in [0, num_blocks) (negative ones count from the end); one line if not."""
+  for i in layers:
+    if not -num_blocks <= int(i) < num_blocks:
+      raise ValueError(
+        f"feature layer {i} outside the model's {num_blocks} blocks "
+        f"(0..{num_blocks - 1}, or -1 for the last)"
+      )
+  return tuple(int(i) % num_blocks for i in layers)
 
 
 def get_model(
@@ -180,13 +154,8 @@ def get_model(
   if head not in HEADS:
     raise ValueError(f"segmentation head {head!r}; expected one of {HEADS}")
   base = build.get_model(model_config, num_classes, mesh=mesh)
-  fields = {
-    f.name: getattr(base, f.name)
-    for f in dataclasses.fields(base)
-    if f.init and f.name not in ("parent", "name")
-  }
   is_bit = isinstance(base, bit.ResNetV2)
   num_blocks = len(base.block_units) if is_bit else base.num_layers
-  layers = tuple(layers) if layers else default_layers(head, num_blocks)
+  layers = _layer_indices(tuple(layers) if layers else default_layers(head, num_blocks), num_blocks)
   cls = SegmentingBiT if is_bit else SegmentingViT
-  return cls(**fields, head_kind=head, head_layers=layers, head_width=width)
+  return cls(**vit.settings(base), head_kind=head, head_layers=layers, head_width=width)

@@ -9,11 +9,9 @@ are one scanned `Transformer/encoderblock` whose leaves have a leading layer axi
 With `distill_token` (DeiT, Touvron et al. 2021) a second learned token `dist_token` [1, 1, D]
 follows the class token (the position embedding then covers 2 + patches tokens) and feeds a second
 head `head_dist`; the names are timm's and DeiT's, and without the token the tree is the published
-one. The contract (`VisionTransformer.__call__`): with `train=True` the model returns the pair
-(class-token logits, distillation-token logits), which the distillation objective weighs
-(vit_jax.objectives.distill); with `train=False` their average, as DeiT predicts, so evaluators,
-predict and export read one array of logits as for any ViT; `return_representation` gives the
-class token's pre-logits, the token a model without distillation has.
+one. The logits are the average of the two heads, as DeiT predicts, so evaluators, predict and
+export read one array of logits as for any ViT; the distillation objective
+(vit_jax.objectives.distill) weighs the two heads, `out['class_logits']` and `out['dist_logits']`.
 
 Computation runs in `dtype` (e.g. bfloat16) while parameters stay in `param_dtype` (float32).
 Attention weights are sown into the `intermediates` collection when the caller makes it mutable
@@ -24,10 +22,9 @@ Dropout draws each example's mask from the layer's 'dropout' key and the example
 way in any batch, micro-batch or sharding (the trainer's invariance, vit_jax.train); so does
 stochastic depth (`stochastic_depth`, `ops.drop_path_keep`), which drops whole residual branches.
 
-Two parts of the "better plain ViT baselines" (Beyer et al., 2022) and AugReg (Steiner et al.,
-2021) recipes, off by default: fixed 2-D sin-cos position embeddings (`posemb='sincos2d'`,
-`sincos2d_posemb`: no parameter, computed for the actual patch grid, so any resolution and
-aspect ratio without resizing) and stochastic depth (Huang et al., 2016).
+The "better plain ViT baselines" (Beyer et al., 2022) and AugReg (Steiner et al., 2021)
+recipes' fixed 2-D sin-cos position embeddings and stochastic depth are off by default
+(`posemb`, `stochastic_depth`: VisionTransformer's attributes).
 
 Layout for speed, not for the parameters (which keep the checkpoint format): the Dense layers run
 as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, the attention core
@@ -41,9 +38,10 @@ vit_jax.models.ops; what each part costs is in docs/benchmarks.md.
 This file must not import TensorFlow.
 """
 
+import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -55,6 +53,8 @@ from vit_jax.kernels import cpu as cpu_kernels
 from vit_jax.models import ops, resnet
 
 Dtype = Any
+Ids = jax.Array | None  # example ids int [batch], or None: the rows
+Output = tuple[jax.Array, dict[str, Any]]  # (logits, out): the contract of vit_jax.models
 
 _xavier = nn.initializers.xavier_uniform()
 _tiny_normal = nn.initializers.normal(stddev=1e-6)
@@ -258,16 +258,9 @@ class MlpBlock(nn.Module):
 DropPath = tuple[jax.Array, jax.Array]
 
 
-class Encoder1DBlock(nn.Module):
-  """A pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (Eq. 2–3).
-
-  With `drop_path` (rate r, key), stochastic depth: each residual branch of each example is
-  kept with probability 1 - r and then scaled by 1/(1 - r), else dropped (the example's block
-  output is then its input, on that branch). The two branches decide independently, under
-  fold_in(key, 0) (attention) and fold_in(key, 1) (MLP), per example id (`ops.drop_path_keep`);
-  the decisions, bool [2, batch], are sown as `drop_path_keep` in `intermediates` when that
-  collection is mutable.
-  """
+class BlockSettings(nn.Module):
+  """What every Transformer block is built with (see VisionTransformer's attributes): the
+  block, the encoder and the ViT declare these fields by inheriting them."""
 
   mlp_dim: int
   num_heads: int
@@ -279,6 +272,18 @@ class Encoder1DBlock(nn.Module):
   attention_kernel: str = "auto"
   layer_norm_kernel: str = "auto"
   grad_reduce_dtype: Dtype | None = None
+
+
+class Encoder1DBlock(BlockSettings):
+  """A pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (Eq. 2–3).
+
+  With `drop_path` (rate r, key), stochastic depth: each residual branch of each example is
+  kept with probability 1 - r and then scaled by 1/(1 - r), else dropped (the example's block
+  output is then its input, on that branch). The two branches decide independently, under
+  fold_in(key, 0) (attention) and fold_in(key, 1) (MLP), per example id (`ops.drop_path_keep`);
+  the decisions, bool [2, batch], are sown as `drop_path_keep` in `intermediates` when that
+  collection is mutable.
+  """
 
   @nn.compact
   def __call__(
@@ -307,43 +312,37 @@ class Encoder1DBlock(nn.Module):
       kept = y / (1 - jnp.asarray(rate, y.dtype))
       return jnp.where(keep[i].reshape(-1, *(1,) * (y.ndim - 1)), kept, jnp.zeros_like(y))
 
-    y = LayerNorm(name="LayerNorm_0", **ln_kw)(x)
-    y = MultiHeadDotProductAttention(
+    msa = MultiHeadDotProductAttention(
       self.num_heads,
       self.attention_dropout_rate,
       attention_kernel=self.attention_kernel,
       name="MultiHeadDotProductAttention_1",
       **kw,
-    )(y, deterministic, example_ids)
-    y = Dropout(rate=self.dropout_rate)(y, deterministic, example_ids)
-    x = x + branch(y, 0)
-    y = LayerNorm(name="LayerNorm_2", **ln_kw)(x)
-    y = MlpBlock(
-      self.mlp_dim,
-      self.dropout_rate,
-      gelu_approximate=self.gelu_approximate,
-      name="MlpBlock_3",
-      **kw,
-    )(y, deterministic, example_ids)
-    return x + branch(y, 1)
+    )
+    gelu = self.gelu_approximate
+    mlp = MlpBlock(self.mlp_dim, self.dropout_rate, gelu_approximate=gelu, name="MlpBlock_3", **kw)
+    dropout = Dropout(rate=self.dropout_rate)
+
+    def attend(y):
+      return dropout(msa(y, deterministic, example_ids), deterministic, example_ids)
+
+    def mlp_block(y):
+      return mlp(y, deterministic, example_ids)
+
+    # z' = MSA(LN(z)) + z (Eq. 2), then z' + MLP(LN(z')) (Eq. 3).
+    for i, (norm, sublayer) in enumerate((("LayerNorm_0", attend), ("LayerNorm_2", mlp_block))):
+      x = x + branch(sublayer(LayerNorm(name=norm, **ln_kw)(x)), i)
+    return x
 
 
 class _ScannedEncoder1DBlock(Encoder1DBlock):
-  """The same block in nn.scan's (carry, output) calling convention; with `keep_outputs` the
-  output is the block's output too (stacked by the scan: [layers, batch, tokens, width])."""
-
-  keep_outputs: bool = False
+  """The same block in nn.scan's (carry, output) calling convention: the output is the block's
+  output (stacked by the scan: [layers, batch, tokens, width]; dropped under jit when unused)."""
 
   @nn.compact
-  def __call__(
-    self,
-    x: jax.Array,
-    deterministic: bool,
-    example_ids: jax.Array | None = None,
-    drop_path: DropPath | None = None,
-  ) -> tuple[jax.Array, jax.Array | None]:
+  def __call__(self, x, deterministic, example_ids=None, drop_path=None):
     y = super().__call__(x, deterministic, example_ids, drop_path)
-    return y, (y if self.keep_outputs else None)
+    return y, y
 
 
 def stochastic_depth_rates(stochastic_depth: float, num_layers: int) -> np.ndarray:
@@ -459,7 +458,17 @@ class PatchEmbedding(nn.Module):
     return ops.dense(x, kernel, bias, self.grad_reduce_dtype, flatten=False)
 
 
-class Encoder(nn.Module):
+class EncoderSettings(BlockSettings, kw_only=True):
+  """The blocks' settings and the encoder's own (see VisionTransformer's attributes)."""
+
+  num_layers: int
+  remat: bool = False
+  scan: bool = False
+  posemb: str = "learn"
+  stochastic_depth: float = 0.0
+
+
+class Encoder(EncoderSettings):
   """Position embeddings, `num_layers` blocks and the final LayerNorm (`Transformer/...`).
 
   With `stochastic_depth` > 0, in training, block i drops its residual branches at the rate
@@ -468,37 +477,13 @@ class Encoder(nn.Module):
   scanned inputs) as without, and under `remat`.
   """
 
-  num_layers: int
-  mlp_dim: int
-  num_heads: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  remat: bool = False
-  scan: bool = False
-  gelu_approximate: bool = True
-  attention_kernel: str = "auto"
-  layer_norm_kernel: str = "auto"
-  grad_reduce_dtype: Dtype | None = None
-  posemb: str = "learn"
-  stochastic_depth: float = 0.0
-
   @nn.compact
-  def __call__(
-    self,
-    x: jax.Array,
-    deterministic: bool,
-    example_ids: jax.Array | None = None,
-    layers: tuple[int, ...] = (),
-    norm_layers: bool = False,
-    grid: tuple[int, int] | None = None,
-  ) -> jax.Array | tuple[jax.Array, list[jax.Array]]:
-    """x: [batch, tokens, width] → [batch, tokens, width]; example_ids int [batch] or None.
+  def __call__(self, x: jax.Array, deterministic: bool, example_ids: Ids = None, grid=None):
+    """x: [batch, tokens, width]; example_ids int [batch] or None; grid (gh, gw), the patch grid
+    of the last gh*gw tokens ('sincos2d').
 
-    With `layers` (block indices in [0, num_layers)) it returns (output, [the output of each
-    of those blocks, [batch, tokens, width]]), each through the final LayerNorm if
-    `norm_layers`. `grid` (gh, gw) is the patch grid of the last gh*gw tokens ('sincos2d').
+    Returns (the final LayerNorm's output [batch, tokens, width], each block's output
+    [batch, tokens, width], the same through the final LayerNorm).
     """
     x = AddPositionEmbs(
       self.param_dtype, self.grad_reduce_dtype, self.posemb, name="posembed_input"
@@ -512,21 +497,8 @@ class Encoder(nn.Module):
       key = self.make_rng("dropout")
       keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(self.num_layers))
       drop_path = (rates, keys)
-    block_kw = dict(
-      mlp_dim=self.mlp_dim,
-      num_heads=self.num_heads,
-      dropout_rate=self.dropout_rate,
-      attention_dropout_rate=self.attention_dropout_rate,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      gelu_approximate=self.gelu_approximate,
-      attention_kernel=self.attention_kernel,
-      layer_norm_kernel=self.layer_norm_kernel,
-      grad_reduce_dtype=self.grad_reduce_dtype,
-    )
+    block_kw = settings(self, Encoder1DBlock)
     block_cls = _ScannedEncoder1DBlock if self.scan else Encoder1DBlock
-    if self.scan and layers:
-      block_cls = functools.partial(block_cls, keep_outputs=True)
     if self.remat:
       # Recompute each block's activations in the backward pass; `deterministic` (argument 2,
       # counting self) is a Python bool and must stay static.
@@ -537,54 +509,47 @@ class Encoder(nn.Module):
       args, in_axes = (deterministic, example_ids), nn.broadcast
       if drop_path is not None:
         args, in_axes = (*args, drop_path), (nn.broadcast, nn.broadcast, 0)
-      x, outputs = nn.scan(
+      x, blocks = nn.scan(
         block_cls,
         variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=in_axes,
         length=self.num_layers,
       )(name="encoderblock", **block_kw)(x, *args)
-      kept = [outputs[i] for i in layers]
     else:
-      outputs = {}
+      blocks = []
       for i in range(self.num_layers):
         block_drop_path = None if drop_path is None else (drop_path[0][i], drop_path[1][i])
         x = block_cls(name=f"encoderblock_{i}", **block_kw)(
           x, deterministic, example_ids, block_drop_path
         )
-        outputs[i] = x
-      kept = [outputs[i] for i in layers]
+        blocks.append(x)
     encoder_norm = LayerNorm(
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       kernel=self.layer_norm_kernel,
       name="encoder_norm",
     )
-    if not layers:
-      return encoder_norm(x)
-    return encoder_norm(x), [encoder_norm(y) if norm_layers else y for y in kept]
+    blocks = [blocks[i] for i in range(self.num_layers)]  # scanned: one array, layers first
+    return encoder_norm(x), blocks, [encoder_norm(y) for y in blocks]
 
 
-def _layer_indices(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
-  """Block indices in [0, num_layers) (negative ones count from the end); one line if not."""
-  out = []
-  for i in layers:
-    if not -num_layers <= int(i) < num_layers:
-      raise ValueError(
-        f"feature layer {i} outside the model's {num_layers} blocks "
-        f"(0..{num_layers - 1}, or -1 for the last)"
-      )
-    out.append(int(i) % num_layers)
-  if not out:
-    raise ValueError("feature_layers is empty: name at least one block (e.g. (-1,))")
-  return tuple(out)
+def settings(module: nn.Module, cls: type | None = None) -> dict[str, Any]:
+  """`module`'s values of the fields `cls` (default: its own class) declares: what a module
+  passes down to a part with the same settings, or to a variant of itself."""
+  fields = dataclasses.fields(cls or type(module))
+  return {f.name: getattr(module, f.name) for f in fields if f.init and f.name not in _FLAX}
 
 
-class VisionTransformer(nn.Module):
+_FLAX = ("parent", "name")  # the dataclass fields every flax module has
+
+
+class VisionTransformer(EncoderSettings, kw_only=True):
   """ViT (and R50+ViT hybrid) classifier.
 
   Attributes:
-    num_classes: width of the zero-initialised linear head; None returns the representation.
+    num_classes: width of the zero-initialised linear head; None for none (the logits are then
+      the pre-logits, see vit_jax.models).
     patch_size: side of the square patches (on the ResNet feature map for hybrids).
     hidden_size: width D of every token.
     num_layers: number of Transformer blocks.
@@ -613,9 +578,8 @@ class VisionTransformer(nn.Module):
       'float32': the weight gradients' matmuls accumulate into float32; `ops.dense`,
       `ops.broadcast_param`); otherwise, and for a ResNet stem, the dtype autodiff gives them.
     distill_token: DeiT's distillation token `dist_token` after the class token, with its own
-      head `head_dist` (initialised as `head`); needs classifier 'token'. With `train=True` the
-      logits are the pair (class head, distillation head), with `train=False` their average
-      (see `__call__`).
+      head `head_dist` (initialised as `head`); needs classifier 'token'. The logits are the
+      average of the two heads (DeiT's prediction); `out` holds each (see `classify`).
     posemb: the position embeddings: 'learn' (the paper's learned table,
       `Transformer/posembed_input/pos_embedding`) or 'sincos2d' (fixed 2-D sin-cos embeddings of
       Beyer et al., 2022, `sincos2d_posemb`: no parameter, computed for the actual patch grid,
@@ -632,68 +596,43 @@ class VisionTransformer(nn.Module):
   num_classes: int | None
   patch_size: int
   hidden_size: int
-  num_layers: int
-  mlp_dim: int
-  num_heads: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
   classifier: str = "token"
   representation_size: int | None = None
   resnet: Any = None
   head_bias_init: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  remat: bool = False
-  scan: bool = False
-  gelu_approximate: bool = True
-  attention_kernel: str = "auto"
-  layer_norm_kernel: str = "auto"
-  grad_reduce_dtype: Dtype | None = None
   distill_token: bool = False
-  posemb: str = "learn"
-  stochastic_depth: float = 0.0
 
   @nn.compact
-  def __call__(
+  def __call__(self, images: jax.Array, *, train: bool, example_ids: Ids = None) -> Output:
+    """(logits, out) of images [batch, height, width, 3] in [-1, 1] (vit_jax.models): the
+    encoder (`encode`), then the head (`classify`).
+
+    `train` enables dropout and stochastic depth (needs the 'dropout' rng); `example_ids`
+    int [batch] are the images' ids: their dropout masks and stochastic depth's decisions are a
+    function of the id and the 'dropout' rng only (the trainer passes the index in the global
+    batch; None: the row).
+    """
+    x, out = self.encode(images, train=train, example_ids=example_ids)
+    return self.classify(x, out)
+
+  def encode(
     self,
     images: jax.Array,
     *,
     train: bool,
-    return_representation: bool = False,
+    example_ids: Ids = None,
     corrupt_fn: Callable[[jax.Array], jax.Array] | None = None,
-    return_tokens: bool = False,
-    example_ids: jax.Array | None = None,
-    feature_layers: Sequence[int] | None = None,
-    feature_norm: bool = False,
-  ) -> jax.Array | list[jax.Array]:
-    """Classifies images, or returns the token maps of chosen blocks (`feature_layers`).
+  ) -> tuple[jax.Array, dict[str, Any]]:
+    """Eq. 1-4 up to the final LayerNorm: z_0 = [x_class; x_p E] + E_pos, then the blocks.
 
-    Args:
-      images: [batch, height, width, 3], values in [-1, 1].
-      train: enables dropout and stochastic depth (needs the 'dropout' rng).
-      return_representation: return the pre-head representation [batch, R or D] instead (with
-        `distill_token`, the class token's: the representation every ViT gives).
-      corrupt_fn: applied to the patch embeddings [batch, patches, D] before the class token
-        and position embeddings are added (masked patch prediction, vit_jax.models.mpp); it may create
-        parameters of the calling module. None: no change.
-      return_tokens: return the encoder's output for the patch tokens [batch, patches, D]
-        (at least float32, after the final LayerNorm, class token dropped) instead of the logits.
-      example_ids: int [batch], each image's id: its dropout masks and stochastic depth's
-        decisions are a function of the id and the 'dropout' rng only (the trainer passes the
-        index in the global batch). None: the row.
-      feature_layers: block indices (0 is the first block, negative ones count from the last:
-        -1 is the last) whose outputs to return as token maps instead of the logits: a list, in
-        this order, of [batch, H/p, W/p, hidden_size] arrays (at least float32), the patch
-        tokens on their grid (for hybrids, the grid of the ResNet's feature map), class token
-        left out. `vit_jax.models.forward_intermediates` is the call to use.
-      feature_norm: pass each map through the encoder's final LayerNorm (`encoder_norm`); the
-        last block's map is then the `return_tokens` output on its grid.
+    `corrupt_fn` is applied to the patch embeddings x_p E [batch, patches, D] before the class
+    token and the position embeddings (masked patch prediction, vit_jax.models.mpp).
 
-    Returns:
-      Logits [batch, num_classes] in float32, float64 for a float64 model (or the
-      representation, the patch tokens, or the list of token maps). With `distill_token`:
-      `train=True` gives the pair (class-token logits, distillation-token logits), each
-      [batch, num_classes]; `train=False` gives (class + distillation) / 2 (DeiT's prediction).
+    Returns every token after the final LayerNorm [batch, tokens, D] and `out` with `tokens`
+    (the patch tokens of those, [batch, patches, D]), `blocks` (each block's output, its patch
+    tokens on their grid [batch, H/p, W/p, D]; for hybrids the grid of the ResNet's feature
+    map) and `normed_blocks` (the same through the final LayerNorm: the last is `tokens` on its
+    grid), all at least float32.
     """
     if self.classifier not in ("token", "gap"):
       raise ValueError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
@@ -707,18 +646,9 @@ class VisionTransformer(nn.Module):
       raise ValueError(f"stochastic_depth={self.stochastic_depth!r}; expected a rate in [0, 1)")
     x = images.astype(self.dtype)
     if self.resnet is not None:
-      x = resnet.resnet_stem(
-        x,
-        tuple(self.resnet["num_layers"]),
-        self.resnet["width_factor"],
-        self.dtype,
-        self.param_dtype,
-      )
-    layers = ()
-    if feature_layers is not None:
-      layers = _layer_indices(feature_layers, self.num_layers)
+      stages = tuple(self.resnet["num_layers"])
+      x = resnet.resnet_stem(x, stages, self.resnet["width_factor"], self.dtype, self.param_dtype)
     grid = (x.shape[1] // self.patch_size, x.shape[2] // self.patch_size)
-    # Linear projection of flattened patches (Eq. 1).
     x = PatchEmbedding(
       self.patch_size,
       self.hidden_size,
@@ -730,56 +660,47 @@ class VisionTransformer(nn.Module):
     if corrupt_fn is not None:
       x = corrupt_fn(x)
     batch, _, width = x.shape
-    if self.classifier == "token":
-      cls = self.param("cls", nn.initializers.zeros, (1, 1, width), self.param_dtype)
-      cls = ops.broadcast_param(cls, (batch, 1, width), x.dtype, self.grad_reduce_dtype)
-      prefix_tokens = [cls]
-      if self.distill_token:  # initialised as DeiT's (timm: trunc_normal, std 0.02)
-        init = nn.initializers.normal(stddev=0.02)
-        dist = self.param("dist_token", init, (1, 1, width), self.param_dtype)
-        prefix_tokens.append(
-          ops.broadcast_param(dist, (batch, 1, width), x.dtype, self.grad_reduce_dtype)
-        )
-      x = jnp.concatenate([*prefix_tokens, x], axis=1)
-    x = Encoder(
-      num_layers=self.num_layers,
-      mlp_dim=self.mlp_dim,
-      num_heads=self.num_heads,
-      dropout_rate=self.dropout_rate,
-      attention_dropout_rate=self.attention_dropout_rate,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      remat=self.remat,
-      scan=self.scan,
-      gelu_approximate=self.gelu_approximate,
-      attention_kernel=self.attention_kernel,
-      layer_norm_kernel=self.layer_norm_kernel,
-      grad_reduce_dtype=self.grad_reduce_dtype,
-      posemb=self.posemb,
-      stochastic_depth=self.stochastic_depth,
-      name="Transformer",
-    )(
-      x,
-      not train,
-      jnp.arange(batch) if example_ids is None else example_ids,
-      layers,
-      feature_norm,
-      grid,
+    x = jnp.concatenate([*self._prefix_tokens(batch, width, x.dtype), x], axis=1)
+    ids = jnp.arange(batch) if example_ids is None else example_ids
+    x, blocks, normed = Encoder(**settings(self, Encoder), name="Transformer")(
+      x, not train, ids, grid
     )
-    prefix = (1 + int(self.distill_token)) if self.classifier == "token" else 0
-    if layers:
-      return [
-        y[:, prefix:].reshape(batch, *grid, width).astype(ops.wide_dtype(y.dtype)) for y in x[1]
+    prefix, wide = self._num_prefix_tokens, ops.wide_dtype(x.dtype)
+
+    def maps(ys):  # [batch, tokens, D] each → [batch, gh, gw, D], the patch tokens
+      return tuple(y[:, prefix:].reshape(batch, *grid, width).astype(wide) for y in ys)
+
+    tokens = x[:, prefix:].astype(wide)
+    return x, dict(tokens=tokens, blocks=maps(blocks), normed_blocks=maps(normed))
+
+  @property
+  def _num_prefix_tokens(self) -> int:
+    return (1 + int(self.distill_token)) if self.classifier == "token" else 0
+
+  def _prefix_tokens(self, batch: int, width: int, dtype: Dtype) -> list[jax.Array]:
+    """The learned tokens before the patches: the class token `cls` (and DeiT's `dist_token`,
+    initialised as timm does: normal, std 0.02), each [batch, 1, width]."""
+    names = ("cls", "dist_token")[: self._num_prefix_tokens]
+    inits = (nn.initializers.zeros, nn.initializers.normal(stddev=0.02))
+    tokens = [
+      self.param(n, init, (1, 1, width), self.param_dtype)
+      for n, init in zip(names, inits, strict=False)
+    ]
+    shape = (batch, 1, width)
+    return [ops.broadcast_param(t, shape, dtype, self.grad_reduce_dtype) for t in tokens]
+
+  def classify(self, x: jax.Array, out: dict[str, Any]) -> Output:
+    """The head on the encoder's output x [batch, tokens, D] (`encode`): y = the class token
+    (or the tokens' mean, 'gap'), through the Dense+tanh `pre_logits` layer if any
+    (`out['pre_logits']`), then the linear `head` (the logits). With `distill_token` the
+    distillation token takes the same path to `head_dist`; the logits are the two heads'
+    average, `out['class_logits']` and `out['dist_logits']` each."""
+    if self.classifier == "token":  # static slices: see MultiHeadDotProductAttention
+      ys = [
+        jax.lax.index_in_dim(x, i, axis=1, keepdims=False) for i in range(self._num_prefix_tokens)
       ]
-    if return_tokens:
-      return x[:, prefix:].astype(ops.wide_dtype(x.dtype))
-    dist = None
-    if self.classifier == "token":  # (static slices: see MultiHeadDotProductAttention)
-      if self.distill_token:
-        dist = jax.lax.index_in_dim(x, 1, axis=1, keepdims=False)
-      x = jax.lax.index_in_dim(x, 0, axis=1, keepdims=False)
     else:
-      x = jnp.mean(x, axis=1)
+      ys = [jnp.mean(x, axis=1)]
     dense = functools.partial(
       Dense,
       dtype=self.dtype,
@@ -787,24 +708,20 @@ class VisionTransformer(nn.Module):
       grad_reduce_dtype=self.grad_reduce_dtype,
     )
     if self.representation_size is not None:
-      pre_logits = dense(self.representation_size, name="pre_logits")
-      x = jnp.tanh(pre_logits(x))
-      if dist is not None:  # the same layer for both tokens
-        dist = jnp.tanh(pre_logits(dist))
-    if return_representation or self.num_classes is None:
-      return x.astype(ops.wide_dtype(x.dtype))
+      pre_logits = dense(self.representation_size, name="pre_logits")  # one layer for both tokens
+      ys = [jnp.tanh(pre_logits(y)) for y in ys]
+    wide = ops.wide_dtype(ys[0].dtype)
+    out["pre_logits"] = ys[0].astype(wide)
+    if self.num_classes is None:
+      return out["pre_logits"], out
     head = functools.partial(
       dense,
       self.num_classes,
       kernel_init=nn.initializers.zeros,
       bias_init=nn.initializers.constant(self.head_bias_init),
     )
-    logits = head(name="head")(x)
-    logits = logits.astype(ops.wide_dtype(logits.dtype))
-    if dist is None:
-      return logits
-    dist_logits = head(name="head_dist")(dist)
-    dist_logits = dist_logits.astype(ops.wide_dtype(dist_logits.dtype))
-    if train:  # both, for the distillation objective to weigh
-      return logits, dist_logits
-    return (logits + dist_logits) / 2
+    logits = [head(name=n)(y).astype(wide) for n, y in zip(("head", "head_dist"), ys, strict=False)]
+    if not self.distill_token:
+      return logits[0], out
+    out["class_logits"], out["dist_logits"] = logits
+    return (logits[0] + logits[1]) / 2, out

@@ -3,9 +3,9 @@
 An `Objective` is chosen once from the config (`get(config, num_classes, mesh)`) and gives the
 trainer everything that depends on the loss:
 
-    model(model_config, mesh)          the Flax module to train; it also answers
-                                       `apply(..., return_representation=True)`, the
-                                       representation the few-shot evaluators read
+    model(model_config, mesh)          the Flax module to train: (logits, out) as every model
+                                       (vit_jax.models); the evaluators read its logits and
+                                       `out['pre_logits']`
     per_example(model, params, batch, key) -> (loss [B], correct [B])
                                        `correct` is 1/0 top-1 (supervised) or a fraction
                                        (masked patch prediction); the trainer weights both with

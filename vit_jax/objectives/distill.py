@@ -48,7 +48,7 @@ class Teacher:
 
   def hard_labels(self, params: Any, images: jax.Array) -> jax.Array:
     """int32 [batch]: the teacher's top class for each image [batch, height, width, 3]."""
-    logits = self.model.apply({"params": params}, images, train=False)
+    logits, _ = self.model.apply({"params": params}, images, train=False)
     return jnp.argmax(jax.lax.stop_gradient(logits), axis=-1).astype(jnp.int32)
 
 
@@ -123,14 +123,8 @@ class Distill:
     self, model: Any, params: Any, batch: dict[str, jax.Array], key: jax.Array, teacher_params: Any
   ) -> tuple[jax.Array, jax.Array]:
     """(loss [B], correct [B]); `teacher_params` is the step's argument (see the module)."""
-    out = model.apply(
-      {"params": params},
-      batch["image"],
-      train=True,
-      example_ids=batch["index"],
-      rngs={"dropout": key},
-    )
-    cls_logits, dist_logits = out if isinstance(out, tuple) else (out, out)
+    logits, out = supervised.forward(model, params, batch, key)
+    cls_logits, dist_logits = out.get("class_logits", logits), out.get("dist_logits", logits)
     teacher_labels = self.teacher.hard_labels(teacher_params, batch["image"])
     return self.loss_and_correct(cls_logits, dist_logits, batch["label"], teacher_labels)
 

@@ -39,7 +39,7 @@ class MaskedPatchPrediction:
 
 
 def per_example_loss(
-  out: dict[str, jax.Array], images: jax.Array, patch_size: int, target: str
+  logits: jax.Array, kind: jax.Array, images: jax.Array, patch_size: int, target: str
 ) -> tuple[jax.Array, jax.Array]:
   """Loss and accuracy of each image, averaged over its corrupted patches only.
 
@@ -47,7 +47,8 @@ def per_example_loss(
   mean over all corrupted patches of the batch.
 
   Args:
-    out: the model's dict(outputs [B, N, K], kind [B, N]).
+    logits: the model's predictions [B, N, K].
+    kind: int [B, N], the model's `out['kind']` (vit_jax.models.mpp.corrupt).
     images: the uncorrupted input [B, H, W, 3] in [-1, 1].
     patch_size: the model's patch size.
     target: one of TARGETS.
@@ -58,7 +59,7 @@ def per_example_loss(
     the mean colour of the predicted patch).
   """
   y = mpp.targets(images, patch_size, target)
-  z, corrupted = out["outputs"], (out["kind"] != KEPT_CLEAN).astype(jnp.float32)
+  z, corrupted = logits, (kind != KEPT_CLEAN).astype(jnp.float32)
   if target == "mean_color":
     logp = jax.nn.log_softmax(z, axis=-1)
     loss = -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
@@ -85,17 +86,13 @@ def objective(
   params: Any,
   images: jax.Array,
   key: jax.Array,
-  train: bool = True,
   example_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-  """(loss [B], accuracy [B]) of `model` on `images`; `key` draws dropout and the corruption,
-  image i's from fold_in(·, example_ids[i]) (None: its row)."""
+  """(loss [B], accuracy [B]) of `model` in training on `images`; `key` draws dropout and the
+  corruption, image i's from fold_in(·, example_ids[i]) (None: its row)."""
   dropout_key, mpp_key = jax.random.split(key)
-  out = model.apply(
-    {"params": params},
-    images,
-    train=train,
-    example_ids=example_ids,
-    rngs={"dropout": dropout_key, "mpp": mpp_key},
+  rngs = {"dropout": dropout_key, "mpp": mpp_key}
+  logits, out = model.apply(
+    {"params": params}, images, train=True, example_ids=example_ids, rngs=rngs
   )
-  return per_example_loss(out, images, model.patch_size, model.target)
+  return per_example_loss(logits, out["kind"], images, model.patch_size, model.target)

@@ -2,7 +2,7 @@
 'segment'`, `config.loss = 'seg_softmax_xent'`).
 
 The model is vit_jax.models.segmentation's encoder + head of `config.model` and
-`config.segmentation` (head, layers, width); it returns logits [batch, height, width, classes].
+`config.segmentation` (head, layers, width); its logits are [batch, height, width, classes].
 An example's loss is the mean cross-entropy over its pixels whose label is not `IGNORE_LABEL`,
 and its `correct` the fraction of those pixels labelled right (pixel accuracy); an image whose
 pixels are all ignored contributes 0 to both. A run may start from any pretraining checkpoint
@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.models import segmentation
+from vit_jax.objectives import supervised
 
 IGNORE_LABEL = 255  # the same as vit_jax.input_pipeline.segmentation.IGNORE_LABEL
 
@@ -68,11 +69,5 @@ class Segmentation:
     )
 
   def per_example(self, model: Any, params: Any, batch: dict[str, jax.Array], key: jax.Array):
-    logits = model.apply(
-      {"params": params},
-      batch["image"],
-      train=True,
-      example_ids=batch["index"],
-      rngs={"dropout": key},
-    )
+    logits, _ = supervised.forward(model, params, batch, key)
     return pixel_xent(logits, batch["label"])

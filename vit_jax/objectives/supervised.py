@@ -66,6 +66,13 @@ def top1_correct(logits: jax.Array, targets: jax.Array) -> jax.Array:
   return jnp.take_along_axis(targets, top1[:, None], axis=-1)[:, 0] > 0
 
 
+def forward(model: Any, params: Any, batch: dict[str, jax.Array], key: jax.Array):
+  """(logits, out) of `model` on a training batch: dropout keyed by `key` and each example's
+  index in the global batch (`batch['index']`)."""
+  ids, rngs = batch["index"], {"dropout": key}
+  return model.apply({"params": params}, batch["image"], train=True, example_ids=ids, rngs=rngs)
+
+
 @dataclasses.dataclass(frozen=True)
 class Supervised:
   """`loss` ('softmax_xent' | 'sigmoid_xent') on `num_classes` labels, the training targets
@@ -89,13 +96,7 @@ class Supervised:
     return models.get_model(model_config, self.num_classes, mesh=mesh)
 
   def per_example(self, model: Any, params: Any, batch: dict[str, jax.Array], key: jax.Array):
-    logits = model.apply(
-      {"params": params},
-      batch["image"],
-      train=True,
-      example_ids=batch["index"],
-      rngs={"dropout": key},
-    )
+    logits, _ = forward(model, params, batch, key)
     return self.loss_and_correct(logits, batch["label"])
 
   def loss_and_correct(self, logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
