@@ -139,7 +139,7 @@ def jax_runner(args, module, batch, mode, image_size, num_classes, seed=0) -> Ru
 
   if mode == "forward":
     forward = jax.jit(
-      lambda params, images: module.apply({"params": params}, images, train=False)[0]
+      lambda params, images: common.logits_of(module.apply({"params": params}, images, train=False))
     )
     compiled = forward.lower(params, images).compile()
 
