@@ -31,6 +31,18 @@ def preprocess(image: Image.Image, image_size: int, spec: str = DEFAULT_PP) -> n
   return pil_ops.preprocess(image, image_size, spec)
 
 
+def _batched(apply, params, arrays: np.ndarray, batch_size: int) -> np.ndarray:
+  """`apply(params, batch)` over `arrays` in batches of `batch_size` (the last one padded with
+  zeros, so that every call has one shape and compiles once), concatenated."""
+  out = []
+  for start in range(0, len(arrays), batch_size):
+    chunk = arrays[start : start + batch_size]
+    n = len(chunk)
+    chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
+    out.append(np.asarray(apply(params, chunk))[:n])
+  return np.concatenate(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # The classifier and what travels with it.
 
@@ -115,15 +127,8 @@ class Classifier:
     """Class probabilities [N, K] of PIL images: softmax of the logits, or their sigmoid for a
     head trained with sigmoid cross-entropy (then rows need not sum to 1)."""
     arrays = np.stack([preprocess(im, self.image_size, self.pp) for im in images])
-    out = []
-    for start in range(0, len(arrays), batch_size):
-      chunk = arrays[start : start + batch_size]
-      n = len(chunk)
-      chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
-      logits = self._apply(self.params, chunk)[:n]
-      probs = jax.nn.sigmoid(logits) if self.sigmoid else jax.nn.softmax(logits, axis=-1)
-      out.append(np.asarray(probs))
-    return np.concatenate(out)
+    act = jax.nn.sigmoid if self.sigmoid else jax.nn.softmax
+    return _batched(lambda p, x: act(self._apply(p, x)), self.params, arrays, batch_size)
 
   def top_k(self, images: Sequence[Image.Image], k: int = 5) -> list[list[tuple[int, str, float]]]:
     """For each image, the k most likely (class index, name, probability), best first."""
@@ -205,22 +210,9 @@ def read_class_names(path: str) -> list[str]:
 # Colours of the first classes in written masks (palette PNGs: the pixel values are the class
 # indices, the palette only shows them); the background is black.
 _PALETTE = [
-  (0, 0, 0),
-  (230, 25, 75),
-  (60, 180, 75),
-  (255, 225, 25),
-  (0, 130, 200),
-  (245, 130, 48),
-  (145, 30, 180),
-  (70, 240, 240),
-  (240, 50, 230),
-  (210, 245, 60),
-  (250, 190, 212),
-  (0, 128, 128),
-  (170, 110, 40),
-  (128, 0, 0),
-  (128, 128, 0),
-  (0, 0, 128),
+  tuple(bytes.fromhex(rgb))
+  for rgb in "000000 e6194b 3cb44b ffe119 0082c8 f58230 911eb4 46f0f0 f032e6 d2f53c fabed4 008080 "
+  "aa6e28 800000 808000 000080".split()
 ]
 
 
@@ -270,12 +262,7 @@ class Segmenter:
     """uint8 class indices [h, w] per image, at each image's own size."""
     size = self.image_size
     arrays = np.stack([preprocess(im, size, "decode|resize|value_range(-1, 1)") for im in images])
-    out = []
-    for start in range(0, len(arrays), batch_size):
-      chunk = arrays[start : start + batch_size]
-      n = len(chunk)
-      chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
-      out.extend(np.asarray(jax.numpy.argmax(self._apply(self.params, chunk), -1))[:n])
+    out = np.argmax(_batched(self._apply, self.params, arrays, batch_size), -1)
     return [
       np.asarray(Image.fromarray(m.astype(np.uint8)).resize(im.size, Image.Resampling.NEAREST))
       for m, im in zip(out, images, strict=True)

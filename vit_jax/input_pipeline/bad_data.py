@@ -1,23 +1,12 @@
 """What the input pipeline does with data it cannot use: reading a file is not decoding a record.
 
-- A file that cannot be read (an I/O error: permission denied, a failed request, a file deleted
-  mid-run, a directory in its place) is read again, `READ_ATTEMPTS` times in all with a doubling
-  backoff, then ends the run with one line naming the file and the cause (`DataReadError`).
-- A record that cannot be decoded or preprocessed, an image whose header declares more pixels
-  than `dataset.max_image_pixels` (never decoded), and each record a damaged TFRecord file lost
-  (counted from the shard's example count in dataset_info.json) is a skipped example: a zero
-  image with mask 0 takes its place, so batch boundaries and stream positions stay fixed. It is
-  counted by reason and named in the log (a damaged file once, by the reader).
-- The share of skipped examples among the records a host read, the run's resumes included, is
-  limited by `dataset.max_skipped_fraction`: once a host has read `MIN_RECORDS` records (or one
-  epoch of a smaller split) and its share is over the limit, the run stops with one line naming
-  the count, the share and the most recent culprit (`TooManySkippedError`).
-- An evaluation reads every example of its split: a skipped example fails it with one line
-  (`IncompleteEvaluationError`), since a metric over part of a split is not the split's metric.
-
-Multi-host: every host counts the records it reads and the examples it skips and applies the
-limit to its own share; hosts read disjoint records, so the hosts that read a bad part of the data
-stop the run (their error ends the job as any host's error does).
+The rules (docs/data.md, "Hosts, determinism, bad data"): a file that cannot be read is read
+again (`Retries`), then ends the run (`DataReadError`); a record that cannot be decoded, is too
+large or was lost with a damaged file is a skipped example (a zero image with mask 0, so batch
+boundaries and stream positions stay fixed), counted by reason (`SkipCounter`) and held to
+`dataset.max_skipped_fraction` (`TooManySkippedError`); an evaluation that skipped one fails
+(`IncompleteEvaluationError`: a metric over part of a split is not the split's metric). Every
+host applies the limit to its own share of the disjoint records it reads.
 
 Errors raised inside tf.data (a reader's Python code, an in-graph assertion) reach the consumer as
 a TensorFlow error whose message carries a mark; `translate` turns it back into the exception.

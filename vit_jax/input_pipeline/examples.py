@@ -6,23 +6,15 @@ record's randomness is a function of (seed, position). A task's examples (`for_s
   * `process(raw, position)`: the example (`image`, `label`, `mask`, `status`, `pixels`, and the
     fields its `check` reads); it may fail on bad data;
   * `fallback(status)`: the example standing for a record that failed (a zero image, mask 0);
-  * `check(batch)`: on a batch of examples (with `where`), ends the run in one line on a data
-    error that is no skipped example (a label outside the classes, a mask of another size than
-    its image), naming the batch's first such record, and keeps the fields the iterators take:
-    image, label, mask and the host fields (`HOST_FIELDS`); once per batch, the message built
-    only when a record fails;
+  * `check(batch)`: ends the run in one line on a data error that is no skipped example (a label
+    outside the classes, a bad mask), and keeps the fields the iterators take (`_Task._passed`);
   * `pad()`: an evaluation's padding (mask 0, status PAD), an unchecked example like the others.
 
-  classification  `pp_train` / `pp_eval` (ops/preprocess.py, TensorFlow ops; stateless seed
-                  [seed·1,000,003 + 1,000, position], [0, position] in evaluation); label int32
-                  [], or float32 multi-hot [K] with `multi_label`;
-  segmentation    decoding, checks (sources/segmentation.py) and augmentation (ops/
-                  segmentation.py) in numpy and PIL, run with
-                  tf.numpy_function; numpy's `default_rng([seed, 1, position])`, seed 0 in
-                  evaluation); label int32 [S, S], IGNORE_LABEL where a pixel does not count.
-
-An encoded image (and a segmentation mask) declaring more than `max_image_pixels` pixels
-(image_header) is not decoded: a zero image with mask 0 and status TOO_LARGE.
+Classification runs `pp_train` / `pp_eval` (ops/preprocess.py) with the stateless seed
+[seed·1,000,003 + 1,000, position] ([0, position] in evaluation); segmentation decodes, checks and
+augments in numpy and PIL under tf.numpy_function with `default_rng([seed, 1, position])` (seed 0
+in evaluation). An image (or mask) declaring more than `max_image_pixels` pixels is not decoded:
+a zero image with mask 0 and status TOO_LARGE.
 """
 
 from collections.abc import Callable

@@ -1,31 +1,21 @@
 """Per-host batches → global jax.Arrays: the train and eval iterators of every source.
 
-Every source of the one table (sources/registry.py), classification and segmentation alike, is
-read by these iterators: the source gives raw records (sources/base.py), its task turns each into
-an example (examples.py), and everything else — hosts, positions, resume, bad data, prefetching, the global
-batch on the mesh — is the same code.
+Every source of the one table (sources/registry.py), of either task, is read by these
+iterators: the source gives raw records (sources/base.py), its task turns each into an example
+(examples.py), and hosts, positions, resume, bad data, prefetching and the global batch on the
+mesh are the same code.
 
-The run's stream: every record becomes exactly one example (a record that cannot be parsed,
-decoded or preprocessed, an image declaring more than `max_image_pixels`, or a record a damaged
-file lost becomes a zero image with mask 0 instead of being dropped), so batch boundaries are
-fixed in the raw-record stream. What is skipped, what ends the run, and the limit on the share
-skipped: vit_jax.input_pipeline.bad_data; reading a file is outside the per-record sandbox, so an
-I/O error is never a skipped example. Global batch b holds stream positions
-b·B .. b·B + B − 1, position b·B + r in row r of the global jax.Array: each host reads the
-positions of the rows that jax.make_array_from_process_local_data gives its devices
-(`layout.host_rows`), so the global batch is laid out the same on any number of hosts and devices and
-any mesh. An example's augmentations are drawn from a stateless seed of (seed, its position).
-
-Which record sits at a position: for sources with a global order (`source.global_order`: the
-ones addressed by index, a seeded permutation per epoch) it is a function of the seed alone, so
-the whole trajectory of examples is the same on any topology. Sources read per host (shards, tfds)
-give host h its own records (`source.epoch(e)` chained without end) in the positions of its rows;
-their examples depend on the number of hosts.
+Every record becomes exactly one example (a record that fails becomes a zero image with mask 0,
+bad_data.py), so batch boundaries are fixed in the raw-record stream. Position b·B + r is row r
+of global batch b: each host reads the positions of the rows its devices hold
+(`layout.host_rows`). For sources with `global_order` the record at a position is a function of
+the seed alone (the same trajectory on any topology); sources read per host (shards, tfds) give
+host h its own records (`source.epoch(e)` chained without end) in its rows' positions.
 
 The pipeline's whole position is the number of records each host has consumed (the same on every
-host); times the number of hosts it is the stream position. Resuming skips raw records — before
-any decoding: to the stream position for a global order (exact on any number of hosts), else to
-the same number of examples per host inside the right epoch (exact on the same number of hosts).
+host; times the number of hosts, the stream position). Resuming skips raw records, before any
+decoding: to the stream position for a global order (exact on any number of hosts), else to the
+same number of examples per host inside the right epoch (exact on the same number of hosts).
 
 Nothing here knows about models or checkpoints; TensorFlow stays inside the data layer.
 """
@@ -49,14 +39,6 @@ from vit_jax.input_pipeline.sources import registry as sources
 graph_fn = examples.graph_fn
 
 
-def _options(config) -> tf.data.Options:
-  options = tf.data.Options()
-  options.deterministic = True
-  if config.num_threads > 0:
-    options.threading.private_threadpool_size = config.num_threads
-  return options
-
-
 def _process(
   ds: tf.data.Dataset, source: source_lib.Source, task_examples, position_of: Callable
 ) -> tf.data.Dataset:
@@ -65,31 +47,29 @@ def _process(
   the same per-record function, so it costs no tf.data stage of its own. A source that reads
   files per record reads them first, outside the sandbox (an I/O error ends the run)."""
   per_record = examples.record_fn(task_examples, source)
+  fn = graph_fn(lambda raw, index: per_record(raw, position_of(index)))
+  parallel = dict(num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   if source.reads_files:
-    ds = ds.map(
-      graph_fn(lambda raw, index: (source.read(raw), index)),
-      num_parallel_calls=tf.data.AUTOTUNE,
-      deterministic=True,
-    )
+    ds = ds.map(graph_fn(lambda raw, index: (source.read(raw), index)), **parallel)
   if not source.may_fail:
-    return ds.map(
-      graph_fn(lambda raw, index: per_record(raw, position_of(index))),
-      num_parallel_calls=tf.data.AUTOTUNE,
-      deterministic=True,
-    )
+    return ds.map(fn, **parallel)
   return ds.interleave(
-    graph_fn(lambda raw, index: per_record(raw, position_of(index))),
+    fn,
     cycle_length=max(16, 2 * (os.cpu_count() or 1)),
     block_length=1,
-    num_parallel_calls=tf.data.AUTOTUNE,
-    deterministic=True,
+    **parallel,
   )
 
 
-def _checked(ds: tf.data.Dataset, task_examples, batch_size: int) -> tf.data.Dataset:
-  """Batches of `batch_size` examples, each batch checked (examples.check)."""
+def _checked(ds: tf.data.Dataset, task_examples, batch_size: int, config) -> tf.data.Dataset:
+  """Batches of `batch_size` examples, each batch checked (examples.check), prefetched."""
   ds = ds.batch(batch_size, drop_remainder=True)
-  return ds.map(graph_fn(task_examples.check), num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(graph_fn(task_examples.check), num_parallel_calls=tf.data.AUTOTUNE)
+  options = tf.data.Options()
+  options.deterministic = True
+  if config.num_threads > 0:
+    options.threading.private_threadpool_size = config.num_threads
+  return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
 class _Prefetcher:
@@ -272,8 +252,7 @@ class TrainIterator:
     batch, local = self.global_batch_size, self.local_batch_size
     if source.global_order:
       ds = source.stream(start // local * batch, self._rows, batch, seed)
-      ds = self._examples(config, ds, lambda position: position)
-      return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
+      return self._examples(config, ds, lambda position: position)
     if source.lengths_known and source.host_length(host) == 0:
       raise ValueError(f"Host {host} has no training data in split {config.train_split!r}.")
     epoch0, offset = 0, 0
@@ -292,8 +271,7 @@ class TrainIterator:
       return k // local * batch + tf.gather(rows, k % local)
 
     ds = tf.data.Dataset.zip(ds, tf.data.Dataset.counter(start))
-    ds = self._examples(config, ds, position_of)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
+    return self._examples(config, ds, position_of)
 
   def _examples(self, config, ds: tf.data.Dataset, position_of: Callable) -> tf.data.Dataset:
     """(raw, index) → local batches, each record at stream position `position_of(index)`."""
@@ -301,7 +279,7 @@ class TrainIterator:
       config, self._source, self.num_classes, config.pp_train, self.seed
     )
     ds = _process(ds, self._source, task_examples, position_of)
-    return _checked(ds, task_examples, self.local_batch_size)
+    return _checked(ds, task_examples, self.local_batch_size, config)
 
   def _produce(self, ds, mesh, data_axes, start):
     records = start
@@ -397,8 +375,7 @@ class EvalIterable:
     ds = _process(ds, self._source, task_examples, lambda i: i)
     total = self.num_batches * self.local_batch_size
     pad = tf.data.Dataset.from_tensors(task_examples.pad()).repeat()
-    ds = _checked(ds.concatenate(pad).take(total), task_examples, self.local_batch_size)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
+    return _checked(ds.concatenate(pad).take(total), task_examples, self.local_batch_size, config)
 
   def _produce(self):
     for batch in _numpy_batches(self._dataset()):

@@ -25,6 +25,7 @@ strings); batching and host logic live in pipeline.py.
 """
 
 import functools
+import inspect
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -130,30 +131,25 @@ def inception_crop(
   return _resize(image[y : y + h, x : x + w], size, size)
 
 
-def _decode_inception_crop(
-  image: tf.Tensor, rng: tf.Tensor, image_size: int, **kwargs
-) -> tf.Tensor:
-  """`decode|inception_crop` fused: JPEGs decode only the crop window (about 2× faster)."""
+def _decode_inception_crop(image: tf.Tensor, rng: tf.Tensor, image_size: int, *args, **kwargs):
+  """`decode|inception_crop` fused: JPEGs decode only the crop window (about 2× faster); the
+  arguments are inception_crop's."""
+
+  def other():
+    return inception_crop(decode(image, rng, image_size), rng, image_size, *args, **kwargs)
+
   if image.dtype != tf.string:
-    return inception_crop(decode(image, rng, image_size), rng, image_size, **kwargs)
-  size = registry.resolve_size(kwargs.pop("size", None), image_size)
-  crop_args = {
-    "area_min": kwargs.pop("area_min", 0.05),
-    "area_max": kwargs.pop("area_max", 1.0),
-    "aspect_min": kwargs.pop("aspect_min", 3 / 4),
-    "aspect_max": kwargs.pop("aspect_max", 4 / 3),
-  }
-  if kwargs:
-    raise TypeError(f"inception_crop got unexpected arguments {sorted(kwargs)}")
+    return other()
+  crop = inspect.signature(inception_crop).bind(image, rng, image_size, *args, **kwargs)
+  crop.apply_defaults()
+  *_, area_min, area_max, aspect_min, aspect_max, size = crop.arguments.values()
+  size = registry.resolve_size(size, image_size)
 
   def jpeg():
     shape = tf.io.extract_jpeg_shape(image)
-    y, x, h, w = _crop_window(shape, rng, **crop_args)
+    y, x, h, w = _crop_window(shape, rng, area_min, area_max, aspect_min, aspect_max)
     crop = tf.io.decode_and_crop_jpeg(image, tf.stack([y, x, h, w]), channels=3)
     return _resize(crop, size, size)
-
-  def other():
-    return inception_crop(decode(image, rng, image_size), rng, image_size, size=size, **crop_args)
 
   return tf.cond(tf.io.is_jpeg(image), jpeg, other)
 
@@ -226,21 +222,11 @@ def get_preprocess_fn(spec: str, image_size: int) -> Callable[[tf.Tensor, tf.Ten
     A function of an encoded image (string scalar) or uint8 array, and a stateless seed int64 [2].
   """
   ops = parse_spec(spec)
-  steps = []
-  i = 0
-  while i < len(ops):
-    if ops[i][0] == "decode" and i + 1 < len(ops) and ops[i + 1][0] == "inception_crop":
-      _, crop_args, crop_kwargs = ops[i + 1]
-      names = ("area_min", "area_max", "aspect_min", "aspect_max", "size")
-      steps.append(
-        functools.partial(
-          _decode_inception_crop, **dict(zip(names, crop_args, strict=False)), **crop_kwargs
-        )
-      )
-      i += 2
-      continue
-    steps.append(registry.bind(ops[i], "tf"))
-    i += 1
+  steps = [registry.bind(op, "tf") for op in ops]
+  for i in reversed(range(len(ops) - 1)):
+    if ops[i][0] == "decode" and ops[i + 1][0] == "inception_crop":
+      _, args, kwargs = ops[i + 1]
+      steps[i : i + 2] = [lambda *x, a=args, k=kwargs: _decode_inception_crop(*x, *a, **k)]
 
   def fn(image: tf.Tensor, rng: tf.Tensor) -> tf.Tensor:
     if image.dtype == tf.string and ops[0][0] != "decode":

@@ -1,14 +1,8 @@
 """The offline synthetic segmentation tasks (`seg_builtin`), made from the bundled real images.
 
-`dataset.name` is `fashion_mnist_seg`, `mnist_seg` or `animal_mnist_seg`. Each 48x48 grey canvas
-holds 1 to 3 objects of the named dataset (28px images resized to 16..28 px, placed at random,
-later ones on top) over a blocky, noisy background (grey levels 0..59); an object pixel of source
-intensity >= 96 is labelled with the object's class + 1, a softer edge pixel (32..95) with
-IGNORE_LABEL, the rest (background) 0. Splits `train` (4,000 canvases), `val` (500) and `test`
-(1,000), made deterministically from GENERATOR_SEED: train and val objects come from disjoint
-parts of the source's training split, test objects from its test split.
-
-numpy and PIL; a split is made once per process and held in memory (4,000 canvases: 9 MB).
+The canvases, their labels and splits: docs/segmentation.md (`seg_builtin`), made from
+GENERATOR_SEED. numpy and PIL; a split is made once per process and held in memory (4,000
+canvases: 9 MB).
 """
 
 import collections
@@ -43,7 +37,7 @@ def make_synthetic(
   seed: int,
   canvas: int = CANVAS,
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Canvases of objects (see the module docstring).
+  """Canvases of objects (docs/segmentation.md, `seg_builtin`).
 
   Args:
     objects: uint8 [N, 28, 28, 1] bright objects on black.

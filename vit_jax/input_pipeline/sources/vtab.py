@@ -1,24 +1,10 @@
 """The 19 tasks of VTAB-1k (Zhai et al., 2019) as google-research/task_adaptation defines them.
 
 Each task names a tfds builder (with the version its split sizes belong to), where its four
-VTAB-1k splits lie in that builder's tfds splits, its number of classes, and how a tfds record
-becomes (image, label):
-
-  train800        the first 800 examples of the task's training part (tfds `train[:800]`);
-  val200          200 validation examples, from where the task takes its validation set: tfds
-                  `validation[:200]`, the part of tfds `train` after the task's own training part
-                  (a percentage of `train`, e.g. `train[63000:63200]` for CLEVR's 90%), or
-                  smallNORB's `test[:200]`;
-  train800val200  both (the final training set);
-  test            the task's test split (EuroSAT, Resisc45 and dSprites carve theirs out of tfds
-                  `train`, CLEVR evaluates on `validation`, smallNORB on `test[50%:]`).
-
-Label transforms (task_adaptation's, re-implemented): CLEVR count = objects − 3 (3..10 objects →
-8 classes); CLEVR distance = depth of the closest object binned at 8, 8.5, 9, 9.5, 10 (6 classes);
-KITTI distance = depth of the closest car, van or truck binned at 8 and 20 m, with "no vehicle"
-the 4th class; dSprites x-position (32 values) and orientation (40 values) binned to 16 classes;
-smallNORB azimuth (18) and elevation (9). Grey images (smallNORB, dSprites) become 3 equal
-channels in the pipeline's `decode`; dSprites' 0/1 pixels are scaled to 0/255 first.
+VTAB-1k splits (train800, val200, train800val200, test: docs/transfer.md) lie in that builder's
+tfds splits, its number of classes, and how a tfds record becomes (image, label): the label
+transforms are task_adaptation's, re-implemented. Grey images (smallNORB, dSprites) become 3
+equal channels in the pipeline's `decode`; dSprites' 0/1 pixels are scaled to 0/255 first.
 
 The data layer uses a task through `dataset.vtab_task` (tfds_source.TfdsSource: labels, class count,
 and a check of the recorded split sizes against the prepared data); configs/finetune.py offers
