@@ -1,10 +1,9 @@
 """A trained checkpoint as an image classifier, without TensorFlow: reading image files, the
 evaluation preprocessing in PIL and numpy, the model's token grid, and `Classifier`.
 
-The library behind `python -m vit_jax.predict` and vit_jax.analysis (and anything else that runs a
-checkpoint on image files). Images are preprocessed as in evaluation: the saved `pp_eval` spec
-(`decode|resize|central_crop|value_range` ops of vit_jax.input_pipeline.ops.pil), or a resize
-to the model's size. TensorFlow is imported only to look up a dataset's class names when no other
+The library behind `python -m vit_jax.predict` and vit_jax.analysis. Images are preprocessed as
+in evaluation: the saved `pp_eval` spec (vit_jax.input_pipeline.ops.pil), or a resize to the
+model's size. TensorFlow is imported only to look up a dataset's class names when no other
 source has them; this file must not import it otherwise.
 """
 
@@ -32,8 +31,7 @@ def preprocess(image: Image.Image, image_size: int, spec: str = DEFAULT_PP) -> n
 
 
 def _batched(apply, params, arrays: np.ndarray, batch_size: int) -> np.ndarray:
-  """`apply(params, batch)` over `arrays` in batches of `batch_size` (the last one padded with
-  zeros, so that every call has one shape and compiles once), concatenated."""
+  """`apply(params, batch)` over `arrays` in zero-padded batches of `batch_size` (one compile)."""
   out = []
   for start in range(0, len(arrays), batch_size):
     chunk = arrays[start : start + batch_size]
@@ -111,12 +109,8 @@ class Classifier:
     self.sigmoid = saved is not None and saved.get("loss") == "sigmoid_xent"
     self.pp = (dataset.get("pp_eval") if dataset else None) or DEFAULT_PP
     self.class_names = list(class_names) if class_names else dataset_class_names(dataset)
-    if self.class_names and len(self.class_names) != self.num_classes:
-      logging.warning(
-        "%d class names for a %d-class head; printing indices",
-        len(self.class_names),
-        self.num_classes,
-      )
+    if self.class_names and (n := len(self.class_names)) != self.num_classes:
+      logging.warning("%d class names for a %d-class head; printing indices", n, self.num_classes)
       self.class_names = None
     self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False))
 
@@ -133,12 +127,8 @@ class Classifier:
   def top_k(self, images: Sequence[Image.Image], k: int = 5) -> list[list[tuple[int, str, float]]]:
     """For each image, the k most likely (class index, name, probability), best first."""
     probs = self.probabilities(images)
-    k = min(k, self.num_classes)
-    result = []
-    for p in probs:
-      idx = np.argsort(-p, kind="stable")[:k]
-      result.append([(int(i), self.name(int(i)), float(p[i])) for i in idx])
-    return result
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, : min(k, self.num_classes)]
+    return [[(int(i), self.name(int(i)), float(probs[n, i])) for i in t] for n, t in enumerate(top)]
 
 
 def dataset_class_names(dataset: ml_collections.ConfigDict | None) -> list[str] | None:
@@ -173,14 +163,8 @@ def skipped_line(skipped: Sequence[tuple[str, str]], total: int) -> str:
 
 
 def read_images(paths: Sequence[str]) -> tuple[list[str], list[Image.Image]]:
-  """Opens and decodes image files; unreadable ones are skipped with one warning line.
-
-  Returns:
-    (the paths that were read, their decoded images), in the order of `paths`.
-
-  Raises:
-    ValueError: none of them could be read (one line naming the first).
-  """
+  """(the paths that were read, their decoded images), in the order of `paths`; unreadable ones
+  are skipped with one warning line, and ValueError names the first when none could be read."""
   read, images, skipped = [], [], []
   for path in paths:
     try:
@@ -260,8 +244,7 @@ class Segmenter:
 
   def masks(self, images: Sequence[Image.Image], batch_size: int = 16) -> list[np.ndarray]:
     """uint8 class indices [h, w] per image, at each image's own size."""
-    size = self.image_size
-    arrays = np.stack([preprocess(im, size, "decode|resize|value_range(-1, 1)") for im in images])
+    arrays = np.stack([preprocess(im, self.image_size) for im in images])  # DEFAULT_PP: a resize
     out = np.argmax(_batched(self._apply, self.params, arrays, batch_size), -1)
     return [
       np.asarray(Image.fromarray(m.astype(np.uint8)).resize(im.size, Image.Resampling.NEAREST))

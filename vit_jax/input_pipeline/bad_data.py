@@ -17,7 +17,7 @@ import contextlib
 import re
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from absl import logging
@@ -86,14 +86,6 @@ def translate(error: Exception) -> Exception:
   return error
 
 
-T = TypeVar("T")
-
-
-def is_io_error(error: BaseException) -> bool:
-  """An OSError or a TensorFlow error (tf.errors.OpError: what tf.io.gfile raises)."""
-  return isinstance(error, OSError) or hasattr(error, "error_code")
-
-
 class Retries:
   """The retry policy of one file's reads: call `failed(error)` in the `except` of a read."""
 
@@ -104,7 +96,7 @@ class Retries:
   def failed(self, error: BaseException) -> None:
     """Returns after the backoff when another attempt is left; raises DataReadError naming the
     file and the cause when none is, and `error` itself when it is no I/O error."""
-    if not is_io_error(error):
+    if not isinstance(error, OSError) and not hasattr(error, "error_code"):  # tf.errors.OpError
       raise error
     message = getattr(error, "message", None) or str(error)
     cause = f"{type(error).__name__}: {message.strip().splitlines()[0] if message else ''}"
@@ -117,25 +109,16 @@ class Retries:
     self._delay *= 2
 
 
-def with_retries(read: Callable[[], T], path: str, sleep: Callable[[float], Any] = time.sleep) -> T:
-  """`read()`, again after an I/O error, `READ_ATTEMPTS` times in all (see `Retries`)."""
-  retries = Retries(path, sleep)
-  while True:
-    try:
-      return read()
-    except Exception as e:  # noqa: BLE001 - Retries.failed re-raises what is no I/O error
-      retries.failed(e)
-
-
 def read_file(path: str, opener: Callable = open) -> bytes:
   """The bytes of the file `path`, opened with `opener` (`open`, or tf.io.gfile.GFile for gs://
   paths), read again after an I/O error (see `Retries`)."""
-
-  def read():
-    with opener(path, "rb") as f:
-      return f.read()
-
-  return with_retries(read, path)
+  retries = Retries(path)
+  while True:
+    try:
+      with opener(path, "rb") as f:
+        return f.read()
+    except Exception as e:  # noqa: BLE001 - Retries.failed re-raises what is no I/O error
+      retries.failed(e)
 
 
 def reason(status: int, pixels: int = 0, max_pixels: int = 0) -> str:
@@ -169,7 +152,8 @@ class SkipCounter:
     self.read += int(np.sum(status != PAD))
     rows = np.flatnonzero(status > OK)
     for r in rows:
-      code, where = int(status[r]), _text(batch["where"][r])
+      code, where = int(status[r]), batch["where"][r]
+      where = where.decode(errors="replace") if isinstance(where, bytes) else str(where)
       why = reason(code, batch["pixels"][r], self.max_pixels)
       self.by_status[code] += 1
       self.last = (where, why)
@@ -201,7 +185,3 @@ class SkipCounter:
       f"({100 * self.skipped / self.read:.2f}%) were skipped{counts}, more than "
       f"dataset.max_skipped_fraction={self.max_fraction:g}; {self.culprit()}"
     )
-
-
-def _text(value: Any) -> str:
-  return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

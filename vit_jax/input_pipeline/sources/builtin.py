@@ -9,11 +9,7 @@
   digits         1,797 8×8 digits, 0–16 scaled to 0–255; scikit-learn `load_digits`.
 
 The last three have no official split: `test` is the last 10% of each class (in file order),
-`train` the rest, so the split is fixed and stratified. Each loader returns images uint8 [N, H, W, 1]
-and labels int64 [N].
-
-Splits can be sliced in tfds's syntax (`train[:3750]`, `train[:98%]`, `train[98%:]`); see
-`vit_jax.input_pipeline.splits`.
+`train` the rest (`_stratified_split`). Splits can be sliced (vit_jax.input_pipeline.splits).
 """
 
 import dataclasses
@@ -62,10 +58,7 @@ def _stratified_split(images: np.ndarray, labels: np.ndarray, test_fraction: flo
   for c in np.unique(labels):
     idx = np.flatnonzero(labels == c)
     is_test[idx[len(idx) - int(round(len(idx) * test_fraction)) :]] = True
-  return {
-    "train": (images[~is_test], labels[~is_test]),
-    "test": (images[is_test], labels[is_test]),
-  }
+  return {"train": (images[~is_test], labels[~is_test]), "test": (images[is_test], labels[is_test])}
 
 
 def _package_file(package: str, *parts: str) -> str:

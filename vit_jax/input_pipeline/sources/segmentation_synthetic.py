@@ -31,24 +31,11 @@ SyntheticSplit = collections.namedtuple("SyntheticSplit", ["images", "masks", "n
 
 
 def make_synthetic(
-  objects: np.ndarray,
-  labels: np.ndarray,
-  num: int,
-  seed: int,
-  canvas: int = CANVAS,
+  objects: np.ndarray, labels: np.ndarray, num: int, seed: int, canvas: int = CANVAS
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Canvases of objects (docs/segmentation.md, `seg_builtin`).
-
-  Args:
-    objects: uint8 [N, 28, 28, 1] bright objects on black.
-    labels: int [N], their classes (the mask gets class + 1).
-    num: canvases to make.
-    seed: all random draws (objects, sizes, places, background).
-    canvas: side of the square canvases.
-
-  Returns:
-    images uint8 [num, canvas, canvas, 1], masks uint8 [num, canvas, canvas].
-  """
+  """`num` canvases (docs/segmentation.md, `seg_builtin`) of `objects` uint8 [N, 28, 28, 1]
+  (bright on black) of classes `labels` [N], every draw from `seed`: images uint8 [num, canvas,
+  canvas, 1] and masks uint8 [num, canvas, canvas]."""
   rng = np.random.default_rng(seed)
   images = np.zeros((num, canvas, canvas), np.uint8)
   masks = np.zeros((num, canvas, canvas), np.uint8)
@@ -92,10 +79,8 @@ def synthetic_split(name: str, split: str) -> SyntheticSplit:
     cut = int(len(labels) * 0.9)
     rows = order[:cut] if split == "train" else order[cut:]
     objects, labels = objects[rows], labels[rows]
-  salt = {"train": 0, "val": 1, "test": 2}[split]
-  images, masks = make_synthetic(
-    objects, labels, SPLIT_SIZES[split], seed=GENERATOR_SEED * 1000 + salt
-  )
+  seed = GENERATOR_SEED * 1000 + {"train": 0, "val": 1, "test": 2}[split]
+  images, masks = make_synthetic(objects, labels, SPLIT_SIZES[split], seed=seed)
   return SyntheticSplit(images, masks, [f"{split}/{i}" for i in range(len(masks))])
 
 
