@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 from test_image_header import bomb_png  # tests/
 
-from tests.helpers import REPO, this_thread
+from tests.helpers import REPO, synthetic_data, this_thread
 from vit_jax import input_pipeline
-from vit_jax.input_pipeline import bad_data, testing
+from vit_jax.input_pipeline import bad_data
 from vit_jax.input_pipeline.sources import tfrecord_files
 from vit_jax.tools import make_shards
 
@@ -40,7 +40,7 @@ def _config(data_dir, **kw):
 def _shards(tmp_path):
   """N examples (label = id) in SHARDS shards that dataset_info.json lists: ids 0-9, 10-19."""
   rng = np.random.default_rng(0)
-  examples = [(testing.encode(testing.random_image(rng, 8, 8)), i) for i in range(N)]
+  examples = [(synthetic_data.encode(synthetic_data.random_image(rng, 8, 8)), i) for i in range(N)]
   names = [str(i) for i in range(N)]
   return make_shards.write_shards(examples, N, str(tmp_path), "toy", "train", SHARDS, names)
 
@@ -141,7 +141,7 @@ def test_an_unreadable_shard_is_read_again_then_one_line(tmp_path, monkeypatch, 
 @pytest.fixture
 def folder(tmp_path):
   """train/: 6 images in 2 classes and bomb.png, declaring 30,000 x 30,000 pixels in 69 bytes."""
-  testing.write_image_folder(str(tmp_path), "train", ["a", "b"], per_class=3)
+  synthetic_data.write_image_folder(str(tmp_path), "train", ["a", "b"], per_class=3)
   (tmp_path / "train" / "a" / "bomb.png").write_bytes(bomb_png())
   return tmp_path
 

@@ -19,9 +19,8 @@ import sys
 import numpy as np
 from test_image_header import bomb_png  # tests/
 
-from tests.helpers import REPO, xla_env
+from tests.helpers import REPO, synthetic_data, xla_env
 from vit_jax.checkpoint.state import train_state
-from vit_jax.input_pipeline import testing
 from vit_jax.tools import make_shards
 
 ARGS = [
@@ -51,8 +50,8 @@ def _main(workdir, *extra, base=ARGS) -> tuple[int, str, str]:
 
 def _folder(root: pathlib.Path) -> list[str]:
   """train/ 2 classes x 10 images, val/ 2 x 3: the flags that train on it."""
-  testing.write_image_folder(str(root), "train", ["a", "b"], per_class=10)
-  testing.write_image_folder(str(root), "val", ["a", "b"], per_class=3, seed=1)
+  synthetic_data.write_image_folder(str(root), "train", ["a", "b"], per_class=10)
+  synthetic_data.write_image_folder(str(root), "val", ["a", "b"], per_class=3, seed=1)
   return [
     "--config.dataset.source=folder",
     f"--config.dataset.data_dir={root}",
@@ -104,7 +103,7 @@ def test_a_bomb_is_skipped_and_an_evaluation_short_of_its_split_fails(tmp_path):
 
 def test_a_damaged_shard_stops_the_run_past_the_limit_in_one_line(tmp_path):
   root = tmp_path / "photos"
-  testing.write_image_folder(str(root), "train", ["a", "b"], per_class=10)
+  synthetic_data.write_image_folder(str(root), "train", ["a", "b"], per_class=10)
   paths = make_shards.shard_folder(str(root), "train", str(tmp_path / "shards"), num_shards=4)
   data = bytearray(pathlib.Path(paths[2]).read_bytes())
   data[len(data) // 2] ^= 0xFF  # a CRC mismatch in one of its 5 records

@@ -12,9 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, xla_env
+from tests.helpers import REPO, synthetic_data, xla_env
 from vit_jax import checkpoint, models
-from vit_jax.input_pipeline import testing
 
 CLASSES = ["daisy", "rose", "tulip"]
 
@@ -23,8 +22,8 @@ CLASSES = ["daisy", "rose", "tulip"]
 def flowers(tmp_path_factory):
   """(a folder `train/` 3 x 20, `val/` 3 x 4 of PNG and JPEG, a 'testing' ViT `.npz`)."""
   root = tmp_path_factory.mktemp("flowers")
-  testing.write_image_folder(str(root), "train", CLASSES, per_class=20)
-  testing.write_image_folder(str(root), "val", CLASSES, per_class=4, seed=1)
+  synthetic_data.write_image_folder(str(root), "train", CLASSES, per_class=20)
+  synthetic_data.write_image_folder(str(root), "val", CLASSES, per_class=4, seed=1)
   model = models.get_model("testing", 10)
   params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)["params"]
   path = root.parent / "ViT-B_16.npz"

@@ -297,10 +297,10 @@ _SEG_SHARDS_READ = """
 import sys
 import numpy as np
 from vit_jax import input_pipeline
-from vit_jax.input_pipeline import testing
+from tests.helpers import synthetic_data
 config = lambda **kw: input_pipeline.dataset_config(name="mnist_seg", image_size=48, pp_eval="", **kw)
-a = testing.split_examples(config(source="seg_shards", data_dir=sys.argv[1]), "val[:50]")
-b = testing.split_examples(config(source="seg_builtin"), "val[:50]")
+a = synthetic_data.split_examples(config(source="seg_shards", data_dir=sys.argv[1]), "val[:50]")
+b = synthetic_data.split_examples(config(source="seg_builtin"), "val[:50]")
 assert len(a[0]) == 50
 for x, y in zip(a, b, strict=True):
   np.testing.assert_array_equal(x, y)

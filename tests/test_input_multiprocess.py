@@ -7,8 +7,7 @@ import textwrap
 
 import pytest
 
-from tests.helpers import REPO, local_cluster, xla_env
-from vit_jax.input_pipeline import testing
+from tests.helpers import REPO, local_cluster, synthetic_data, xla_env
 
 _WORKER = textwrap.dedent(
   """
@@ -41,7 +40,7 @@ _WORKER = textwrap.dedent(
 
 @pytest.mark.slow
 def test_two_processes_global_batches(tmp_path):
-  testing.write_shards(str(tmp_path), "toy-train", testing.id_records(30), 4)
+  synthetic_data.write_shards(str(tmp_path), "toy-train", synthetic_data.id_records(30), 4)
   env = xla_env.child_env(2)
   env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
   outs = [tmp_path / f"out{i}.json" for i in range(2)]

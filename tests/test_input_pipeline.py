@@ -6,8 +6,9 @@ import jax
 import numpy as np
 import pytest
 
+from tests.helpers import synthetic_data
 from vit_jax import input_pipeline
-from vit_jax.input_pipeline import bad_data, testing
+from vit_jax.input_pipeline import bad_data
 
 PP_TRAIN = "decode|inception_crop|flip_lr|value_range(-1, 1)"
 PP_EVAL = "decode|resize_small|central_crop|value_range(-1, 1)"
@@ -32,7 +33,9 @@ def _config(data_dir, **kw):
 
 def _id_shards(tmp_path, n, shards, **kw):
   """Shards whose label is the example id, so ids can be traced through the pipeline."""
-  testing.write_shards(str(tmp_path), "toy-train", testing.id_records(n, **kw), shards)
+  synthetic_data.write_shards(
+    str(tmp_path), "toy-train", synthetic_data.id_records(n, **kw), shards
+  )
   return _config(tmp_path, num_classes=n)
 
 
@@ -137,11 +140,11 @@ def test_seed_fixes_order_and_epochs_differ(tmp_path):
 
 def _corrupt_dataset(tmp_path):
   """12 good records, 1 undecodable image, 1 truncated file, 1 CRC-corrupt file, 1 empty file."""
-  good = testing.id_records(12, fmt="jpeg")
-  bad_image = testing.example(b"\xff\xd8 definitely not a jpeg", 12)
-  testing.write_shards(str(tmp_path), "toy-train", good[:6] + [bad_image], 1)
-  testing.write_shards(str(tmp_path), "toy-train-b", good[6:9], 1)
-  testing.write_shards(str(tmp_path), "toy-train-c", good[9:], 1)
+  good = synthetic_data.id_records(12, fmt="jpeg")
+  bad_image = synthetic_data.example(b"\xff\xd8 definitely not a jpeg", 12)
+  synthetic_data.write_shards(str(tmp_path), "toy-train", good[:6] + [bad_image], 1)
+  synthetic_data.write_shards(str(tmp_path), "toy-train-b", good[6:9], 1)
+  synthetic_data.write_shards(str(tmp_path), "toy-train-c", good[9:], 1)
   b = tmp_path / "toy-train-b.tfrecord-00000-of-00001"
   b.write_bytes(b.read_bytes()[:-40])  # Last record truncated.
   c = tmp_path / "toy-train-c.tfrecord-00000-of-00001"
@@ -178,9 +181,9 @@ def test_corrupt_records_skipped_and_counted_train(tmp_path):
 
 
 def test_bad_label_names_file_and_record(tmp_path):
-  records = testing.id_records(5)
-  records[3] = testing.example(testing.encode(np.zeros((8, 8, 3), np.uint8)), 99)
-  testing.write_shards(str(tmp_path), "toy-train", records, 1)
+  records = synthetic_data.id_records(5)
+  records[3] = synthetic_data.example(synthetic_data.encode(np.zeros((8, 8, 3), np.uint8)), 99)
+  synthetic_data.write_shards(str(tmp_path), "toy-train", records, 1)
   config = _config(tmp_path, num_classes=5)
   with pytest.raises(
     ValueError, match=r"label 99 outside \[0, 5\) in .*toy-train.tfrecord-00000-of-00001 record 3"
@@ -193,8 +196,8 @@ def test_bad_label_names_file_and_record(tmp_path):
 
 
 def test_multiple_labels_in_single_label_data_is_an_error(tmp_path):
-  testing.write_shards(
-    str(tmp_path), "toy-train", testing.id_records(3, labels_fn=lambda i: [0, 1]), 1
+  synthetic_data.write_shards(
+    str(tmp_path), "toy-train", synthetic_data.id_records(3, labels_fn=lambda i: [0, 1]), 1
   )
   config = _config(tmp_path, num_classes=3)
   with pytest.raises(ValueError, match="2 labels .*multi_label"):

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
-from vit_jax.input_pipeline import testing
+from tests.helpers import synthetic_data
 from vit_jax.input_pipeline.ops import preprocess, randaugment
 
 RNG = tf.constant([1, 2], tf.int64)
@@ -26,14 +26,14 @@ def _photo(height=60, width=90, channels=3):
 @pytest.mark.parametrize("size", [28, 224, 384])
 def test_train_spec_any_resolution(fmt, size):
   fn = preprocess.get_preprocess_fn("decode|inception_crop|flip_lr|value_range(-1, 1)", size)
-  out = fn(tf.constant(testing.encode(_photo(), fmt)), RNG).numpy()
+  out = fn(tf.constant(synthetic_data.encode(_photo(), fmt)), RNG).numpy()
   assert out.shape == (size, size, 3) and out.dtype == np.float32
   assert -1.0 <= out.min() and out.max() <= 1.0
 
 
 def test_same_seed_same_augmentation_other_seed_differs():
   fn = preprocess.get_preprocess_fn("decode|inception_crop|flip_lr|value_range", 32)
-  data = tf.constant(testing.encode(_photo(), "jpeg"))
+  data = tf.constant(synthetic_data.encode(_photo(), "jpeg"))
   a, b = fn(data, RNG).numpy(), fn(data, RNG).numpy()
   np.testing.assert_array_equal(a, b)
   others = [fn(data, tf.constant([1, s], tf.int64)).numpy() for s in range(3, 8)]
@@ -42,7 +42,7 @@ def test_same_seed_same_augmentation_other_seed_differs():
 
 def test_inception_crop_area_and_fused_jpeg_path_agree():
   # Full-area crops (area_min=1) of a JPEG: the fused decode-and-crop and the plain path agree.
-  data = tf.constant(testing.encode(_photo(64, 64), "jpeg"))
+  data = tf.constant(synthetic_data.encode(_photo(64, 64), "jpeg"))
   fused = preprocess.get_preprocess_fn("decode|inception_crop(1.0)|value_range(0, 255)", 32)
   a = fused(data, RNG).numpy()
   expected = preprocess.resize(preprocess.decode(data, RNG, 32), RNG, 32).numpy().astype(np.float32)
@@ -70,7 +70,7 @@ def test_non_fused_decode_path_equals_the_fused_one(seed):
   crop = tf.image.resize(photo[y : y + h, x : x + w], [24, 24], antialias=True)
   expected = np.clip(np.round(crop.numpy()), 0, 255)
   for fmt in ("png", "jpeg"):
-    data = tf.constant(testing.encode(photo, fmt))
+    data = tf.constant(synthetic_data.encode(photo, fmt))
     fused = preprocess._decode_inception_crop(data, rng, 24).numpy().astype(int)
     plain = preprocess.inception_crop(preprocess.decode(data, rng, 24), rng, 24).numpy()
     if fmt == "png":  # lossless: exactly the original's window
@@ -81,7 +81,7 @@ def test_non_fused_decode_path_equals_the_fused_one(seed):
       assert np.abs(plain - expected).mean() < 2  # and both are that window of the photo
   # The plain decode is the image in the bytes: a PNG exactly, a JPEG as PIL decodes it.
   for fmt, atol in (("png", 0), ("jpeg", 3)):
-    data = testing.encode(photo, fmt)
+    data = synthetic_data.encode(photo, fmt)
     ours = preprocess.decode(tf.constant(data), rng, 24).numpy().astype(int)
     pil = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
     assert np.abs(ours - pil).max() <= atol
@@ -132,12 +132,12 @@ def test_eval_resize_small_central_crop():
 
 def test_grayscale_and_rgba_become_rgb():
   fn = preprocess.get_preprocess_fn("decode|resize|value_range(0, 255)", 16)
-  gray = fn(tf.constant(testing.encode(_photo(channels=1), "jpeg")), RNG).numpy()
+  gray = fn(tf.constant(synthetic_data.encode(_photo(channels=1), "jpeg")), RNG).numpy()
   assert gray.shape == (16, 16, 3) and (gray[..., 0] == gray[..., 1]).all()
   raw_gray = fn(tf.constant(_photo(channels=1)), RNG).numpy()
   assert (raw_gray[..., 0] == raw_gray[..., 2]).all()
   rgba = np.concatenate([_photo(), np.full((60, 90, 1), 7, np.uint8)], -1)
-  assert fn(tf.constant(testing.encode(rgba, "png")), RNG).shape == (16, 16, 3)
+  assert fn(tf.constant(synthetic_data.encode(rgba, "png")), RNG).shape == (16, 16, 3)
 
 
 def test_value_range():

@@ -14,9 +14,8 @@ import pytest
 # threads alive).
 from tensorflow_datasets.testing import mocking as tfds_mocking
 
-from tests.helpers import REPO
+from tests.helpers import REPO, synthetic_data
 from vit_jax import input_pipeline
-from vit_jax.input_pipeline import testing
 from vit_jax.input_pipeline.sources import builtin
 from vit_jax.tools import make_shards
 
@@ -36,8 +35,10 @@ def _eval_examples(config, batch=8, split=None):
 
 
 def test_tfrecord_single_label_jpeg_and_png(tmp_path):
-  records = testing.id_records(10, size=20, fmt="jpeg") + testing.id_records(7, size=9, fmt="png")
-  testing.write_shards(str(tmp_path), "mine-train", records, 3)
+  records = synthetic_data.id_records(10, size=20, fmt="jpeg") + synthetic_data.id_records(
+    7, size=9, fmt="png"
+  )
+  synthetic_data.write_shards(str(tmp_path), "mine-train", records, 3)
   config = input_pipeline.dataset_config(
     source="tfrecord",
     name="mine",
@@ -65,10 +66,12 @@ def test_tfrecord_multi_label_custom_keys(tmp_path):
 
   rng = np.random.default_rng(0)
   records = [
-    testing.example(testing.encode(testing.random_image(rng, 8, 8)), labels_fn(i), "jpg", "tags")
+    synthetic_data.example(
+      synthetic_data.encode(synthetic_data.random_image(rng, 8, 8)), labels_fn(i), "jpg", "tags"
+    )
     for i in range(15)
   ]
-  testing.write_shards(str(tmp_path), "jft-train", records, 2)
+  synthetic_data.write_shards(str(tmp_path), "jft-train", records, 2)
   config = input_pipeline.dataset_config(
     source="tfrecord",
     name="jft",
@@ -140,8 +143,8 @@ def test_tfds_vtab_style_label_key():
 
 def test_image_folder(tmp_path):
   classes = ["cat", "dog", "zebra"]
-  n_train = testing.write_image_folder(str(tmp_path), "train", classes, per_class=5)
-  n_val = testing.write_image_folder(str(tmp_path), "val", classes[:2], per_class=3)
+  n_train = synthetic_data.write_image_folder(str(tmp_path), "train", classes, per_class=5)
+  n_val = synthetic_data.write_image_folder(str(tmp_path), "val", classes[:2], per_class=3)
   (tmp_path / "train" / "cat" / "notes.txt").write_text("not an image")
   config = input_pipeline.dataset_config(
     source="folder", data_dir=str(tmp_path), train_split="train", eval_split="val", image_size=12
@@ -161,7 +164,7 @@ def test_image_folder_takes_slices_as_the_builtin_datasets_do(tmp_path):
   from vit_jax.input_pipeline.sources import indexed
 
   classes = ["ant", "bee", "cat", "dog"]
-  testing.write_image_folder(str(tmp_path), "train", classes, per_class=25)
+  synthetic_data.write_image_folder(str(tmp_path), "train", classes, per_class=25)
   config = input_pipeline.dataset_config(source="folder", data_dir=str(tmp_path))
 
   def files(split):
@@ -264,7 +267,7 @@ def test_make_shards_builtin_streams_like_jft(tmp_path):
 
 def test_make_shards_cli_folder(tmp_path):
   root, out = tmp_path / "photos", tmp_path / "shards"
-  testing.write_image_folder(str(root), "train", ["a", "b"], per_class=4)
+  synthetic_data.write_image_folder(str(root), "train", ["a", "b"], per_class=4)
   subprocess.run(
     [
       sys.executable,

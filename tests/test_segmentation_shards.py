@@ -14,8 +14,8 @@ import tensorflow as tf
 from absl import app
 from PIL import Image
 
+from tests.helpers import synthetic_data
 from vit_jax import input_pipeline
-from vit_jax.input_pipeline import testing
 from vit_jax.input_pipeline.sources import segmentation as seg_data
 from vit_jax.input_pipeline.sources import segmentation_synthetic as synthetic
 from vit_jax.input_pipeline.sources import tfrecord_files
@@ -87,8 +87,8 @@ def test_folder_shards_give_the_folder_examples_bitwise(tmp_path):
   # Every image larger at 40 px than written (upsampled, nothing lost), masks by nearest.
   kw = dict(image_size=40, pp_eval="")
   for split in ("train", "train[:4]", "train[3:]"):
-    shards = testing.split_examples(_config("seg_shards", out, **kw), split)
-    _assert_same(shards, testing.split_examples(_config("seg_folder", root, **kw), split))
+    shards = synthetic_data.split_examples(_config("seg_shards", out, **kw), split)
+    _assert_same(shards, synthetic_data.split_examples(_config("seg_folder", root, **kw), split))
   assert len(shards[0]) == 4 and shards[0].shape[1:] == (40, 40, 3)
 
   config = _config("seg_shards", out, train_split="train[:5]", eval_split="train")
@@ -106,7 +106,8 @@ def test_synthetic_shards_hold_the_tasks_examples(tmp_path):
   )
   input_pipeline.check_readable(shards, "val[:32]")
   _assert_same(
-    testing.split_examples(shards, "val[:9]"), testing.split_examples(builtin, "val[:9]")
+    synthetic_data.split_examples(shards, "val[:9]"),
+    synthetic_data.split_examples(builtin, "val[:9]"),
   )
   # A training epoch of the slice (4 batches of 8, read by position from both shards): each of
   # its 32 examples once, the task's (at the canvases' size, unaugmented: the arrays).
@@ -116,7 +117,7 @@ def test_synthetic_shards_hold_the_tasks_examples(tmp_path):
   images = np.concatenate([b["image"] for b in batches])
   labels = np.concatenate([b["label"] for b in batches])
   order = sorted(range(32), key=lambda i: (images[i].tobytes(), labels[i].tobytes()))
-  _assert_same((images[order], labels[order]), testing.split_examples(builtin, "val[:32]"))
+  _assert_same((images[order], labels[order]), synthetic_data.split_examples(builtin, "val[:32]"))
   assert all(b["mask"].all() for b in batches)
 
 

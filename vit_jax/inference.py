@@ -1,10 +1,9 @@
 """A trained checkpoint as an image classifier, without TensorFlow: reading image files, the
 evaluation preprocessing in PIL and numpy, the model's token grid, and `Classifier`.
 
-The library behind `python -m vit_jax.predict` and vit_jax.analysis (and anything else that runs a
-checkpoint on image files). Images are preprocessed as in evaluation: the saved `pp_eval` spec
-(`decode|resize|central_crop|value_range` ops of vit_jax.input_pipeline.ops.pil), or a resize
-to the model's size. TensorFlow is imported only to look up a dataset's class names when no other
+The library behind `python -m vit_jax.predict` and vit_jax.analysis. Images are preprocessed as
+in evaluation: the saved `pp_eval` spec (vit_jax.input_pipeline.ops.pil), or a resize to the
+model's size. TensorFlow is imported only to look up a dataset's class names when no other
 source has them; this file must not import it otherwise.
 """
 
@@ -29,6 +28,17 @@ def preprocess(image: Image.Image, image_size: int, spec: str = DEFAULT_PP) -> n
   """A PIL image → float32 [image_size, image_size, 3] per the evaluation spec: its
   deterministic ops (vit_jax.input_pipeline.ops.pil); a random (training) op raises ValueError."""
   return pil_ops.preprocess(image, image_size, spec)
+
+
+def _batched(apply, params, arrays: np.ndarray, batch_size: int) -> np.ndarray:
+  """`apply(params, batch)` over `arrays` in zero-padded batches of `batch_size` (one compile)."""
+  out = []
+  for start in range(0, len(arrays), batch_size):
+    chunk = arrays[start : start + batch_size]
+    n = len(chunk)
+    chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
+    out.append(np.asarray(apply(params, chunk))[:n])
+  return np.concatenate(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,12 +109,8 @@ class Classifier:
     self.sigmoid = saved is not None and saved.get("loss") == "sigmoid_xent"
     self.pp = (dataset.get("pp_eval") if dataset else None) or DEFAULT_PP
     self.class_names = list(class_names) if class_names else dataset_class_names(dataset)
-    if self.class_names and len(self.class_names) != self.num_classes:
-      logging.warning(
-        "%d class names for a %d-class head; printing indices",
-        len(self.class_names),
-        self.num_classes,
-      )
+    if self.class_names and (n := len(self.class_names)) != self.num_classes:
+      logging.warning("%d class names for a %d-class head; printing indices", n, self.num_classes)
       self.class_names = None
     self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False)[0])
 
@@ -115,25 +121,14 @@ class Classifier:
     """Class probabilities [N, K] of PIL images: softmax of the logits, or their sigmoid for a
     head trained with sigmoid cross-entropy (then rows need not sum to 1)."""
     arrays = np.stack([preprocess(im, self.image_size, self.pp) for im in images])
-    out = []
-    for start in range(0, len(arrays), batch_size):
-      chunk = arrays[start : start + batch_size]
-      n = len(chunk)
-      chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
-      logits = self._apply(self.params, chunk)[:n]
-      probs = jax.nn.sigmoid(logits) if self.sigmoid else jax.nn.softmax(logits, axis=-1)
-      out.append(np.asarray(probs))
-    return np.concatenate(out)
+    act = jax.nn.sigmoid if self.sigmoid else jax.nn.softmax
+    return _batched(lambda p, x: act(self._apply(p, x)), self.params, arrays, batch_size)
 
   def top_k(self, images: Sequence[Image.Image], k: int = 5) -> list[list[tuple[int, str, float]]]:
     """For each image, the k most likely (class index, name, probability), best first."""
     probs = self.probabilities(images)
-    k = min(k, self.num_classes)
-    result = []
-    for p in probs:
-      idx = np.argsort(-p, kind="stable")[:k]
-      result.append([(int(i), self.name(int(i)), float(p[i])) for i in idx])
-    return result
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, : min(k, self.num_classes)]
+    return [[(int(i), self.name(int(i)), float(probs[n, i])) for i in t] for n, t in enumerate(top)]
 
 
 def dataset_class_names(dataset: ml_collections.ConfigDict | None) -> list[str] | None:
@@ -168,14 +163,8 @@ def skipped_line(skipped: Sequence[tuple[str, str]], total: int) -> str:
 
 
 def read_images(paths: Sequence[str]) -> tuple[list[str], list[Image.Image]]:
-  """Opens and decodes image files; unreadable ones are skipped with one warning line.
-
-  Returns:
-    (the paths that were read, their decoded images), in the order of `paths`.
-
-  Raises:
-    ValueError: none of them could be read (one line naming the first).
-  """
+  """(the paths that were read, their decoded images), in the order of `paths`; unreadable ones
+  are skipped with one warning line, and ValueError names the first when none could be read."""
   read, images, skipped = [], [], []
   for path in paths:
     try:
@@ -205,22 +194,9 @@ def read_class_names(path: str) -> list[str]:
 # Colours of the first classes in written masks (palette PNGs: the pixel values are the class
 # indices, the palette only shows them); the background is black.
 _PALETTE = [
-  (0, 0, 0),
-  (230, 25, 75),
-  (60, 180, 75),
-  (255, 225, 25),
-  (0, 130, 200),
-  (245, 130, 48),
-  (145, 30, 180),
-  (70, 240, 240),
-  (240, 50, 230),
-  (210, 245, 60),
-  (250, 190, 212),
-  (0, 128, 128),
-  (170, 110, 40),
-  (128, 0, 0),
-  (128, 128, 0),
-  (0, 0, 128),
+  tuple(bytes.fromhex(rgb))
+  for rgb in "000000 e6194b 3cb44b ffe119 0082c8 f58230 911eb4 46f0f0 f032e6 d2f53c fabed4 008080 "
+  "aa6e28 800000 808000 000080".split()
 ]
 
 
@@ -268,14 +244,8 @@ class Segmenter:
 
   def masks(self, images: Sequence[Image.Image], batch_size: int = 16) -> list[np.ndarray]:
     """uint8 class indices [h, w] per image, at each image's own size."""
-    size = self.image_size
-    arrays = np.stack([preprocess(im, size, "decode|resize|value_range(-1, 1)") for im in images])
-    out = []
-    for start in range(0, len(arrays), batch_size):
-      chunk = arrays[start : start + batch_size]
-      n = len(chunk)
-      chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
-      out.extend(np.asarray(jax.numpy.argmax(self._apply(self.params, chunk), -1))[:n])
+    arrays = np.stack([preprocess(im, self.image_size) for im in images])  # DEFAULT_PP: a resize
+    out = np.argmax(_batched(self._apply, self.params, arrays, batch_size), -1)
     return [
       np.asarray(Image.fromarray(m.astype(np.uint8)).resize(im.size, Image.Resampling.NEAREST))
       for m, im in zip(out, images, strict=True)

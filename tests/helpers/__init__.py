@@ -13,6 +13,7 @@ local_cluster           N local JAX processes meeting at a coordinator on 127.0.
 numpy_vit               an independent float64 numpy forward pass of the ViT and the hybrid
 random_weights          random weights in the published layout
 small_disk              a small tmpfs disk, as any user, for the full-disk tests
+synthetic_data          small synthetic datasets: id-labelled records, image folders, a split read back
 this_thread             a patched process-wide function that only the test's own thread sees
 timm_vit_jax_constants  timm's R50 hybrid made to compute vit_jax's stem (slow timm tests)
 trees                   trees compared leaf by leaf, and two workdirs' parameters

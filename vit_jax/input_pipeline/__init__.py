@@ -4,21 +4,16 @@ The package of vit_jax that reads data with TensorFlow (tf.data), imported when 
 first used (`dataset_config` alone does not import it); model and checkpoint code must not
 import TensorFlow. The layout and the preprocessing strings: docs/data.md.
 
-  sources      where examples come from, whatever their task: the contract (`base`), the one
-               table by `dataset.source` (`registry`), TFRecord shards, tfds and VTAB-1k, image
-               folders, the bundled offline datasets and the synthetic segmentation tasks
-  ops          preprocessing: the one registry and parser of op strings
-               (`'decode|resize(224)|value_range(-1, 1)'`) and its ops for tf.data, for predict
-               (PIL) and for segmentation (image and mask), RandAugment, image headers
+  sources      where examples come from, whatever their task: one contract, one table by name
+  ops          preprocessing: the one registry and parser of op strings, and the ops of each kind
   config       `dataset_config(**overrides)`: every field of a config's dataset section
   splits       slices of a split in tfds's syntax for sources that hold a list of examples
   examples     from a source's raw record to the example a batch holds, per task
-  bad_data     data the pipeline cannot use: a file that cannot be read is not a record that
-               cannot be decoded
+  bad_data     data the pipeline cannot use: reading a file is not decoding a record
   layout       which rows of a global batch each host supplies, made into jax.Arrays
   pipeline     the train and eval iterators of every source: global batches
   host_states  the iterators' states of all processes, as a checkpoint keeps them
-  testing      writers of small synthetic datasets for tests and benchmarks
+  testing      writers of small synthetic TFRecord shards for tests and benchmarks
 
 Usage (what the trainer calls):
 
@@ -26,9 +21,7 @@ Usage (what the trainer calls):
 
   config.dataset = input_pipeline.dataset_config(source='tfrecord', data_dir='gs://b/jft',
                                                  multi_label=True)
-  info = input_pipeline.get_dataset_info(config.dataset)
-  # info.num_classes, info.num_examples {'train': ..., 'test': ...} (None if unknown without a
-  # full read), info.class_names (list or None), info.multi_label
+  info = input_pipeline.get_dataset_info(config.dataset)  # a DatasetInfo
 
   train_iter = input_pipeline.make_train_iterator(
       config.dataset, global_batch_size=4096, mesh=mesh, data_axes=('data', 'fsdp'), seed=0,
@@ -36,27 +29,17 @@ Usage (what the trainer calls):
   batch = next(train_iter)
   # 'image': float32 [B, H, W, 3] in [-1, 1] (pp_train decides the range)
   # 'label': int32 [B]; float32 multi-hot [B, K] if multi_label (mixup is the trainer's);
-  #          int32 [B, H, W] per pixel for the segmentation sources 'seg_builtin', 'seg_folder'
-  #          and 'seg_shards' (255: a pixel that does not count). Every source of the table is
-  #          read by the same iterators, whatever its task.
+  #          int32 [B, H, W] per pixel for the segmentation sources (255: does not count)
   # 'mask':  float32 [B], 0 for a skipped example (undecodable, too large, lost): never count it
-  # With a mesh: global jax.Arrays sharded over the batch on data_axes (each host passes its
-  # global_batch_size / process_count rows to jax.make_array_from_process_local_data).
-  # mesh=None: numpy arrays of this host's rows.
-  # Row r of global batch b is position b·B + r of the run's stream, on any number of hosts and
-  # any mesh; its augmentations are a function of (seed, position) (pipeline.py).
-
-  state = train_iter.get_state()   # {'num_records', 'num_skipped', 'seed', 'process_count'}: ints
-  # Save it with the checkpoint; state=... continues the exact example order (same seed and
-  # global batch size required), for the sources addressed by index on any number of hosts.
-  train_iter.num_skipped           # bad examples skipped by this host so far (also in the state);
-                                   # per step, sum(1 - batch['mask']) counts them over all hosts.
+  # With a mesh: global jax.Arrays sharded over the batch on data_axes; mesh=None: numpy arrays
+  # of this host's rows. Row r of global batch b is position b·B + r of the run's stream.
+  state = train_iter.get_state()   # save it with the checkpoint; state=... continues the order
+  train_iter.num_skipped           # bad examples skipped by this host so far (also in the state)
 
   for batch in input_pipeline.make_eval_iterator(config.dataset, split='test',
                                                  global_batch_size=1024, mesh=mesh,
                                                  data_axes=('data', 'fsdp')):
-    ...  # every example exactly once over all hosts; the last batches are padded with mask 0;
-         # labels are never mixed up.
+    ...  # every example exactly once over all hosts; the last batches are padded with mask 0
 
 Bad data (a mask-0 example, counted) and the one-line errors of data that cannot be used
 (TooManySkippedError, IncompleteEvaluationError, DataReadError, DataMismatchError,
@@ -112,44 +95,25 @@ __all__ = [
 ]
 
 
-def make_train_iterator(
-  dataset_config,
-  *,
-  global_batch_size: int,
-  mesh=None,
-  data_axes=("data",),
-  seed: int = 0,
-  state=None,
-  process_index: int | None = None,
-  process_count: int | None = None,
-) -> "TrainIterator":
+def make_train_iterator(dataset_config, **kwargs) -> "TrainIterator":
   """Endless, resumable iterator of global training batches.
 
   Args:
     dataset_config: from `dataset_config()`.
-    global_batch_size: examples per step over all hosts (a multiple of the number of hosts).
-    mesh: jax.sharding.Mesh, or None for numpy batches.
-    data_axes: mesh axis name(s) the batch dimension is sharded over.
-    seed: seed of the example order and of the augmentations.
-    state: a previous `get_state()`, to continue where it stopped.
-    process_index: this host's index (default jax.process_index()).
-    process_count: number of hosts (default jax.process_count()).
+    **kwargs: TrainIterator's keyword arguments:
+      global_batch_size: examples per step over all hosts (a multiple of the number of hosts).
+      mesh: jax.sharding.Mesh, or None (the default) for numpy batches.
+      data_axes: mesh axis name(s) the batch dimension is sharded over (default ('data',)).
+      seed: seed of the example order and of the augmentations (default 0).
+      state: a previous `get_state()`, to continue where it stopped.
+      process_index, process_count: default jax.process_index() and jax.process_count().
 
   Returns:
     A TrainIterator (iterator of dicts, plus get_state(), num_skipped, close()).
   """
   from vit_jax.input_pipeline.pipeline import TrainIterator
 
-  return TrainIterator(
-    dataset_config,
-    global_batch_size=global_batch_size,
-    mesh=mesh,
-    data_axes=data_axes,
-    seed=seed,
-    state=state,
-    process_index=process_index,
-    process_count=process_count,
-  )
+  return TrainIterator(dataset_config, **kwargs)
 
 
 def make_eval_iterator(dataset_config, split: str | None = None, **kwargs) -> "EvalIterable":
@@ -158,10 +122,8 @@ def make_eval_iterator(dataset_config, split: str | None = None, **kwargs) -> "E
   Args:
     dataset_config: from `dataset_config()`.
     split: split to evaluate; None = dataset_config.eval_split.
-    **kwargs: EvalIterable's keyword arguments: global_batch_size (examples per batch over all
-      hosts; required), mesh (jax.sharding.Mesh, or None for numpy batches), data_axes (mesh
-      axis name(s) the batch dimension is sharded over), process_index and process_count
-      (default jax.process_index() / jax.process_count()).
+    **kwargs: EvalIterable's keyword arguments: global_batch_size (required), mesh, data_axes,
+      process_index and process_count, as `make_train_iterator` takes them.
 
   Returns:
     An EvalIterable (len() = batches per pass; .num_examples).

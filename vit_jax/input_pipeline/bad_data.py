@@ -1,23 +1,12 @@
 """What the input pipeline does with data it cannot use: reading a file is not decoding a record.
 
-- A file that cannot be read (an I/O error: permission denied, a failed request, a file deleted
-  mid-run, a directory in its place) is read again, `READ_ATTEMPTS` times in all with a doubling
-  backoff, then ends the run with one line naming the file and the cause (`DataReadError`).
-- A record that cannot be decoded or preprocessed, an image whose header declares more pixels
-  than `dataset.max_image_pixels` (never decoded), and each record a damaged TFRecord file lost
-  (counted from the shard's example count in dataset_info.json) is a skipped example: a zero
-  image with mask 0 takes its place, so batch boundaries and stream positions stay fixed. It is
-  counted by reason and named in the log (a damaged file once, by the reader).
-- The share of skipped examples among the records a host read, the run's resumes included, is
-  limited by `dataset.max_skipped_fraction`: once a host has read `MIN_RECORDS` records (or one
-  epoch of a smaller split) and its share is over the limit, the run stops with one line naming
-  the count, the share and the most recent culprit (`TooManySkippedError`).
-- An evaluation reads every example of its split: a skipped example fails it with one line
-  (`IncompleteEvaluationError`), since a metric over part of a split is not the split's metric.
-
-Multi-host: every host counts the records it reads and the examples it skips and applies the
-limit to its own share; hosts read disjoint records, so the hosts that read a bad part of the data
-stop the run (their error ends the job as any host's error does).
+The rules (docs/data.md, "Hosts, determinism, bad data"): a file that cannot be read is read
+again (`Retries`), then ends the run (`DataReadError`); a record that cannot be decoded, is too
+large or was lost with a damaged file is a skipped example (a zero image with mask 0, so batch
+boundaries and stream positions stay fixed), counted by reason (`SkipCounter`) and held to
+`dataset.max_skipped_fraction` (`TooManySkippedError`); an evaluation that skipped one fails
+(`IncompleteEvaluationError`: a metric over part of a split is not the split's metric). Every
+host applies the limit to its own share of the disjoint records it reads.
 
 Errors raised inside tf.data (a reader's Python code, an in-graph assertion) reach the consumer as
 a TensorFlow error whose message carries a mark; `translate` turns it back into the exception.
@@ -28,7 +17,7 @@ import contextlib
 import re
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from absl import logging
@@ -97,14 +86,6 @@ def translate(error: Exception) -> Exception:
   return error
 
 
-T = TypeVar("T")
-
-
-def is_io_error(error: BaseException) -> bool:
-  """An OSError or a TensorFlow error (tf.errors.OpError: what tf.io.gfile raises)."""
-  return isinstance(error, OSError) or hasattr(error, "error_code")
-
-
 class Retries:
   """The retry policy of one file's reads: call `failed(error)` in the `except` of a read."""
 
@@ -115,7 +96,7 @@ class Retries:
   def failed(self, error: BaseException) -> None:
     """Returns after the backoff when another attempt is left; raises DataReadError naming the
     file and the cause when none is, and `error` itself when it is no I/O error."""
-    if not is_io_error(error):
+    if not isinstance(error, OSError) and not hasattr(error, "error_code"):  # tf.errors.OpError
       raise error
     message = getattr(error, "message", None) or str(error)
     cause = f"{type(error).__name__}: {message.strip().splitlines()[0] if message else ''}"
@@ -128,25 +109,16 @@ class Retries:
     self._delay *= 2
 
 
-def with_retries(read: Callable[[], T], path: str, sleep: Callable[[float], Any] = time.sleep) -> T:
-  """`read()`, again after an I/O error, `READ_ATTEMPTS` times in all (see `Retries`)."""
-  retries = Retries(path, sleep)
-  while True:
-    try:
-      return read()
-    except Exception as e:  # noqa: BLE001 - Retries.failed re-raises what is no I/O error
-      retries.failed(e)
-
-
 def read_file(path: str, opener: Callable = open) -> bytes:
   """The bytes of the file `path`, opened with `opener` (`open`, or tf.io.gfile.GFile for gs://
   paths), read again after an I/O error (see `Retries`)."""
-
-  def read():
-    with opener(path, "rb") as f:
-      return f.read()
-
-  return with_retries(read, path)
+  retries = Retries(path)
+  while True:
+    try:
+      with opener(path, "rb") as f:
+        return f.read()
+    except Exception as e:  # noqa: BLE001 - Retries.failed re-raises what is no I/O error
+      retries.failed(e)
 
 
 def reason(status: int, pixels: int = 0, max_pixels: int = 0) -> str:
@@ -180,7 +152,8 @@ class SkipCounter:
     self.read += int(np.sum(status != PAD))
     rows = np.flatnonzero(status > OK)
     for r in rows:
-      code, where = int(status[r]), _text(batch["where"][r])
+      code, where = int(status[r]), batch["where"][r]
+      where = where.decode(errors="replace") if isinstance(where, bytes) else str(where)
       why = reason(code, batch["pixels"][r], self.max_pixels)
       self.by_status[code] += 1
       self.last = (where, why)
@@ -212,7 +185,3 @@ class SkipCounter:
       f"({100 * self.skipped / self.read:.2f}%) were skipped{counts}, more than "
       f"dataset.max_skipped_fraction={self.max_fraction:g}; {self.culprit()}"
     )
-
-
-def _text(value: Any) -> str:
-  return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

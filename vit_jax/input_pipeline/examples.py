@@ -6,23 +6,14 @@ record's randomness is a function of (seed, position). A task's examples (`for_s
   * `process(raw, position)`: the example (`image`, `label`, `mask`, `status`, `pixels`, and the
     fields its `check` reads); it may fail on bad data;
   * `fallback(status)`: the example standing for a record that failed (a zero image, mask 0);
-  * `check(batch)`: on a batch of examples (with `where`), ends the run in one line on a data
-    error that is no skipped example (a label outside the classes, a mask of another size than
-    its image), naming the batch's first such record, and keeps the fields the iterators take:
-    image, label, mask and the host fields (`HOST_FIELDS`); once per batch, the message built
-    only when a record fails;
+  * `check(batch)`: ends the run in one line on a data error that is no skipped example (a label
+    outside the classes, a bad mask), and keeps the fields the iterators take (`_Task._passed`);
   * `pad()`: an evaluation's padding (mask 0, status PAD), an unchecked example like the others.
 
-  classification  `pp_train` / `pp_eval` (ops/preprocess.py, TensorFlow ops; stateless seed
-                  [seed·1,000,003 + 1,000, position], [0, position] in evaluation); label int32
-                  [], or float32 multi-hot [K] with `multi_label`;
-  segmentation    decoding, checks (sources/segmentation.py) and augmentation (ops/
-                  segmentation.py) in numpy and PIL, run with
-                  tf.numpy_function; numpy's `default_rng([seed, 1, position])`, seed 0 in
-                  evaluation); label int32 [S, S], IGNORE_LABEL where a pixel does not count.
-
-An encoded image (and a segmentation mask) declaring more than `max_image_pixels` pixels
-(image_header) is not decoded: a zero image with mask 0 and status TOO_LARGE.
+Their randomness: a stateless seed [seed·1,000,003 + 1,000, position] for classification's pp
+ops ([0, position] in evaluation), `default_rng([seed, 1, position])` for segmentation's (seed 0
+in evaluation). An image (or mask) declaring more than `max_image_pixels` pixels is not decoded
+(status TOO_LARGE).
 """
 
 from collections.abc import Callable
@@ -45,20 +36,11 @@ graph_fn = tf.autograph.experimental.do_not_convert
 
 
 def record_fn(examples, src: base.Source):
-  """fn(raw, position) → the example, with `where`.
-
-  For a source whose records may fail to parse or decode the fn returns a one-element dataset
-  (for `interleave`) holding the example, or `examples.fallback` if it failed (a damaged file's
-  placeholder: LOST, else UNDECODABLE); for in-memory arrays (`src.may_fail` False) it returns
-  the example itself, for a plain `map`.
-  """
-  if not src.may_fail:
-    # Nothing to catch: a plain map, without a nested dataset per record.
-    @graph_fn
-    def direct(raw, position):
-      return {**examples.process(raw, position), "where": src.where(raw)}
-
-    return direct
+  """fn(raw, position) → the example, with `where`: for a source whose records may fail, a
+  one-element dataset (for `interleave`) holding the example, or `examples.fallback` if it failed
+  (LOST for a damaged file's placeholder, else UNDECODABLE); else the example, for a plain `map`."""
+  if not src.may_fail:  # nothing to catch: no nested dataset per record
+    return graph_fn(lambda raw, pos: {**examples.process(raw, pos), "where": src.where(raw)})
 
   @graph_fn
   def sandboxed(raw, position):
@@ -99,6 +81,9 @@ class _Task:
   def fallback(self, status) -> dict:
     raise NotImplementedError
 
+  def _zeros(self):
+    return tf.zeros([self.size, self.size, 3], tf.float32)
+
   def _passed(self, batch: dict, ok, message: Callable[[tf.Tensor], tf.Tensor]) -> dict:
     """The fields the iterators take from `batch`, once every row's `ok` holds (else the run
     stops with `message(row)` of the first row that fails, which bad_data reads back). Checked
@@ -110,12 +95,8 @@ class _Task:
     )
     assertion = tf.debugging.Assert(passed, [text], summarize=1)
     with tf.control_dependencies([assertion]):
-      return {
-        "image": tf.identity(batch["image"]),
-        "label": batch["label"],
-        "mask": batch["mask"],
-        **{k: batch[k] for k in HOST_FIELDS},
-      }
+      kept = {k: batch[k] for k in ("label", "mask", *HOST_FIELDS)}
+      return {"image": tf.identity(batch["image"]), **kept}
 
   def pad(self) -> dict:
     return {**self.fallback(tf.constant(bad_data.PAD)), "where": tf.constant("")}
@@ -130,16 +111,11 @@ class Classification(_Task):
     self.multi = bool(config.multi_label)
     self.rng_base = 0 if seed is None else int(seed) * 1_000_003 + 1_000
 
-  def _label_blank(self):
-    return tf.zeros([self.num_classes], tf.float32) if self.multi else tf.zeros([], tf.int32)
-
   def process(self, raw, position):
     rng = tf.stack([tf.constant(self.rng_base, tf.int64), tf.cast(position, tf.int64)])
     encoded, labels = self.source.parse(raw)
     image, status, pixels = self._unless_too_large(
-      lambda: self.pp_fn(encoded, rng),
-      lambda: tf.zeros([self.size, self.size, 3], tf.float32),
-      encoded,
+      lambda: self.pp_fn(encoded, rng), self._zeros, encoded
     )
     labels = tf.reshape(labels, [-1])
     num_classes = self.num_classes
@@ -157,36 +133,19 @@ class Classification(_Task):
     )
 
   def fallback(self, status):
-    blank = tf.zeros([self.size, self.size, 3], tf.float32)
-    return _fields(
-      blank,
-      self._label_blank(),
-      status,
-      tf.constant(0, tf.int64),
-      error=tf.constant(0),
-      bad_label=tf.constant(-1, tf.int64),
-      num_labels=tf.constant(0),
-    )
+    label = tf.zeros([self.num_classes], tf.float32) if self.multi else tf.zeros([], tf.int32)
+    no_label = {"error": tf.constant(0), "bad_label": tf.constant(-1, tf.int64)}
+    pixels, num_labels = tf.constant(0, tf.int64), tf.constant(0)
+    return _fields(self._zeros(), label, status, pixels, **no_label, num_labels=num_labels)
 
   def check(self, batch):
     def message(row):
-      problem = tf.cond(
-        batch["error"][row] == 1,
-        lambda: tf.strings.join(
-          [
-            "label ",
-            tf.strings.as_string(batch["bad_label"][row]),
-            f" outside [0, {self.num_classes}) in ",
-          ]
-        ),
-        lambda: tf.strings.join(
-          [
-            tf.strings.as_string(batch["num_labels"][row]),
-            " labels (single-label data needs exactly one; set dataset.multi_label=True for "
-            "lists of labels) in ",
-          ]
-        ),
-      )
+      outside = f" outside [0, {self.num_classes}) in "
+      label = tf.strings.join(["label ", tf.strings.as_string(batch["bad_label"][row]), outside])
+      hint = "single-label data needs exactly one; set dataset.multi_label=True for lists of labels"
+      num = tf.strings.as_string(batch["num_labels"][row])
+      count = tf.strings.join([num, f" labels ({hint}) in "])
+      problem = tf.where(batch["error"][row] == 1, label, count)
       return tf.strings.join([bad_data.ERROR_MARK, problem, batch["where"][row]])
 
     return self._passed(batch, tf.equal(batch["error"], 0), message)
@@ -220,10 +179,8 @@ class Segmentation(_Task):
     return (*segmentation_ops.augment(image, mask, self.ops, self.size, rng), b"")
 
   def _blank(self):
-    return (
-      tf.zeros([self.size, self.size, 3], tf.float32),
-      tf.fill([self.size, self.size], tf.constant(segmentation.IGNORE_LABEL, tf.int32)),
-    )
+    ignored = tf.constant(segmentation.IGNORE_LABEL, tf.int32)
+    return self._zeros(), tf.fill([self.size, self.size], ignored)
 
   def process(self, raw, position):
     image, mask, where = self.source.parse(raw)
@@ -235,12 +192,8 @@ class Segmentation(_Task):
         [tf.float32, tf.int32, tf.string],
         stateful=False,
       )
-      size = self.size
-      return (
-        tf.ensure_shape(out[0], [size, size, 3]),
-        tf.ensure_shape(out[1], [size, size]),
-        tf.ensure_shape(out[2], []),
-      )
+      shapes = ([self.size, self.size, 3], [self.size, self.size], [])
+      return tuple(tf.ensure_shape(x, shape) for x, shape in zip(out, shapes, strict=True))
 
     (image, label, problem), status, pixels = self._unless_too_large(
       decoded, lambda: (*self._blank(), tf.constant("")), image, mask

@@ -41,13 +41,9 @@ def host_rows(mesh, data_axes, global_batch_size: int, process_index: int, proce
     return np.arange(process_index * local, (process_index + 1) * local, dtype=np.int64)
   axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
-  shards = sorted(
-    {
-      index[0].indices(global_batch_size)[:2]
-      for device, index in sharding.devices_indices_map((global_batch_size,)).items()
-      if device.process_index == process_index
-    }
-  )
+  devices = sharding.devices_indices_map((global_batch_size,)).items()
+  own = [index[0] for device, index in devices if device.process_index == process_index]
+  shards = sorted({s.indices(global_batch_size)[:2] for s in own})
   rows = np.concatenate([np.arange(start, stop, dtype=np.int64) for start, stop in shards])
   if len(rows) != local:
     raise ValueError(

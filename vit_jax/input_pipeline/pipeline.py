@@ -1,31 +1,19 @@
 """Per-host batches → global jax.Arrays: the train and eval iterators of every source.
 
-Every source of the one table (sources/registry.py), classification and segmentation alike, is
-read by these iterators: the source gives raw records (sources/base.py), its task turns each into
-an example (examples.py), and everything else — hosts, positions, resume, bad data, prefetching, the global
-batch on the mesh — is the same code.
+Every source (sources/registry.py), of either task, gives raw records (sources/base.py) that its
+task turns into examples (examples.py); the rest is the same code for all.
 
-The run's stream: every record becomes exactly one example (a record that cannot be parsed,
-decoded or preprocessed, an image declaring more than `max_image_pixels`, or a record a damaged
-file lost becomes a zero image with mask 0 instead of being dropped), so batch boundaries are
-fixed in the raw-record stream. What is skipped, what ends the run, and the limit on the share
-skipped: vit_jax.input_pipeline.bad_data; reading a file is outside the per-record sandbox, so an
-I/O error is never a skipped example. Global batch b holds stream positions
-b·B .. b·B + B − 1, position b·B + r in row r of the global jax.Array: each host reads the
-positions of the rows that jax.make_array_from_process_local_data gives its devices
-(`layout.host_rows`), so the global batch is laid out the same on any number of hosts and devices and
-any mesh. An example's augmentations are drawn from a stateless seed of (seed, its position).
-
-Which record sits at a position: for sources with a global order (`source.global_order`: the
-ones addressed by index, a seeded permutation per epoch) it is a function of the seed alone, so
-the whole trajectory of examples is the same on any topology. Sources read per host (shards, tfds)
-give host h its own records (`source.epoch(e)` chained without end) in the positions of its rows;
-their examples depend on the number of hosts.
+Every record becomes exactly one example (a record that fails becomes a zero image with mask 0,
+bad_data.py), so batch boundaries are fixed in the raw-record stream. Position b·B + r is row r
+of global batch b: each host reads the positions of the rows its devices hold
+(`layout.host_rows`). For sources with `global_order` the record at a position is a function of
+the seed alone (the same trajectory on any topology); sources read per host (shards, tfds) give
+host h its own records (`source.epoch(e)` chained without end) in its rows' positions.
 
 The pipeline's whole position is the number of records each host has consumed (the same on every
-host); times the number of hosts it is the stream position. Resuming skips raw records — before
-any decoding: to the stream position for a global order (exact on any number of hosts), else to
-the same number of examples per host inside the right epoch (exact on the same number of hosts).
+host; times the number of hosts, the stream position). Resuming skips raw records, before any
+decoding: to the stream position for a global order (exact on any number of hosts), else to the
+same number of examples per host inside the right epoch (exact on the same number of hosts).
 
 Nothing here knows about models or checkpoints; TensorFlow stays inside the data layer.
 """
@@ -38,7 +26,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -49,47 +36,32 @@ from vit_jax.input_pipeline.sources import registry as sources
 graph_fn = examples.graph_fn
 
 
-def _options(config) -> tf.data.Options:
+def _process(
+  ds: tf.data.Dataset, source: source_lib.Source, task_examples, position_of: Callable
+) -> tf.data.Dataset:
+  """(raw, index) → unchecked examples (`task_examples`: examples.for_source), each record at
+  position `position_of(index)` (int64 scalar), computed in the per-record function (no tf.data
+  stage of its own). Files read per record are read first, outside the sandbox."""
+  per_record = examples.record_fn(task_examples, source)
+  fn = graph_fn(lambda raw, index: per_record(raw, position_of(index)))
+  parallel = dict(num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  if source.reads_files:
+    ds = ds.map(graph_fn(lambda raw, index: (source.read(raw), index)), **parallel)
+  if not source.may_fail:
+    return ds.map(fn, **parallel)
+  cycle = max(16, 2 * (os.cpu_count() or 1))
+  return ds.interleave(fn, cycle_length=cycle, block_length=1, **parallel)
+
+
+def _checked(ds: tf.data.Dataset, task_examples, batch_size: int, config) -> tf.data.Dataset:
+  """Batches of `batch_size` examples, each batch checked (examples.check), prefetched."""
+  ds = ds.batch(batch_size, drop_remainder=True)
+  ds = ds.map(graph_fn(task_examples.check), num_parallel_calls=tf.data.AUTOTUNE)
   options = tf.data.Options()
   options.deterministic = True
   if config.num_threads > 0:
     options.threading.private_threadpool_size = config.num_threads
-  return options
-
-
-def _process(
-  ds: tf.data.Dataset, source: source_lib.Source, task_examples, position_of: Callable
-) -> tf.data.Dataset:
-  """(raw, index) → unchecked examples (`task_examples`: examples.for_source; checked once
-  batched, `_checked`), each record's position `position_of(index)` (int64 scalar), computed in
-  the same per-record function, so it costs no tf.data stage of its own. A source that reads
-  files per record reads them first, outside the sandbox (an I/O error ends the run)."""
-  per_record = examples.record_fn(task_examples, source)
-  if source.reads_files:
-    ds = ds.map(
-      graph_fn(lambda raw, index: (source.read(raw), index)),
-      num_parallel_calls=tf.data.AUTOTUNE,
-      deterministic=True,
-    )
-  if not source.may_fail:
-    return ds.map(
-      graph_fn(lambda raw, index: per_record(raw, position_of(index))),
-      num_parallel_calls=tf.data.AUTOTUNE,
-      deterministic=True,
-    )
-  return ds.interleave(
-    graph_fn(lambda raw, index: per_record(raw, position_of(index))),
-    cycle_length=max(16, 2 * (os.cpu_count() or 1)),
-    block_length=1,
-    num_parallel_calls=tf.data.AUTOTUNE,
-    deterministic=True,
-  )
-
-
-def _checked(ds: tf.data.Dataset, task_examples, batch_size: int) -> tf.data.Dataset:
-  """Batches of `batch_size` examples, each batch checked (examples.check)."""
-  ds = ds.batch(batch_size, drop_remainder=True)
-  return ds.map(graph_fn(task_examples.check), num_parallel_calls=tf.data.AUTOTUNE)
+  return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
 class _Prefetcher:
@@ -167,28 +139,28 @@ def wait_for_releases() -> None:
     thread.join()
 
 
-def _numpy_batches(ds: tf.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
-  """Iterates `ds` as numpy; our data errors become our exceptions (bad_data.translate)."""
+def _batches(ds: tf.data.Dataset, mesh, data_axes) -> Iterator[tuple[dict[str, Any], dict]]:
+  """(global batch, its host fields) of each batch of `ds`; our data errors become our
+  exceptions (bad_data.translate)."""
   it = ds.as_numpy_iterator()
   try:
     while True:
       try:
-        yield next(it)
+        batch = next(it)
       except StopIteration:
         return
       except tf.errors.OpError as e:
         raise bad_data.translate(e) from e
+      host = {k: batch.pop(k) for k in examples.HOST_FIELDS}
+      yield layout.to_global(batch, mesh, data_axes), host
   finally:
     del it
 
 
 class TrainIterator:
-  """Endless iterator of global training batches with a resumable position (see get_state).
-
-  It counts the records this host read and the examples it skipped (bad_data.SkipCounter, over
-  the run's resumes) and raises bad_data.TooManySkippedError once this host's share of skipped
-  examples passes `config.max_skipped_fraction`: each host holds its own reads to the limit.
-  """
+  """Endless iterator of global training batches with a resumable position (see get_state); it
+  holds this host's share of skipped examples, over the run's resumes, to
+  `config.max_skipped_fraction` (bad_data.SkipCounter, TooManySkippedError)."""
 
   def __init__(
     self,
@@ -202,16 +174,13 @@ class TrainIterator:
     process_index: int | None = None,
     process_count: int | None = None,
   ):
-    self.process_index, self.process_count = layout.hosts(process_index, process_count)
+    host, count = layout.hosts(process_index, process_count)
+    self.process_index, self.process_count = host, count
     self.global_batch_size = global_batch_size
-    self.local_batch_size = layout.local_batch_size(global_batch_size, self.process_count)
+    self.local_batch_size = layout.local_batch_size(global_batch_size, count)
     self.seed = int(seed)
-    self._rows = layout.host_rows(
-      mesh, data_axes, global_batch_size, self.process_index, self.process_count
-    )
-    self._source = sources.get_source(
-      config, config.train_split, self.process_index, self.process_count
-    )
+    self._rows = layout.host_rows(mesh, data_axes, global_batch_size, host, count)
+    self._source = sources.get_source(config, config.train_split, host, count)
     start, self._num_skipped = self._restore(state)
     self._num_records = start
     self._skips = bad_data.SkipCounter(
@@ -223,16 +192,15 @@ class TrainIterator:
     )
     self.num_classes = sources.get_dataset_info(config).num_classes
     ds = self._dataset(config, start)
-    self._prefetcher = _Prefetcher(self._produce(ds, mesh, data_axes, start), config.prefetch)
+    self._prefetcher = _Prefetcher(_batches(ds, mesh, data_axes), config.prefetch)
     self._first = True
 
   def _min_records(self) -> int:
     """Records read before the limit on skipped examples applies: bad_data.MIN_RECORDS, or one
     epoch of this host's data where that is fewer and known without reading the files."""
-    source = self._source
-    if not source.lengths_known:
+    if not self._source.lengths_known:
       return bad_data.MIN_RECORDS
-    return min(bad_data.MIN_RECORDS, source.host_length(self.process_index))
+    return min(bad_data.MIN_RECORDS, self._source.host_length(self.process_index))
 
   def _records_counted(self, state, start: int) -> int:
     """The records that the restored `num_skipped` was counted over: this host's own on as many
@@ -256,8 +224,6 @@ class TrainIterator:
         f"batches of {self.global_batch_size}: a different global_batch_size is a different run."
       )
     if int(state["process_count"]) != self.process_count and not self._source.global_order:
-      # Hosts read their own records: the order cannot continue exactly. Keep the number of
-      # examples seen so far.
       logging.warning(
         "Resuming data written by %d hosts on %d hosts: %s sources read records per host, so "
         "the example order is not exactly continued.",
@@ -272,13 +238,10 @@ class TrainIterator:
     batch, local = self.global_batch_size, self.local_batch_size
     if source.global_order:
       ds = source.stream(start // local * batch, self._rows, batch, seed)
-      ds = self._examples(config, ds, lambda position: position)
-      return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
+      return self._examples(config, ds, lambda position: position)
     if source.lengths_known and source.host_length(host) == 0:
       raise ValueError(f"Host {host} has no training data in split {config.train_split!r}.")
-    epoch0, offset = 0, 0
-    if start:
-      epoch0, offset = divmod(start, source.host_length(host))
+    epoch0, offset = divmod(start, source.host_length(host)) if start else (0, 0)
 
     @graph_fn
     def epoch(e):
@@ -292,8 +255,7 @@ class TrainIterator:
       return k // local * batch + tf.gather(rows, k % local)
 
     ds = tf.data.Dataset.zip(ds, tf.data.Dataset.counter(start))
-    ds = self._examples(config, ds, position_of)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
+    return self._examples(config, ds, position_of)
 
   def _examples(self, config, ds: tf.data.Dataset, position_of: Callable) -> tf.data.Dataset:
     """(raw, index) → local batches, each record at stream position `position_of(index)`."""
@@ -301,24 +263,15 @@ class TrainIterator:
       config, self._source, self.num_classes, config.pp_train, self.seed
     )
     ds = _process(ds, self._source, task_examples, position_of)
-    return _checked(ds, task_examples, self.local_batch_size)
-
-  def _produce(self, ds, mesh, data_axes, start):
-    records = start
-    for batch in _numpy_batches(ds):
-      records += self.local_batch_size
-      host = {k: batch.pop(k) for k in examples.HOST_FIELDS}
-      yield layout.to_global(batch, mesh, data_axes), records, host
+    return _checked(ds, task_examples, self.local_batch_size, config)
 
   def __iter__(self):
     return self
 
   def __next__(self) -> dict[str, Any]:
-    """Returns {'image': f32 [B, H, W, 3], 'label': i32 [B] | f32 [B, K], 'mask': f32 [B]}.
-
-    Row r of global batch b is the example at stream position b·B + r.
-    """
-    batch, self._num_records, host = self._prefetcher.get()
+    """{'image': f32 [B, H, W, 3], 'label': i32 [B] | f32 [B, K], 'mask': f32 [B]}."""
+    batch, host = self._prefetcher.get()
+    self._num_records += self.local_batch_size
     skipped = self._skips.add(host)
     self._num_skipped += skipped
     if self._first:
@@ -337,11 +290,8 @@ class TrainIterator:
     return self._num_skipped
 
   def get_state(self) -> dict[str, int]:
-    """Position after the last batch returned: plain ints, JSON and Orbax friendly.
-
-    `num_records` is this host's records (the same on every host); × `process_count` it is the
-    stream position, from which another number of hosts resumes.
-    """
+    """Position after the last batch returned, in plain ints (`num_records`: this host's, the
+    same on every host; × `process_count` the stream position)."""
     return {
       "num_records": self._num_records,
       "num_skipped": self._num_skipped,
@@ -354,11 +304,8 @@ class TrainIterator:
 
 
 class EvalIterable:
-  """Re-iterable eval batches: every example of the split exactly once over all hosts.
-
-  A pass that skipped an example (undecodable, too large, lost with a damaged file) raises
-  bad_data.IncompleteEvaluationError at its end, naming the count and the most recent culprit;
-  a complete pass logs the number of examples this host read.
+  """Re-iterable eval batches: every example of the split exactly once over all hosts. A pass
+  that skipped an example raises bad_data.IncompleteEvaluationError at its end.
 
   Attributes:
     num_examples: examples in the split (all hosts).
@@ -381,10 +328,10 @@ class EvalIterable:
     self.split = split or config.eval_split
     self._config, self._mesh, self._data_axes = config, mesh, data_axes
     self._source = sources.get_source(config, self.split, self.process_index, self.process_count)
-    lengths = sources.host_lengths(self._source)
-    self.num_examples = int(lengths.sum())
-    self.num_batches = max(1, math.ceil(int(lengths.max()) / self.local_batch_size))
-    self._host_length = int(lengths[self.process_index])
+    lengths = [int(self._source.host_length(h)) for h in range(self.process_count)]
+    self.num_examples = sum(lengths)
+    self.num_batches = max(1, math.ceil(max(lengths) / self.local_batch_size))
+    self._host_length = lengths[self.process_index]
     self.num_classes = sources.get_dataset_info(config).num_classes
 
   def _dataset(self) -> tf.data.Dataset:
@@ -397,24 +344,16 @@ class EvalIterable:
     ds = _process(ds, self._source, task_examples, lambda i: i)
     total = self.num_batches * self.local_batch_size
     pad = tf.data.Dataset.from_tensors(task_examples.pad()).repeat()
-    ds = _checked(ds.concatenate(pad).take(total), task_examples, self.local_batch_size)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config))
-
-  def _produce(self):
-    for batch in _numpy_batches(self._dataset()):
-      host = {k: batch.pop(k) for k in examples.HOST_FIELDS}
-      yield layout.to_global(batch, self._mesh, self._data_axes), host
+    return _checked(ds.concatenate(pad).take(total), task_examples, self.local_batch_size, config)
 
   def __iter__(self) -> Iterator[dict[str, Any]]:
     config = self._config
     skips = bad_data.SkipCounter(1.0, int(config.max_image_pixels or 0), 0)
-    prefetcher = _Prefetcher(self._produce(), config.prefetch)
+    prefetcher = _Prefetcher(
+      _batches(self._dataset(), self._mesh, self._data_axes), config.prefetch
+    )
     try:
-      while True:
-        try:
-          batch, host = prefetcher.get()
-        except StopIteration:
-          break
+      for batch, host in iter(prefetcher.get, None):  # get raises StopIteration at the end
         skips.add(host)
         yield batch
     finally:

@@ -28,16 +28,8 @@ def _bound(text: str | None, n: int, default: int) -> int:
 
 
 def slice_rows(split: str, n: int, what: str) -> np.ndarray | None:
-  """The rows, int64 sorted, that slice `split` takes of its split's `n` examples.
-
-  Args:
-    split: a split name, or a slice of one (see the module docstring).
-    n: the number of examples of `base_split(split)`.
-    what: names the split in the error of an empty slice (e.g. "Image folder '/data/train'").
-
-  Returns:
-    None for a plain split name (all `n` rows, in order).
-  """
+  """The rows, int64 sorted, that slice `split` takes of its split's `n` examples; None for a
+  plain split name (all rows). `what` names the split in the error of an empty slice."""
   match = _SLICE_RE.match(split.replace(" ", ""))
   if not match:
     return None

@@ -1,7 +1,8 @@
-"""Writers of small synthetic datasets (TFRecord shards, image folders) for tests and benchmarks."""
+"""Writers of small synthetic TFRecord shards, for tests and benchmarks (the tests' other fixtures:
+tests/helpers/synthetic_data.py)."""
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -19,17 +20,8 @@ def encode(image: np.ndarray, fmt: str = "png") -> bytes:
   return tf.io.encode_jpeg(image, quality=90).numpy()
 
 
-def random_image(
-  rng: np.random.Generator, height: int, width: int, channels: int = 3
-) -> np.ndarray:
-  return rng.integers(0, 256, size=(height, width, channels), dtype=np.uint8)
-
-
 def write_shards(
-  directory: str,
-  prefix: str,
-  records: Sequence[bytes],
-  num_shards: int,
+  directory: str, prefix: str, records: Sequence[bytes], num_shards: int
 ) -> list[str]:
   """Writes serialized records round-robin into `{prefix}.tfrecord-{i:05d}-of-{n:05d}` files."""
   os.makedirs(directory, exist_ok=True)
@@ -40,51 +32,3 @@ def write_shards(
   for w in writers:
     w.close()
   return paths
-
-
-def id_records(
-  num_examples: int,
-  size: int = 8,
-  fmt: str = "png",
-  labels_fn: Callable[[int], Sequence[int] | int] | None = None,
-  seed: int = 0,
-) -> list[bytes]:
-  """Records whose label is the example's id (or labels_fn(id)), with random square images."""
-  rng = np.random.default_rng(seed)
-  labels_fn = labels_fn or (lambda i: i)
-  return [
-    example(encode(random_image(rng, size, size), fmt), labels_fn(i)) for i in range(num_examples)
-  ]
-
-
-def write_image_folder(
-  root: str, split: str, class_names: Sequence[str], per_class: int, size: int = 12, seed: int = 0
-) -> int:
-  """Writes `root/split/<class>/<i>.{png,jpg}` (alternating formats, some grayscale); returns count."""
-  rng = np.random.default_rng(seed)
-  n = 0
-  for name in class_names:
-    os.makedirs(os.path.join(root, split, name), exist_ok=True)
-    for i in range(per_class):
-      fmt = ("png", "jpeg")[i % 2]
-      image = random_image(rng, size, size + i, channels=1 if i % 3 == 0 else 3)
-      ext = {"png": "png", "jpeg": "jpg"}[fmt]
-      with open(os.path.join(root, split, name, f"{i}.{ext}"), "wb") as f:
-        f.write(encode(image, fmt))
-      n += 1
-  return n
-
-
-def split_examples(config, split: str) -> tuple[np.ndarray, np.ndarray]:
-  """(images, labels) of every example of `split` through the evaluation iterator (one host,
-  padding dropped), sorted by their bytes: two sources of the same examples give equal arrays,
-  whatever order each reads them in."""
-  from vit_jax import input_pipeline
-
-  images, labels = [], []
-  for batch in input_pipeline.make_eval_iterator(config, split, global_batch_size=8):
-    keep = batch["mask"] > 0
-    images += list(batch["image"][keep])
-    labels += list(batch["label"][keep])
-  order = sorted(range(len(images)), key=lambda i: (images[i].tobytes(), labels[i].tobytes()))
-  return np.stack([images[i] for i in order]), np.stack([labels[i] for i in order])

@@ -9,10 +9,9 @@ signatures: PNG (IHDR), GIF (the logical screen), BMP (the DIB header), WebP (VP
 chunks), JPEG (`tf.io.extract_jpeg_shape`, which reads the markers up to the frame header) and
 JPEG XL (the codestream's SizeHeader, bare or in its container's first `jxlc`/`jxlp` box).
 
-It runs for every record, so it is a handful of ops: the fixed-offset fields of the first
-formats are one gather and one weighted sum over the first 32 bytes; JPEG takes the one branch
-whose op would fail on other bytes; JPEG XL, rare and bit-packed, is parsed in Python
-(`jxl_pixels`) in a branch of its own. TensorFlow ops only, traced inside tf.data.
+It runs for every record, so it is a handful of ops: one gather and one weighted sum over the
+first 32 bytes for the fixed-offset fields; JPEG and JPEG XL (bit-packed, parsed in Python by
+`jxl_pixels`) in branches of their own.
 """
 
 import numpy as np
@@ -59,11 +58,6 @@ for _row, (_name, _sig) in enumerate(_SIGNATURES.items()):
   _SIG_CARE[_row, : len(_sig)] = True
   if _sig.startswith(b"RIFF"):
     _SIG_CARE[_row, 4:8] = False  # the RIFF size
-
-
-def _area(width, height):
-  """width × height, each side capped at 2**31 so that the product cannot overflow int64."""
-  return np.minimum(width, 2**31) * np.minimum(height, 2**31)
 
 
 def _fixed_areas(head: tf.Tensor) -> tf.Tensor:
@@ -168,4 +162,4 @@ def jxl_pixels(data: bytes) -> np.int64:
   else:
     numerator, denominator = ((1, 1), (12, 10), (4, 3), (3, 2), (16, 9), (5, 4), (2, 1))[ratio - 1]
     width = height * numerator // denominator
-  return np.int64(_area(width, height))
+  return np.int64(min(width, 2**31) * min(height, 2**31))  # sides capped: no int64 overflow

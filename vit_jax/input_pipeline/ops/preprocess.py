@@ -1,8 +1,7 @@
 """Per-example preprocessing described by a string, e.g. `decode|inception_crop|flip_lr|value_range`.
 
-A spec is a `|`-separated list of ops; each op is a name with optional Python-literal arguments,
-`name(1, 2)` or `name(size=256)`. Sizes default to the config's `image_size`, so a config can switch
-224 ↔ 384 without editing its specs. Every random op draws from a stateless seed that the pipeline
+A spec is a `|`-separated list of ops (the grammar: ops/registry.py). Sizes default to the
+config's `image_size`, so a config can switch 224 ↔ 384 without editing its specs. Every random op draws from a stateless seed that the pipeline
 derives from (seed, the example's position in the run's stream): the same example gets the same
 augmentation on a resumed run and on any number of hosts.
 
@@ -25,6 +24,7 @@ strings); batching and host logic live in pipeline.py.
 """
 
 import functools
+import inspect
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -46,32 +46,20 @@ def _sized(fn):
   return op
 
 
-def _to_uint8(image: tf.Tensor) -> tf.Tensor:
-  return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-
-
 def _resize(image: tf.Tensor, height, width) -> tf.Tensor:
   """Bilinear, antialiased where an axis shrinks (a 500px photo to 224). Enlarging, the
   antialiasing filter is bilinear's own (to float rounding) at several times its CPU cost
   (docs/benchmarks.md, "Around the step"), so plain bilinear is used."""
 
   def resized(antialias: bool) -> tf.Tensor:
-    return _to_uint8(tf.image.resize(image, [height, width], antialias=antialias))
+    out = tf.image.resize(image, [height, width], antialias=antialias)
+    return tf.cast(tf.clip_by_value(tf.round(out), 0, 255), tf.uint8)
 
-  shrinks = _shrinks(image, height, width)
-  if isinstance(shrinks, bool):  # both sizes known when traced
-    return resized(shrinks)
-  return tf.cond(shrinks, lambda: resized(True), lambda: resized(False))
-
-
-def _shrinks(image: tf.Tensor, height, width) -> bool | tf.Tensor:
-  """Whether resizing `image` to [height, width] shrinks an axis: a bool where every size is
-  known when traced, else a bool tensor."""
   sizes = list(zip(image.shape[:2], (height, width), strict=True))
-  if all(isinstance(s, int) and isinstance(t, int) for s, t in sizes):
-    return any(s > t for s, t in sizes)
-  shape = tf.shape(image)
-  return tf.logical_or(shape[0] > height, shape[1] > width)
+  if all(isinstance(s, int) and isinstance(t, int) for s, t in sizes):  # known when traced
+    return resized(any(s > t for s, t in sizes))
+  shrinks = tf.logical_or(tf.shape(image)[0] > height, tf.shape(image)[1] > width)
+  return tf.cond(shrinks, lambda: resized(True), lambda: resized(False))
 
 
 def _to_rgb(image: tf.Tensor) -> tf.Tensor:
@@ -130,30 +118,25 @@ def inception_crop(
   return _resize(image[y : y + h, x : x + w], size, size)
 
 
-def _decode_inception_crop(
-  image: tf.Tensor, rng: tf.Tensor, image_size: int, **kwargs
-) -> tf.Tensor:
-  """`decode|inception_crop` fused: JPEGs decode only the crop window (about 2× faster)."""
+def _decode_inception_crop(image: tf.Tensor, rng: tf.Tensor, image_size: int, *args, **kwargs):
+  """`decode|inception_crop` fused: JPEGs decode only the crop window (about 2× faster); the
+  arguments are inception_crop's."""
+
+  def other():
+    return inception_crop(decode(image, rng, image_size), rng, image_size, *args, **kwargs)
+
   if image.dtype != tf.string:
-    return inception_crop(decode(image, rng, image_size), rng, image_size, **kwargs)
-  size = registry.resolve_size(kwargs.pop("size", None), image_size)
-  crop_args = {
-    "area_min": kwargs.pop("area_min", 0.05),
-    "area_max": kwargs.pop("area_max", 1.0),
-    "aspect_min": kwargs.pop("aspect_min", 3 / 4),
-    "aspect_max": kwargs.pop("aspect_max", 4 / 3),
-  }
-  if kwargs:
-    raise TypeError(f"inception_crop got unexpected arguments {sorted(kwargs)}")
+    return other()
+  crop = inspect.signature(inception_crop).bind(image, rng, image_size, *args, **kwargs)
+  crop.apply_defaults()
+  *_, area_min, area_max, aspect_min, aspect_max, size = crop.arguments.values()
+  size = registry.resolve_size(size, image_size)
 
   def jpeg():
     shape = tf.io.extract_jpeg_shape(image)
-    y, x, h, w = _crop_window(shape, rng, **crop_args)
+    y, x, h, w = _crop_window(shape, rng, area_min, area_max, aspect_min, aspect_max)
     crop = tf.io.decode_and_crop_jpeg(image, tf.stack([y, x, h, w]), channels=3)
     return _resize(crop, size, size)
-
-  def other():
-    return inception_crop(decode(image, rng, image_size), rng, image_size, size=size, **crop_args)
 
   return tf.cond(tf.io.is_jpeg(image), jpeg, other)
 
@@ -216,31 +199,15 @@ def parse_spec(spec: str) -> list[registry.Op]:
 
 
 def get_preprocess_fn(spec: str, image_size: int) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
-  """Builds `fn(image, rng) -> float32 [image_size, image_size, 3]` from a spec string.
-
-  Args:
-    spec: the op string, see the module docstring.
-    image_size: default size for sizing ops; the output must be [image_size, image_size, 3].
-
-  Returns:
-    A function of an encoded image (string scalar) or uint8 array, and a stateless seed int64 [2].
-  """
+  """`fn(image, rng) -> float32 [image_size, image_size, 3]` of the spec (the module docstring),
+  for an encoded image (string scalar) or uint8 array and a stateless seed int64 [2];
+  `image_size` is also the default size of the sizing ops."""
   ops = parse_spec(spec)
-  steps = []
-  i = 0
-  while i < len(ops):
-    if ops[i][0] == "decode" and i + 1 < len(ops) and ops[i + 1][0] == "inception_crop":
-      _, crop_args, crop_kwargs = ops[i + 1]
-      names = ("area_min", "area_max", "aspect_min", "aspect_max", "size")
-      steps.append(
-        functools.partial(
-          _decode_inception_crop, **dict(zip(names, crop_args, strict=False)), **crop_kwargs
-        )
-      )
-      i += 2
-      continue
-    steps.append(registry.bind(ops[i], "tf"))
-    i += 1
+  steps = [registry.bind(op, "tf") for op in ops]
+  for i in reversed(range(len(ops) - 1)):
+    if ops[i][0] == "decode" and ops[i + 1][0] == "inception_crop":
+      _, args, kwargs = ops[i + 1]
+      steps[i : i + 2] = [lambda *x, a=args, k=kwargs: _decode_inception_crop(*x, *a, **k)]
 
   def fn(image: tf.Tensor, rng: tf.Tensor) -> tf.Tensor:
     if image.dtype == tf.string and ops[0][0] != "decode":

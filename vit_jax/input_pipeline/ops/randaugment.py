@@ -131,38 +131,16 @@ def _identity(image, level):
 
 
 # `level` reaching each op is signed (magnitude with a random sign); ops without a direction use |level|.
-AUGMENTATIONS = (
-  _identity,
-  _autocontrast,
-  _equalize,
-  _rotate,
-  _solarize,
-  _color,
-  _posterize,
-  _contrast,
-  _brightness,
-  _sharpness,
-  _shear_x,
-  _shear_y,
-  _translate_x,
-  _translate_y,
-)
+AUGMENTATIONS = (_identity, _autocontrast, _equalize, _rotate, _solarize, _color, _posterize)
+AUGMENTATIONS += (_contrast, _brightness, _sharpness, _shear_x, _shear_y, _translate_x)
+AUGMENTATIONS += (_translate_y,)
 
 
 def randaugment(
   image: tf.Tensor, rng: tf.Tensor, num_layers: int = 2, magnitude: float = 10
 ) -> tf.Tensor:
-  """Applies `num_layers` random ops of strength `magnitude` (0–10 nominal, more extrapolates).
-
-  Args:
-    image: uint8 [h, w, 3].
-    rng: stateless seed, int64 [2].
-    num_layers: number of ops applied in sequence.
-    magnitude: strength of every op.
-
-  Returns:
-    uint8 [h, w, 3].
-  """
+  """uint8 [h, w, 3] → uint8 [h, w, 3] after `num_layers` random ops in sequence, each of
+  strength `magnitude` (0–10 nominal, more extrapolates), drawn from the stateless seed `rng`."""
   image = tf.ensure_shape(tf.cast(image, tf.uint8), [None, None, 3])
   rngs = tf.random.experimental.stateless_split(rng, 2 * num_layers)
   for layer in range(num_layers):

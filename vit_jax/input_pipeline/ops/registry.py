@@ -1,18 +1,14 @@
 """The one registry of preprocessing ops and the one parser of their strings.
 
 A spec is ops joined by `|`: `'decode|resize(224)|value_range(-1, 1)'`. An op is registered by
-name for the kind of data it runs on:
-
-  tf            the tf.data pipeline's ops on one image (ops/preprocess.py)
-  pil           predict's deterministic evaluation ops on a PIL image (ops/pil.py)
-  segmentation  an image and its mask together, in numpy (ops/segmentation.py)
-
-`build(spec, kind)` parses a spec and binds each op's arguments to its function; an op the kind
-does not have, or arguments its function does not take, raise one line naming the op. The grammar:
-each op a name with an optional argument list of literals (ints, floats, quoted strings,
-True/False/None, parenthesised tuples of them), positional first, then `key=value`. Parsed by
-hand, not with `ast`: specs are parsed while input pipelines run, and `ast.parse` is unsafe beside
-other parsing threads (examples.py's `graph_fn` says why). Imports neither TensorFlow nor numpy.
+name for the kind of data it runs on: `tf` (ops/preprocess.py), `pil` (ops/pil.py, predict's) or
+`segmentation` (ops/segmentation.py, an image and its mask). `build(spec, kind)` parses a spec
+and binds each op's arguments to its function; an op the kind does not have, or arguments its
+function does not take, raise one line naming the op. The grammar: each op a name with an
+optional argument list of literals (ints, floats, quoted strings, True/False/None, parenthesised
+tuples of them), positional first, then `key=value`. Parsed by hand, not with `ast`: specs are
+parsed while input pipelines run, and `ast.parse` is unsafe beside other parsing threads
+(examples.py's `graph_fn` says why). Imports neither TensorFlow nor numpy.
 """
 
 import inspect
@@ -105,11 +101,8 @@ class _Parser:
     if self.peek():
       self.take("(")
       while self.peek() and self.peek()[1] != ")":
-        token, after = (
-          self.peek(),
-          (self.tokens[self.i + 1] if self.i + 1 < len(self.tokens) else None),
-        )
-        if token[0] == "name" and after and after[1] == "=":
+        token, after = self.peek(), self.tokens[self.i + 1 : self.i + 2]
+        if token[0] == "name" and after and after[0][1] == "=":
           self.i += 2
           kwargs[token[1]] = self.literal()
         elif kwargs:
@@ -126,11 +119,8 @@ class _Parser:
 
 def parse(spec: str, kind: str | None = None, empty_ok: bool = False) -> list[Op]:
   """`'a|b(1, x=2)'` -> [('a', (), {}), ('b', (1,), {'x': 2})]; with `kind`, its ops only.
-
-  Raises:
-    ValueError: naming the op that cannot be parsed or that `kind` does not have, or for an
-      empty spec (unless `empty_ok`).
-  """
+  ValueError names the op that cannot be parsed or that `kind` does not have, or an empty spec
+  (unless `empty_ok`)."""
   ops = []
   for part in filter(None, (p.strip() for p in spec.split("|"))):
     try:

@@ -1,11 +1,9 @@
 """Segmentation's preprocessing: ops that move an image and its mask together, in numpy and PIL.
 
 The `segmentation` kind of the one registry (ops/registry.py), for `pp_train` / `pp_eval` of the
-segmentation sources: `random_crop(min_area=0.5)` (a window of min_area..1 of the area, aspect
-3/4..4/3), `flip_lr` (half the time) and `resize` (the final resize to `image_size` that `augment`
-always does: bilinear for the image, nearest neighbour for the mask). Images come out float32
-[-1, 1] with 3 channels, labels int32 [H, W]. Arrays, not tf.data: image and mask ops are
-simplest to keep aligned on arrays.
+segmentation sources (docs/segmentation.md): `random_crop`, `flip_lr` and `resize` (the final
+resize that `augment` always does). Arrays, not tf.data: image and mask ops are simplest to keep
+aligned on arrays.
 """
 
 import functools

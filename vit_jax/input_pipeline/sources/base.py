@@ -5,12 +5,10 @@ A source turns (config, split, host) into raw records and tells the pipeline how
     order that is a pure function of (seed, e) — raw means before any reading of image files or
     decoding, so that a resumed run can skip records cheaply;
   * `read(raw)`: the raw record with its files' bytes, for sources that read files per record
-    (the image folders): outside the per-record sandbox, as an I/O error is retried and then
-    ends the run, never a skipped example (vit_jax.input_pipeline.bad_data);
-  * `parse(raw)`: what the task's examples are made of (vit_jax.input_pipeline.examples):
-    (image, labels int64 [n]) for classification, (image, mask, where the mask is) for
-    segmentation, the image and mask encoded strings or uint8 arrays; may fail on bad data (the
-    pipeline runs it in a sandbox and turns failures into mask-0 examples);
+    (the image folders): outside the per-record sandbox, as an I/O error is no skipped example;
+  * `parse(raw)`: (image, labels int64 [n]) for classification, (image, mask, where the mask is)
+    for segmentation, the image and mask encoded strings or uint8 arrays; may fail on bad data
+    (the pipeline runs it in a sandbox and turns failures into mask-0 examples);
   * `lost(raw)`: whether the record is a placeholder for one a damaged file lost;
   * `where(raw)`: a string naming the record (file and position) for error messages;
   * `host_length(h)`: the number of raw records host `h` reads per epoch.
@@ -18,15 +16,12 @@ The config's source says which task its records are for (`task`: `task_of`); the
 dataset's classes and split sizes without reading examples (`info`) and checks that a split is
 there (`check_readable`).
 
-Hosts read disjoint parts: by file when there are enough files (each host reads only its files),
-otherwise by example (every host reads everything and keeps every `process_count`-th record).
+Hosts read disjoint parts: by file when there are enough files (`uses_files_by_host`), else by
+example (every host reads everything and keeps every `process_count`-th record).
 
-Sources with `global_order` (`IndexedSource`: the ones addressed by index, whose listing or
-arrays are in memory) also offer the training stream of the whole run, independent of the number
-of hosts: `stream(start, rows, batch_size, seed)`, from which each host reads the positions of its
-rows of every global batch.
-
-Which sources there are, by name: registry.py (the one table).
+Sources with `global_order` (`IndexedSource`: listing or arrays in memory) also offer the
+training stream of the whole run, whatever the hosts (`stream`). The table of sources by name:
+registry.py.
 """
 
 import dataclasses
@@ -70,12 +65,8 @@ def dataset_info(config, num_classes, class_names, num_examples) -> DatasetInfo:
       f"Cannot tell the number of classes of {config.source} dataset {config.name!r}: "
       "set dataset.num_classes (or write shards with vit_jax.tools.make_shards)."
     )
-  return DatasetInfo(
-    num_classes=int(num_classes),
-    num_examples=num_examples,
-    class_names=list(class_names) if class_names is not None else None,
-    multi_label=bool(config.multi_label),
-  )
+  names = list(class_names) if class_names is not None else None
+  return DatasetInfo(int(num_classes), num_examples, names, bool(config.multi_label))
 
 
 def task_of(config) -> str:
@@ -135,11 +126,8 @@ class Source:
   lengths_known = True
 
   def __init__(self, config, split: str, process_index: int, process_count: int):
-    self.config = config
-    self.task = task_of(config)
-    self.split = split
-    self.process_index = process_index
-    self.process_count = process_count
+    self.config, self.task, self.split = config, task_of(config), split
+    self.process_index, self.process_count = process_index, process_count
 
   @classmethod
   def info(cls, config) -> DatasetInfo:

@@ -9,11 +9,7 @@
   digits         1,797 8×8 digits, 0–16 scaled to 0–255; scikit-learn `load_digits`.
 
 The last three have no official split: `test` is the last 10% of each class (in file order),
-`train` the rest, so the split is fixed and stratified. Each loader returns images uint8 [N, H, W, 1]
-and labels int64 [N].
-
-Splits can be sliced in tfds's syntax (`train[:3750]`, `train[:98%]`, `train[98%:]`); see
-`vit_jax.input_pipeline.splits`.
+`train` the rest (`_stratified_split`). Splits can be sliced (vit_jax.input_pipeline.splits).
 """
 
 import dataclasses
@@ -29,31 +25,11 @@ from vit_jax.input_pipeline import splits
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
-FASHION_MNIST_CLASSES = (
-  "T-shirt/top",
-  "Trouser",
-  "Pullover",
-  "Dress",
-  "Coat",
-  "Sandal",
-  "Shirt",
-  "Sneaker",
-  "Bag",
-  "Ankle boot",
+FASHION_MNIST_CLASSES = tuple(
+  "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot".split(",")
 )
 # Label order checked by eye against the images: the package README lists the same names A–Z.
-ANIMAL_MNIST_CLASSES = (
-  "bear",
-  "bird",
-  "cat",
-  "cow",
-  "dog",
-  "elephant",
-  "giraffe",
-  "horse",
-  "sheep",
-  "zebra",
-)
+ANIMAL_MNIST_CLASSES = tuple("bear bird cat cow dog elephant giraffe horse sheep zebra".split())
 DIGIT_CLASSES = tuple(str(i) for i in range(10))
 
 
@@ -82,10 +58,7 @@ def _stratified_split(images: np.ndarray, labels: np.ndarray, test_fraction: flo
   for c in np.unique(labels):
     idx = np.flatnonzero(labels == c)
     is_test[idx[len(idx) - int(round(len(idx) * test_fraction)) :]] = True
-  return {
-    "train": (images[~is_test], labels[~is_test]),
-    "test": (images[is_test], labels[is_test]),
-  }
+  return {"train": (images[~is_test], labels[~is_test]), "test": (images[is_test], labels[is_test])}
 
 
 def _package_file(package: str, *parts: str) -> str:

@@ -28,12 +28,8 @@ def _read_file(path: bytes) -> bytes:
 
 
 class FolderSource(base.IndexedSource):
-  """An image folder, each file read when it is needed:
-
-  `folder`      `root/<split>/<class>/*.{jpg,jpeg,png}`; the classes are the sorted class folder
-                names of all splits;
-  `seg_folder`  `root/<split>/images/*` with `masks/<name>.png` (segmentation.py).
-  """
+  """An image folder (`folder`, `seg_folder`: docs/data.md, docs/segmentation.md), each file read
+  when it is needed; a `folder`'s classes are the sorted class folder names of all splits."""
 
   reads_files = True
   channels = 3
@@ -125,31 +121,22 @@ def folder_class_names(root: str) -> list[str]:
   for split in tf.io.gfile.listdir(root):
     split_dir = os.path.join(root, split.rstrip("/"))
     if tf.io.gfile.isdir(split_dir):
-      names.update(
-        c.rstrip("/")
-        for c in tf.io.gfile.listdir(split_dir)
-        if tf.io.gfile.isdir(os.path.join(split_dir, c))
-      )
+      listed = tf.io.gfile.listdir(split_dir)
+      names.update(c.rstrip("/") for c in listed if tf.io.gfile.isdir(os.path.join(split_dir, c)))
   return sorted(names)
 
 
 class BuiltinSource(base.IndexedSource):
-  """Bundled arrays in memory, of either task:
-
-  `builtin`      an offline classification dataset (builtin.py), uint8 [N, H, W, 1];
-  `seg_builtin`  an offline synthetic segmentation task (segmentation_synthetic.py): canvases
-                 uint8 [N, 48, 48, 1] with masks [N, 48, 48].
-  """
+  """Bundled arrays in memory: `builtin` (builtin.py), uint8 [N, H, W, 1], or `seg_builtin`
+  (segmentation_synthetic.py), canvases uint8 [N, 48, 48, 1] with masks [N, 48, 48]."""
 
   may_fail = False
   channels = 1
 
   def __init__(self, config, split, process_index, process_count):
     super().__init__(config, split, process_index, process_count)
-    if self.task == base.SEGMENTATION:
-      images, labels = segmentation_synthetic.get_split(config.name, split)
-    else:
-      images, labels = builtin.get_split(config.name, split)
+    seg = self.task == base.SEGMENTATION
+    images, labels = (segmentation_synthetic if seg else builtin).get_split(config.name, split)
     self.images = tf.constant(images)
     self.labels = tf.constant(labels)  # [N] classes, or [N, 48, 48] masks
     self.num_items = len(labels)

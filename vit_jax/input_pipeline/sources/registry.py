@@ -6,8 +6,6 @@ the task decides what a record becomes (vit_jax.input_pipeline.examples). A new 
 Source subclass and one line here.
 """
 
-import numpy as np
-
 from vit_jax.input_pipeline.sources import base, indexed, shards, tfds_source
 
 SOURCES: dict[str, type[base.Source]] = {
@@ -44,8 +42,3 @@ def check_readable(config, split: str) -> None:
 def get_dataset_info(config) -> base.DatasetInfo:
   """Number of classes, examples per split, class names; see DatasetInfo."""
   return source_class(config).info(config)
-
-
-def host_lengths(src: base.Source) -> np.ndarray:
-  """Records per epoch of every host, int64 [process_count]."""
-  return np.array([src.host_length(h) for h in range(src.process_count)], np.int64)

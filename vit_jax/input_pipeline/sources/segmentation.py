@@ -1,14 +1,8 @@
 """Segmentation data: images with a label per pixel — decoding, checks, folders and shards.
 
-The format the segmentation sources read (`seg_builtin`, `seg_folder`, `seg_shards`; the layouts:
-docs/segmentation.md): a folder's `<split>/images/<name>.{png,jpg,jpeg}` with
-`<split>/masks/<name>.png` (a palette PNG's indices or a grey PNG's values are the labels;
-IGNORE_LABEL = 255 does not count; class names from `classes.txt`), and the tf.train.Example keys
-of shards that `python -m vit_jax.tools.make_shards --task=segmentation` writes. A mask that is
-no palette or grey PNG, of another size than its image, or with a label outside [0, num_classes)
-other than IGNORE_LABEL is a data error that ends the run in one line naming it (`mask_problem`);
-bytes that do not decode raise (the pipeline skips the record). The augmentation is
-ops/segmentation.py's.
+The folder layout and the shards' keys that the segmentation sources read: docs/segmentation.md.
+A bad mask ends the run in one line naming it (`mask_problem`); bytes that do not decode raise
+(the pipeline skips the record). The augmentation is ops/segmentation.py's.
 
 numpy and PIL, no TensorFlow (but for `serialize_example`, which imports it).
 """
@@ -148,10 +142,9 @@ def read_folder_example(
 # ---------------------------------------------------------------------------------------------
 # Shards: vit_jax.tools.make_shards --task=segmentation writes them, shards.ShardsSource reads.
 
-# Feature keys of a segmentation tf.train.Example (DeepLab's names, where it has them): the
-# encoded image, its mask as a grey PNG of class indices, their size, the name (file name or
-# `split/i`) and the position in the split (the shards are shuffled; a slice of a split takes
-# the positions a slice of the folder or synthetic task takes).
+# Feature keys of a segmentation tf.train.Example (DeepLab's names, where it has them; what each
+# holds: docs/segmentation.md). The position in the split lets a slice of shuffled shards take
+# the positions a slice of the folder or synthetic task takes.
 IMAGE_KEY = "image/encoded"
 MASK_KEY = "image/segmentation/class/encoded"
 HEIGHT_KEY, WIDTH_KEY = "image/height", "image/width"

@@ -1,14 +1,8 @@
 """The offline synthetic segmentation tasks (`seg_builtin`), made from the bundled real images.
 
-`dataset.name` is `fashion_mnist_seg`, `mnist_seg` or `animal_mnist_seg`. Each 48x48 grey canvas
-holds 1 to 3 objects of the named dataset (28px images resized to 16..28 px, placed at random,
-later ones on top) over a blocky, noisy background (grey levels 0..59); an object pixel of source
-intensity >= 96 is labelled with the object's class + 1, a softer edge pixel (32..95) with
-IGNORE_LABEL, the rest (background) 0. Splits `train` (4,000 canvases), `val` (500) and `test`
-(1,000), made deterministically from GENERATOR_SEED: train and val objects come from disjoint
-parts of the source's training split, test objects from its test split.
-
-numpy and PIL; a split is made once per process and held in memory (4,000 canvases: 9 MB).
+The canvases, their labels and splits: docs/segmentation.md (`seg_builtin`), made from
+GENERATOR_SEED. numpy and PIL; a split is made once per process and held in memory (4,000
+canvases: 9 MB).
 """
 
 import collections
@@ -37,24 +31,11 @@ SyntheticSplit = collections.namedtuple("SyntheticSplit", ["images", "masks", "n
 
 
 def make_synthetic(
-  objects: np.ndarray,
-  labels: np.ndarray,
-  num: int,
-  seed: int,
-  canvas: int = CANVAS,
+  objects: np.ndarray, labels: np.ndarray, num: int, seed: int, canvas: int = CANVAS
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Canvases of objects (see the module docstring).
-
-  Args:
-    objects: uint8 [N, 28, 28, 1] bright objects on black.
-    labels: int [N], their classes (the mask gets class + 1).
-    num: canvases to make.
-    seed: all random draws (objects, sizes, places, background).
-    canvas: side of the square canvases.
-
-  Returns:
-    images uint8 [num, canvas, canvas, 1], masks uint8 [num, canvas, canvas].
-  """
+  """`num` canvases (docs/segmentation.md, `seg_builtin`) of `objects` uint8 [N, 28, 28, 1]
+  (bright on black) of classes `labels` [N], every draw from `seed`: images uint8 [num, canvas,
+  canvas, 1] and masks uint8 [num, canvas, canvas]."""
   rng = np.random.default_rng(seed)
   images = np.zeros((num, canvas, canvas), np.uint8)
   masks = np.zeros((num, canvas, canvas), np.uint8)
@@ -98,10 +79,8 @@ def synthetic_split(name: str, split: str) -> SyntheticSplit:
     cut = int(len(labels) * 0.9)
     rows = order[:cut] if split == "train" else order[cut:]
     objects, labels = objects[rows], labels[rows]
-  salt = {"train": 0, "val": 1, "test": 2}[split]
-  images, masks = make_synthetic(
-    objects, labels, SPLIT_SIZES[split], seed=GENERATOR_SEED * 1000 + salt
-  )
+  seed = GENERATOR_SEED * 1000 + {"train": 0, "val": 1, "test": 2}[split]
+  images, masks = make_synthetic(objects, labels, SPLIT_SIZES[split], seed=seed)
   return SyntheticSplit(images, masks, [f"{split}/{i}" for i in range(len(masks))])
 
 

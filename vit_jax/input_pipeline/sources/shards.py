@@ -1,12 +1,10 @@
 """TFRecord shards of tf.train.Example (the JFT / ImageNet-21k layout): the `tfrecord` base.
 
-The shards are streamed record by record (tfrecord_files.py): by file per
-host when there are enough files, a shuffled file order and a shuffle buffer of
-`dataset.shuffle_buffer` raw records per epoch, so a host holds that buffer, never its split.
-`dataset_info.json` beside the shards (vit_jax.tools.make_shards) gives the classes, the split
-sizes and each file's record count; the files a split's pattern finds are checked against it.
-A slice of segmentation shards (`train[:1000]`, vit_jax.input_pipeline.splits) is read by every
-host, its records found by their written position, the examples kept split over the hosts.
+The shards are streamed record by record (tfrecord_files.py; how, and what a host holds:
+docs/data.md). `dataset_info.json` beside the shards (vit_jax.tools.make_shards) gives the
+classes, the split sizes and each file's record count; the files a split's pattern finds are
+checked against it. A slice of segmentation shards is read by every host, its records found by
+their written position (docs/segmentation.md).
 """
 
 import concurrent.futures
@@ -51,10 +49,8 @@ def shard_path(directory: str, prefix: str, index: int, num_shards: int) -> str:
 
 def read_info_json(directory: str | None) -> dict | None:
   """The `dataset_info.json` written by `vit_jax.tools.make_shards`, or None."""
-  if not directory:
-    return None
-  path = os.path.join(directory, INFO_FILENAME)
-  if not tf.io.gfile.exists(path):
+  path = os.path.join(directory or "", INFO_FILENAME)
+  if not directory or not tf.io.gfile.exists(path):
     return None
   with tf.io.gfile.GFile(path) as f:
     return json.load(f)
@@ -74,12 +70,9 @@ def check_listed(files: list[str], listed: dict[str, int], pattern: str, split: 
   (shards of an earlier make_shards run beside the new ones, a shard missing)."""
   found = {os.path.basename(f) for f in files}
   extra, missing = sorted(found - set(listed)), sorted(set(listed) - found)
-  if extra or missing:
-    parts = []
-    if extra:
-      parts.append(f"{len(extra)} not listed ({extra[0]}, ...)")
-    if missing:
-      parts.append(f"{len(missing)} listed but missing ({missing[0]}, ...)")
+  kinds = ((extra, "not listed"), (missing, "listed but missing"))
+  parts = [f"{len(names)} {what} ({names[0]}, ...)" for names, what in kinds if names]
+  if parts:
     raise DataMismatchError(
       f"split {split!r}: the files matching {pattern!r} are not the {len(listed)} shards its "
       f"{INFO_FILENAME} lists: {'; '.join(parts)}; rewrite the split (make_shards --overwrite)"
@@ -276,12 +269,7 @@ class ShardsSource(TFRecordSource):
       )
 
     found = ds.interleave(positioned, cycle_length=1).filter(kept)
-    placeholder = {
-      "record": tf.constant(b""),
-      "file": tf.constant(self.pattern),
-      "index": tf.constant(-1, tf.int64),
-      "ok": tf.constant(False),
-    }
+    placeholder = dict(record=b"", file=self.pattern, index=np.int64(-1), ok=False)
     found = found.map(tf.autograph.experimental.do_not_convert(lambda raw, i: raw))
     missing = tf.data.Dataset.from_tensors(placeholder).repeat(self.slice_size)
     return found.concatenate(missing).take(self.slice_size)

@@ -28,10 +28,7 @@ def _known_splits(builder) -> dict[str, int]:
 
 
 class TfdsSource(base.Source):
-  """A tfds dataset; hosts get `tfds.even_splits` of the split (tfds reads only the needed files).
-
-  With `vtab_task` the VTAB task's `parse` (vtab.py) turns each record into (image, label).
-  """
+  """A tfds dataset (see the module docstring)."""
 
   def __init__(self, config, split, process_index, process_count):
     super().__init__(config, split, process_index, process_count)
@@ -56,7 +53,7 @@ class TfdsSource(base.Source):
   @classmethod
   def info(cls, config) -> base.DatasetInfo:
     builder = tfds_builder(config)
-    num_classes, class_names = None, None
+    class_names = None
     if config.vtab_task:
       num_classes = vtab.get_task(config.vtab_task).num_classes
     else:
@@ -99,11 +96,9 @@ class TfdsSource(base.Source):
       except Exception:  # Split sizes unknown (mock data): count.
         ds = self._as_dataset(host)
         n = int(ds.cardinality())
-        self._lengths[host] = (
-          n
-          if n >= 0
-          else int(ds.reduce(0, tf.autograph.experimental.do_not_convert(lambda c, _: c + 1)))
-        )
+        if n < 0:
+          n = int(ds.reduce(0, tf.autograph.experimental.do_not_convert(lambda c, _: c + 1)))
+        self._lengths[host] = n
     return self._lengths[host]
 
   @functools.cached_property

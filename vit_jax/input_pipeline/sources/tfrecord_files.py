@@ -1,16 +1,11 @@
 """Reading one TFRecord file record by record, for the `tfrecord` source.
 
 Reading the file and damage to its content are told apart (vit_jax.input_pipeline.bad_data):
-- an I/O error (the file gone, a directory in its place, permission, a failed request) is
-  retried, re-reading the file past the records already given, then ends the run in one line;
-- a damaged file (a CRC mismatch, a truncated record, trailing bytes, an empty file) gives the
-  records before the damage and then one placeholder (`ok` False, a skipped example downstream)
-  for each record it lost: the shard's count in dataset_info.json less the records read, so an
-  epoch keeps the length the per-host split and exact resume count on. Without a listed count
-  the loss is unknown and one placeholder stands for it. The reader names the file in one
-  warning line;
-- an undamaged file holding another number of records than dataset_info.json lists stops the
-  run (DataMismatchError): the positions of the per-host split are computed from those counts.
+an I/O error is retried, re-reading the file past the records already given; a damaged file (a
+CRC mismatch, a truncated record, trailing bytes, an empty file) gives the records before the
+damage, then one placeholder (`ok` False) per record it lost, so an epoch keeps the length that
+the per-host split and exact resume count on; an undamaged file holding another number of
+records than dataset_info.json lists stops the run (DataMismatchError).
 
 The records are read in Python (TensorFlow's record iterator, `_records`, in chunks handed to
 tf.data), where an error is attributed to its file; `TFRecordDataset` reads and parses in one op

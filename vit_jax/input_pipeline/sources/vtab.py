@@ -1,24 +1,10 @@
 """The 19 tasks of VTAB-1k (Zhai et al., 2019) as google-research/task_adaptation defines them.
 
 Each task names a tfds builder (with the version its split sizes belong to), where its four
-VTAB-1k splits lie in that builder's tfds splits, its number of classes, and how a tfds record
-becomes (image, label):
-
-  train800        the first 800 examples of the task's training part (tfds `train[:800]`);
-  val200          200 validation examples, from where the task takes its validation set: tfds
-                  `validation[:200]`, the part of tfds `train` after the task's own training part
-                  (a percentage of `train`, e.g. `train[63000:63200]` for CLEVR's 90%), or
-                  smallNORB's `test[:200]`;
-  train800val200  both (the final training set);
-  test            the task's test split (EuroSAT, Resisc45 and dSprites carve theirs out of tfds
-                  `train`, CLEVR evaluates on `validation`, smallNORB on `test[50%:]`).
-
-Label transforms (task_adaptation's, re-implemented): CLEVR count = objects − 3 (3..10 objects →
-8 classes); CLEVR distance = depth of the closest object binned at 8, 8.5, 9, 9.5, 10 (6 classes);
-KITTI distance = depth of the closest car, van or truck binned at 8 and 20 m, with "no vehicle"
-the 4th class; dSprites x-position (32 values) and orientation (40 values) binned to 16 classes;
-smallNORB azimuth (18) and elevation (9). Grey images (smallNORB, dSprites) become 3 equal
-channels in the pipeline's `decode`; dSprites' 0/1 pixels are scaled to 0/255 first.
+VTAB-1k splits (train800, val200, train800val200, test: docs/transfer.md) lie in that builder's
+tfds splits, its number of classes, and how a tfds record becomes (image, label): the label
+transforms are task_adaptation's, re-implemented. Grey images (smallNORB, dSprites) become 3
+equal channels in the pipeline's `decode`; dSprites' 0/1 pixels are scaled to 0/255 first.
 
 The data layer uses a task through `dataset.vtab_task` (tfds_source.TfdsSource: labels, class count,
 and a check of the recorded split sizes against the prepared data); configs/finetune.py offers
@@ -27,12 +13,12 @@ each task as `dataset=vtab/<name>`. This module holds TensorFlow ops and tables 
 
 import dataclasses
 from collections.abc import Callable
+from operator import itemgetter
 
 import numpy as np
 import tensorflow as tf
 
 GROUPS = ("natural", "specialized", "structured")
-VTAB_SPLITS = ("train800", "val200", "train800val200", "test")
 
 Features = dict  # a tfds record: feature name -> tensor (the image still encoded)
 
@@ -73,10 +59,7 @@ class Task:
       start = val200 * self.tfds_sizes["train"] // 100
       val200 = f"train[{start}:{start + 200}]"
     return dict(
-      train800="train[:800]",
-      val200=val200,
-      train800val200=f"train[:800]+{val200}",
-      test=self.test,
+      train800="train[:800]", val200=val200, train800val200=f"train[:800]+{val200}", test=self.test
     )
 
   def parse(self, raw: Features) -> tuple[tf.Tensor, tf.Tensor]:
@@ -120,10 +103,6 @@ def _binned(feature: str, num_values: int, num_classes: int) -> Callable[[Featur
     return tf.cast(tf.math.floordiv(tf.cast(x[feature], tf.float32), factor), tf.int64)
 
   return label
-
-
-def _feature(name: str) -> Callable[[Features], tf.Tensor]:
-  return lambda x: x[name]
 
 
 def dsprites_image(x: Features) -> tf.Tensor:
@@ -199,8 +178,8 @@ _TASKS = (
     "kitti_dist", "KITTI-Dist", "structured", "kitti:3.1.0", 4,
     {"train": 6_347, "validation": 423, "test": 711}, label=kitti_distance,
   ),
-  Task("smallnorb_azi", "sNORB-Azim", num_classes=18, label=_feature("label_azimuth"), **_SMALLNORB),
-  Task("smallnorb_ele", "sNORB-Elev", num_classes=9, label=_feature("label_elevation"), **_SMALLNORB),
+  Task("smallnorb_azi", "sNORB-Azim", num_classes=18, label=itemgetter("label_azimuth"), **_SMALLNORB),
+  Task("smallnorb_ele", "sNORB-Elev", num_classes=9, label=itemgetter("label_elevation"), **_SMALLNORB),
 )  # fmt: skip
 TASKS: dict[str, Task] = {t.name: t for t in _TASKS}
 
@@ -213,12 +192,8 @@ def get_task(name: str) -> Task:
 
 
 def check_tfds_sizes(task: Task, known: dict[str, int]) -> None:
-  """Raises if the prepared tfds data's split sizes differ from the task's recorded ones.
-
-  Args:
-    task: the task.
-    known: tfds split name → number of examples of the prepared data (empty: unknown, no check).
-  """
+  """Raises if the prepared tfds data's split sizes (`known`: tfds split name → examples; empty:
+  unknown, no check) differ from the task's recorded ones."""
   for split, expected in task.tfds_sizes.items():
     found = known.get(split)
     if found is not None and found != expected:
@@ -229,10 +204,8 @@ def check_tfds_sizes(task: Task, known: dict[str, int]) -> None:
 
 
 def group_means(accuracies: dict[str, float]) -> dict[str, float]:
-  """Mean top-1 per group and over all 19 tasks (`natural`, ..., `mean`), of the tasks given.
-
-  A group (or `mean`) is reported only when all its tasks are in `accuracies`.
-  """
+  """Mean top-1 per group and over all 19 tasks (`natural`, ..., `mean`), each only where all
+  its tasks are in `accuracies`."""
   out = {}
   for group in GROUPS:
     names = [t.name for t in _TASKS if t.group == group]
