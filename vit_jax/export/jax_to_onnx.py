@@ -1,11 +1,8 @@
 """Translates a JAX function's jaxpr into an ONNX graph, with a symbolic batch dimension.
 
-Why a translator of our own: neither maintained converter gives a working graph for the three
-model families here (docs/export.md has the comparison). jax2tf's SavedModels hold the model as
-one `XlaCallModule` op (StableHLO), which tf2onnx cannot read; tf2onnx's LiteRT route lacks
-LiteRT's GELU op and breaks the symbolic batch; jax2onnx cannot be installed beside this package
-(its releases since 0.13.1 cap orbax-checkpoint below 0.11.37) and fails on the BiT ResNet's max
-pooling. A jaxpr is small: the models here use about 40 primitives, each one ONNX op or a few.
+Why a translator of our own: neither maintained converter (jax2tf + tf2onnx, jax2onnx) gives a
+working graph for the three model families here (docs/export.md, "ONNX", compares them). A jaxpr is small: the models here use about 40
+primitives, each one ONNX op or a few.
 
 How it works: the function is traced with `jax.export.symbolic_shape("b")` as its batch size.
 Every equation whose inputs are all constants is evaluated at conversion time (weight
@@ -36,49 +33,19 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 18
 BATCH = "b"
 
-_UNARY = {
-  "exp": "Exp",
-  "log": "Log",
-  "tanh": "Tanh",
-  "sqrt": "Sqrt",
-  "neg": "Neg",
-  "abs": "Abs",
-  "erf": "Erf",
-  "logistic": "Sigmoid",
-  "sign": "Sign",
-  "floor": "Floor",
-  "ceil": "Ceil",
-  "sin": "Sin",
-  "cos": "Cos",
-  "not": "Not",
+# jax primitive -> ONNX op of the same inputs and no attributes.
+_ELEMENTWISE = {
+  p: p.capitalize()
+  for p in "exp log tanh sqrt neg abs erf sign floor ceil sin cos not add sub mul div max min pow "
+  "and or".split()
 }
-_BINARY = {
-  "add": "Add",
-  "sub": "Sub",
-  "mul": "Mul",
-  "div": "Div",
-  "max": "Max",
-  "min": "Min",
-  "pow": "Pow",
-  "gt": "Greater",
-  "lt": "Less",
-  "ge": "GreaterOrEqual",
-  "le": "LessOrEqual",
-  "eq": "Equal",
-  "and": "And",
-  "or": "Or",
-}
+_ELEMENTWISE.update(logistic="Sigmoid", gt="Greater", lt="Less", ge="GreaterOrEqual")
+_ELEMENTWISE.update(le="LessOrEqual", eq="Equal")
 _REDUCE = {"reduce_sum": "ReduceSum", "reduce_max": "ReduceMax", "reduce_min": "ReduceMin"}
 # Primitives that compute nothing at inference.
 _IDENTITY = ("stop_gradient", "copy", "copy_p", "optimization_barrier", "pvary")
-# Call primitives, inlined: the parameter holding the callee.
-_CALLS = {
-  "jit": "jaxpr",
-  "pjit": "jaxpr",
-  "closed_call": "call_jaxpr",
-  "custom_jvp_call": "call_jaxpr",
-  "custom_vjp_call": "call_jaxpr",
-}
+# Call primitives, inlined (the callee is their `jaxpr` or `call_jaxpr` parameter).
+_CALLS = ("jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call")
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -213,7 +180,7 @@ class _Translator:
   def equation(self, eqn, ins: list[_Value]) -> list[_Value]:
     name = eqn.primitive.name
     if name in _CALLS:
-      sub = eqn.params[_CALLS[name]]
+      sub = eqn.params["jaxpr" if "jaxpr" in eqn.params else "call_jaxpr"]
       return self.run(sub.jaxpr, sub.consts, ins)
     # Constant inputs and a shape that does not depend on the batch: evaluated here.
     static = all(_is_static(d) for v in eqn.outvars for d in v.aval.shape)
@@ -237,10 +204,8 @@ class _Translator:
 
   def __getattr__(self, attr: str) -> Callable[..., Any]:
     prim = attr[1:]
-    if prim in _UNARY:
-      return lambda eqn, names, ins: self.b.one(_UNARY[prim], names)
-    if prim in _BINARY:
-      return lambda eqn, names, ins: self.b.one(_BINARY[prim], names)
+    if prim in _ELEMENTWISE:
+      return lambda eqn, names, ins: self.b.one(_ELEMENTWISE[prim], names)
     if prim in _REDUCE:
       return lambda eqn, names, ins: self.b.one(
         _REDUCE[prim], [names[0], self.b.const(np.array(eqn.params["axes"], np.int64))], keepdims=0
@@ -290,13 +255,11 @@ class _Translator:
   def _transpose(self, eqn, names, ins):
     return self.b.one("Transpose", names, perm=list(eqn.params["permutation"]))
 
-  def _squeeze(self, eqn, names, ins):
-    axes = self.b.const(np.array(eqn.params["dimensions"], np.int64))
-    return self.b.one("Squeeze", [names[0], axes])
+  def _squeeze(self, eqn, names, ins, op="Squeeze"):
+    return self.b.one(op, [names[0], self.b.const(np.array(eqn.params["dimensions"], np.int64))])
 
   def _expand_dims(self, eqn, names, ins):
-    axes = self.b.const(np.array(eqn.params["dimensions"], np.int64))
-    return self.b.one("Unsqueeze", [names[0], axes])
+    return self._squeeze(eqn, names, ins, op="Unsqueeze")
 
   def _broadcast_in_dim(self, eqn, names, ins):
     shape, dims = eqn.params["shape"], eqn.params["broadcast_dimensions"]
