@@ -7,10 +7,9 @@ and renames it when complete, so a run killed at any moment leaves only complete
 Restoring takes an abstract state (`jax.ShapeDtypeStruct`s carrying the target shardings), so a
 checkpoint written on one mesh restores onto any other.
 
-Faults (docs/training.md, "Stopping, faults and recovery"): only evidence that a step is broken (restore_faults) moves it
-aside to `<workdir>/broken_checkpoints/`, once an older step restores; any other restore error is
-retried, then ends the run in one line; each attempt runs on a worker thread (storage_wait). A
-failed save ends the run in one line; a full disk also removes the unfinished step.
+Faults (docs/training.md, "Stopping, faults and recovery"): only evidence that a step is broken
+(restore_faults) moves it aside to `<workdir>/broken_checkpoints/`; other restore errors are
+retried, each attempt on a worker thread (storage_wait).
 
 This file must not import TensorFlow.
 """
@@ -39,16 +38,13 @@ _STATE, _DATA = "state", "data"
 CHECKPOINT_DIR = "checkpoints"
 BROKEN_DIR = "broken_checkpoints"
 _TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step (or item) still being written
-# Orbax saves an array replicated over R devices "replica-parallel": each replica writes 1/R of
-# it, cut out on its device by a program compiled for that array's shape, slice and device. For
-# small arrays the compile costs far more than the write it spreads: a 20k-parameter ViT on 8 CPU
-# devices compiled 104 such programs per run (a 2-stage test run 37.7 s -> 28.8 s without them).
-# Arrays whose slice would be under this size are written whole by one replica; larger ones
-# (e.g. ViT-B's 768x3072 MLP kernels, 9 MiB, over up to 144 replicas) are still spread.
+# Orbax writes an array replicated over R devices "replica-parallel", 1/R per replica, each slice
+# cut by a program compiled for it: for small arrays the compiles cost more than the write (a
+# 20k-parameter ViT on 8 CPU devices: 104 programs; a 2-stage test run 37.7 s -> 28.8 s without).
+# Arrays whose slice would be under this size are written whole by one replica.
 MIN_REPLICA_SLICE_BYTES = 64 * 1024
-# TensorStore's retries of a GCS request within one restore attempt (its default: 32, backing off
-# to 32 s, about 15 minutes): a failure without evidence is retried by `_restore_retrying`
-# instead, on the schedule of restore_faults.RETRY_DELAYS_S. Saves keep TensorStore's default.
+# TensorStore's retries of a GCS request within one restore attempt (its default, 32 backing off
+# to 32 s, takes about 15 minutes); `_restore_retrying` retries instead. Saves keep the default.
 RESTORE_REQUEST_RETRIES = {"max_retries": 5, "initial_delay": "1s", "max_delay": "16s"}
 # A restore's outcome on one process; the gravest on any process decides (restore_latest).
 _OK, _RETRY, _BROKEN, _MISMATCH = range(4)
@@ -67,7 +63,6 @@ class Checkpointer:
   """
 
   def __init__(self, workdir: str, every_steps: int, keep: int, asynchronous: bool = True):
-    """Args: workdir; save every `every_steps` steps (and when forced); keep the latest `keep`."""
     gcs.require_client(workdir)  # Orbax opens a gs:// directory with google-cloud-storage
     _register_array_handler()
     self.every_steps = max(int(every_steps), 1)
@@ -110,12 +105,8 @@ class Checkpointer:
     return step % self.every_steps == 0
 
   def save(self, step: int, state: Any, data_state: Any, force: bool = False) -> bool:
-    """Starts writing `state` (a pytree of global arrays) and `data_state` (JSON) at `step`
-    (first waiting for the save in flight, saying so every storage_wait.NOTICE_EVERY_S).
-
-    Raises:
-      CheckpointSaveError: this save or the asynchronous one before it failed.
-    """
+    """Starts writing `state` (global arrays) and `data_state` (JSON) at `step`, once the save in
+    flight is done; CheckpointSaveError if this save or the one before it failed."""
     args = ocp.args.Composite(
       **{_STATE: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(data_state)}
     )
@@ -134,7 +125,6 @@ class Checkpointer:
     return saved
 
   def _save_failed(self, error: BaseException, step: int) -> None:
-    """Raises CheckpointSaveError for the failed save of `step`, after removing its remains."""
     if out_of_space(error):
       raise self.no_space(f"saving checkpoint step {step}") from error
     raise CheckpointSaveError(
@@ -143,8 +133,7 @@ class Checkpointer:
 
   def no_space(self, doing: str) -> CheckpointSaveError:
     """The error for a full disk met while `doing` ('saving checkpoint step 20'), once the
-    unfinished step directories are removed: the workdir, the space a step takes and the space
-    free, and the step a rerun continues from."""
+    unfinished step directories are removed."""
     try:
       self._manager.wait_until_finished()  # a save still in flight fails or ends first
     except Exception:  # noqa: BLE001 - that save is unfinished, and removed below
@@ -162,8 +151,7 @@ class Checkpointer:
     return full
 
   def _step_size(self) -> int | None:
-    """Bytes of a step: on disk of the latest committed step (local workdirs), else of the
-    state last saved (in memory; on disk a step also holds metadata)."""
+    """Bytes of the latest committed step on disk (local workdirs), else of the state saved."""
     steps = committed_steps(self.directory)
     if not steps or "://" in os.fspath(self.directory):
       return self._step_bytes or None
@@ -171,7 +159,7 @@ class Checkpointer:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in walk for f in files)
 
   def _remove_unfinished(self) -> bool:
-    """Removes the temporary directories of unfinished steps (process 0); whether any was."""
+    """Removes unfinished steps' temporary directories (process 0); whether there were any."""
     if jax.process_index() != 0 or not self.directory.is_dir():
       return False
     unfinished = [p for p in self.directory.iterdir() if _TMP_MARK in p.name]
@@ -185,8 +173,8 @@ class Checkpointer:
     """(step, state, data_state) of the newest step that restores, or None without any step.
 
     A step with evidence that it is broken is moved aside once an older step restores, with a
-    warning naming both (see the module docstring); every process acts on the gravest verdict of
-    all. `stop_requested()` True (a stop signal) cuts the waits between retries short.
+    warning; every process acts on the gravest verdict of all. `stop_requested()` True (a stop
+    signal) cuts the waits between retries short.
 
     Raises:
       CheckpointRestoreError: a step failed to restore, without evidence that it is broken,
@@ -229,14 +217,7 @@ class Checkpointer:
     self, step: int, abstract_state: Any, stop_requested: Callable[[], bool]
   ) -> tuple[Any, Any] | str:
     """(state, data_state) of `step`, or the evidence that it is broken; retries a failure
-    without evidence after each of restore_faults.RETRY_DELAYS_S, each attempt on a worker
-    thread (storage_wait).
-
-    Raises:
-      CheckpointRestoreError: it still failed after the retries, or a stop was requested
-        (nothing moved).
-      CheckpointMismatch: the step does not fit the model.
-    """
+    without evidence after each of restore_faults.RETRY_DELAYS_S (raises: see restore_latest)."""
     delays = restore_faults.RETRY_DELAYS_S
     doing = f"restoring checkpoint step {step} from {self.directory}"
     logging.info("checkpoint: restoring step %d from %s", step, self.directory)
@@ -316,8 +297,7 @@ class Checkpointer:
     """(outcome, why) of a restore that did not reach the barrier Orbax's restore ends with, once
     this process has passed it: on several processes the others may wait in it."""
     if jax.process_count() > 1:
-      # The key's prefix as Orbax's checkpointer makes it: None for the synchronous one, '' for
-      # the asynchronous one (its barrier is then '_Checkpointer:restore').
+      # The key's prefix as Orbax's checkpointer makes it: None if synchronous, else ''.
       prefix = getattr(
         self._manager._checkpointer,  # noqa: SLF001 - the barrier is Orbax's own
         "_barrier_sync_key_prefix",
@@ -367,12 +347,7 @@ class Checkpointer:
     return restored[_STATE], restored[_DATA]
 
   def wait(self) -> None:
-    """Blocks until pending asynchronous saves are complete, saying so every
-    storage_wait.NOTICE_EVERY_S.
-
-    Raises:
-      CheckpointSaveError: the save in flight failed.
-    """
+    """Blocks until the save in flight is complete (CheckpointSaveError if it failed)."""
     step = "" if self._writing is None else f" step {self._writing}"
     notices = storage_wait.Notices(f"saving checkpoint{step} to {self.directory}")
     try:
@@ -397,8 +372,7 @@ class _ArrayHandler(ocp.type_handlers.ArrayHandler):
 
 
 def _bounded(infos: Any) -> list[Any]:
-  """Copies of Orbax's ParamInfos (plain objects, shared with their caller) whose TensorStore
-  context sets RESTORE_REQUEST_RETRIES, inheriting every other resource from theirs."""
+  """Copies of Orbax's ParamInfos whose TensorStore context sets RESTORE_REQUEST_RETRIES."""
   bounded = []
   for info in infos:
     info = copy.copy(info)
@@ -410,9 +384,8 @@ def _bounded(infos: Any) -> list[Any]:
 
 @functools.cache
 def _register_array_handler() -> None:
-  """Orbax's handler of jax.Array with MIN_REPLICA_SLICE_BYTES and the restore's bounded
-  retries, once per process (its registry is per process: every Orbax save and restore of this
-  process then uses it; the files written are the same)."""
+  """Registers Orbax's handler of jax.Array with MIN_REPLICA_SLICE_BYTES and bounded restore
+  retries for every save and restore of this process (the files written are the same)."""
   from orbax.checkpoint._src.metadata import array_metadata_store  # as Orbax's default has
 
   ocp.type_handlers.register_type_handler(
@@ -486,12 +459,8 @@ def _state_dir(path: epath.Path) -> epath.Path:
 
 
 def committed_steps(path: str | os.PathLike) -> list[int]:
-  """Steps under `path` (a workdir or its `checkpoints/`) that Orbax has committed.
-
-  Orbax's own discovery, the one CheckpointManager resumes from: a step counts once it was
-  renamed from its temporary directory (or, on object stores, carries the commit marker), so a
-  half-written step is never read.
-  """
+  """Steps under `path` (a workdir or its `checkpoints/`) that Orbax has committed (renamed from
+  its temporary directory, or with the commit marker on object stores), by Orbax's discovery."""
   path = _absolute(path)
   if (path / CHECKPOINT_DIR).is_dir():
     path = path / CHECKPOINT_DIR
