@@ -67,6 +67,7 @@ _ROWS = (
 )  # fmt: skip
 _TIMM_QKV = re.compile(r"^blocks\.(\d+)\.attn\.qkv\.(weight|bias)$")
 _HF_PREFIX = "vit."  # ViTForImageClassification's backbone; its `classifier` is not prefixed.
+_PATCH = {TIMM: "patch_embed.proj.weight", HF: "embeddings.patch_embeddings.projection.weight"}
 
 # Parameters of architectures this ViT cannot represent: (pattern, what it is).
 _UNSUPPORTED = (
@@ -93,10 +94,9 @@ _UNSUPPORTED = (
 def layout_of(flat: Mapping[str, Any]) -> str | None:
   """`TIMM`, `HF` or None (not a PyTorch ViT state dict) for flat `{name: array}`."""
   names = set(_strip_module_prefix(flat))
-  if "patch_embed.proj.weight" in names or "patch_embed.proj.bias" in names:
+  if _PATCH[TIMM] in names or "patch_embed.proj.bias" in names:
     return TIMM
-  hf_patch = "embeddings.patch_embeddings.projection.weight"
-  if hf_patch in names or _HF_PREFIX + hf_patch in names:
+  if _PATCH[HF] in names or _HF_PREFIX + _PATCH[HF] in names:
     return HF
   return None
 
@@ -159,40 +159,34 @@ _HF = _compiled(1, "encoder.layer.{i}.") + _compiled(2, "layers.{i}.", read_only
 def _to_ours(kind: str, leaf: str, value: np.ndarray, num_heads: int, name: str) -> np.ndarray:
   if kind in ("same", "norm") or (leaf == "bias" and kind != "heads"):
     return value
-  if kind == "heads":
-    if value.shape[0] % num_heads:
-      raise ValueError(
-        f"{name!r} {value.shape}: {value.shape[0]} is not divisible by {num_heads} heads"
-      )
-    if leaf == "bias":
-      return value.reshape(num_heads, -1)  # [heads, head_dim]
-    return value.T.reshape(value.shape[1], num_heads, -1)  # [in, heads, head_dim]
-  _check_ndim(name, value, {"linear": 2, "out": 2, "conv": 4}[kind])
+  if kind != "heads":
+    _check_ndim(name, value, {"linear": 2, "out": 2, "conv": 4}[kind])
   if kind == "linear":
     return value.T
   if kind == "conv":
     return value.transpose(2, 3, 1, 0)
-  if value.shape[1] % num_heads:
-    raise ValueError(
-      f"{name!r} {value.shape}: {value.shape[1]} is not divisible by {num_heads} heads"
-    )
-  return value.T.reshape(num_heads, -1, value.shape[0])  # out: [heads, head_dim, out]
+  width = value.shape[0 if kind == "heads" else 1]  # heads * head_dim
+  if width % num_heads:
+    raise ValueError(f"{name!r} {value.shape}: {width} is not divisible by {num_heads} heads")
+  if kind == "out":
+    return value.T.reshape(num_heads, -1, value.shape[0])  # [heads, head_dim, out]
+  if leaf == "bias":
+    return value.reshape(num_heads, -1)  # [heads, head_dim]
+  return value.T.reshape(value.shape[1], num_heads, -1)  # [in, heads, head_dim]
 
 
 def _to_torch(kind: str, leaf: str, value: np.ndarray, name: str) -> np.ndarray:
   if kind in ("same", "norm") or (leaf == "bias" and kind != "heads"):
-    out = value
-  elif kind == "heads":
-    out = value.reshape(-1) if leaf == "bias" else value.reshape(value.shape[0], -1).T
-  else:
-    _check_ndim(name, value, {"linear": 2, "out": 3, "conv": 4}[kind])
-    if kind == "linear":
-      out = value.T
-    elif kind == "conv":
-      out = value.transpose(3, 2, 0, 1)
-    else:  # out: [heads, head_dim, D] -> [D, heads * head_dim]
-      out = value.reshape(-1, value.shape[-1]).T
-  return np.ascontiguousarray(out)
+    return np.ascontiguousarray(value)
+  if kind == "heads":
+    return np.ascontiguousarray(
+      value.reshape(-1) if leaf == "bias" else value.reshape(value.shape[0], -1).T
+    )
+  _check_ndim(name, value, {"linear": 2, "out": 3, "conv": 4}[kind])
+  if kind == "conv":
+    return np.ascontiguousarray(value.transpose(3, 2, 0, 1))
+  # linear: [in, out] -> [out, in]; out: [heads, head_dim, D] -> [D, heads * head_dim]
+  return np.ascontiguousarray(value.reshape(-1, value.shape[-1]).T)
 
 
 def _check_ndim(name, value, ndim):
@@ -273,9 +267,7 @@ def from_torch(
 
 
 def _width(flat, layout):
-  name = (
-    "patch_embed.proj.weight" if layout == TIMM else "embeddings.patch_embeddings.projection.weight"
-  )
+  name = _PATCH[layout]
   for key, value in flat.items():
     if key.endswith(name):
       return int(np.shape(value)[0])
