@@ -28,9 +28,8 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> dict[str, Any
 
   Args:
     path: `.npz` or `.safetensors` (local or `gs://`), or an Orbax workdir, its `checkpoints/`
-      or one step directory `checkpoints/<step>` (of a run with Polyak averaging: the average,
-      the weights its evaluators reported; see train_state.restore_params).
-    num_heads: attention heads of a PyTorch-layout file (see vit_jax.checkpoint.weights.npz.load).
+      or one step directory (with Polyak averaging, the average: train_state.restore_params).
+    num_heads: attention heads of a PyTorch-layout file (see weights.npz.load).
   """
   if npz.is_params_file(path):
     return npz.load(path, num_heads)  # (it refuses pickles with a message saying so)
@@ -60,11 +59,9 @@ def load_model(
 ) -> Loaded:
   """The model, parameters and configs of any checkpoint (see `load`), ready to apply.
 
-  `model_config` overrides the architecture; otherwise it is the workdir's saved one or the
-  one the parameter shapes imply (`model_config_from_params`). The head's width is the
-  checkpoint's (no head: the model returns its representation). Parameters of masked patch
-  prediction (`mpp_head`, `mask_embedding`) are dropped: the model is the plain ViT; so is the
-  table a `posemb='sincos2d'` model computes itself (`adapt.ignore_sincos_table`).
+  `model_config` overrides the architecture (else `load_backbone`'s). The head's width is the
+  checkpoint's (no head: the model returns its representation). Masked patch prediction's
+  parameters are dropped (the plain ViT), and so is a sincos2d model's table.
   """
   model_config, params, stage_config = load_backbone(os.fspath(path), model_config)
   params = {k: v for k, v in params.items() if k not in mpp.PARAMS}
@@ -85,11 +82,8 @@ def load_model(
 
 
 def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDict:
-  """Reconstructs a ViT's (or BiT ResNet's) model config from its parameter names and shapes:
-  patch size, width, depth (stacked blocks or not), heads, MLP width, classifier, DeiT's
-  distillation token, representation size, `posemb='sincos2d'` without a table, a hybrid's
-  ResNet. The GELU (`gelu_approximate`) is not in the shapes: it keeps its default.
-  """
+  """Reconstructs a ViT's (or BiT ResNet's) model config from its parameter names and shapes.
+  The GELU (`gelu_approximate`) is not in the shapes: it keeps its default."""
   if "root_block" in params:  # a BiT ResNet (vit_jax.models.bit)
     return _bit_config(params)
   p, _, _, hidden = np.shape(params["embedding"]["kernel"])
@@ -133,34 +127,23 @@ def _bit_config(params: dict[str, Any]) -> ml_collections.ConfigDict:
   return models.bit_config("inferred", units, 1, base_width=width)
 
 
-def _checkpoint_dir(path: str) -> epath.Path | None:
-  """The workdir that holds a checkpoint path (None for a file such as an `.npz`)."""
-  path = epath.Path(path)
-  for candidate in (path, path.parent, path.parent.parent):
-    if (candidate / workdir_lib.CONFIG_FILE).exists():
-      return candidate
-  return None
-
-
 def saved_config(path: str) -> ml_collections.ConfigDict | None:
-  """The stage config saved (as `config.json`) in the workdir of checkpoint `path`, if any.
-
-  A timm or transformers `config.json` beside a `.safetensors` file is not a stage config (see
-  `load_backbone`).
+  """The stage config saved (as `config.json`) in the workdir of checkpoint `path`, if any (a
+  timm or transformers `config.json` beside a `.safetensors` file is not one).
 
   Raises:
     json_file.InvalidFile: the file is not a JSON object (one line naming it and what to do).
   """
   if str(path).endswith(".safetensors"):
     return None
-  if str(path).endswith(".npz"):
-    directory = epath.Path(path).parent
-    if not (directory / workdir_lib.CONFIG_FILE).exists():
-      return None
-  else:
-    directory = _checkpoint_dir(path)
-    if directory is None:
-      return None
+  path = epath.Path(path)
+  # An .npz's own directory; a workdir, its checkpoints/ or a step directory.
+  candidates = (
+    [path.parent] if path.name.endswith(".npz") else [path, path.parent, path.parent.parent]
+  )
+  directory = next((d for d in candidates if (d / workdir_lib.CONFIG_FILE).exists()), None)
+  if directory is None:
+    return None
   try:
     saved = workdir_lib.read_config(directory)
   except json_file.InvalidFile as e:
