@@ -138,20 +138,20 @@ def _reshape_target(shape: Sequence[Any]) -> np.ndarray:
   return np.array([-1 if i in symbolic else int(d) for i, d in enumerate(shape)], np.int64)
 
 
-def _dead_code_free(jaxpr: jex.core.Jaxpr) -> list[Any]:
-  """The equations of `jaxpr` that its outputs depend on (all primitives here are pure): the
-  example ids that the ViT derives from the batch size feed only dropout, absent here."""
-  live = {v for v in jaxpr.outvars if _is_var(v)}
-  kept = []
-  for eqn in reversed(jaxpr.eqns):
-    if any(v in live for v in eqn.outvars):
-      kept.append(eqn)
-      live.update(v for v in eqn.invars if _is_var(v))
-  return kept[::-1]
+def _needed(steps: Sequence[Any], outputs: Any, outs: Callable, ins: Callable) -> tuple[list, set]:
+  """The steps (jaxpr equations, ONNX nodes) that `outputs` depend on, and every name they read:
+  the example ids that the ViT derives from the batch size feed only dropout, absent here, and a
+  pad that a max pooling replaced is left behind unused."""
+  needed, kept = set(outputs), []
+  for step in reversed(steps):
+    if any(o in needed for o in outs(step)):
+      kept.append(step)
+      needed.update(ins(step))
+  return kept[::-1], needed
 
 
-def _is_var(v: Any) -> bool:
-  return not isinstance(v, jex.core.Literal)
+def _vars(vs: Sequence[Any]) -> list[Any]:
+  return [v for v in vs if not isinstance(v, jex.core.Literal)]
 
 
 class _Translator:
@@ -170,7 +170,10 @@ class _Translator:
         return _Value(const=np.asarray(v.val, dtype=v.aval.dtype))
       return env[v]
 
-    for eqn in _dead_code_free(jaxpr):
+    eqns, _ = _needed(
+      jaxpr.eqns, _vars(jaxpr.outvars), lambda e: e.outvars, lambda e: _vars(e.invars)
+    )
+    for eqn in eqns:
       ins = [read(v) for v in eqn.invars]
       outs = self.equation(eqn, ins)
       for var, out in zip(eqn.outvars, outs, strict=True):
@@ -434,17 +437,6 @@ def _same(a: Any, b: Any) -> bool:
   return all(_dim_at(a, n) == _dim_at(b, n) for n in (0, 1, 2))
 
 
-def _reachable(nodes, initializers, output_names):
-  """The nodes and initializers that the outputs depend on (a pad that a max pooling replaced
-  is left behind unused)."""
-  needed, kept = set(output_names), []
-  for node in reversed(nodes):
-    if any(o in needed for o in node.output):
-      kept.append(node)
-      needed.update(node.input)
-  return kept[::-1], [t for t in initializers if t.name in needed]
-
-
 def convert(
   fn: Callable[[jax.Array], Any],
   example_shape: Sequence[int],
@@ -487,7 +479,8 @@ def convert(
       ["batch", *(int(d) for d in example_shape[1:])],
     )
   ]
-  nodes, initializers = _reachable(builder.nodes, builder.initializers, output_names)
+  nodes, needed = _needed(builder.nodes, output_names, lambda n: n.output, lambda n: n.input)
+  initializers = [t for t in builder.initializers if t.name in needed]
   graph = helper.make_graph(nodes, "vit_jax", inputs, outputs, initializers)
   model = helper.make_model(
     graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="vit_jax", doc_string=doc
