@@ -320,28 +320,15 @@ def _acquire(store, record: dict[str, Any], workdir: str, lease: float) -> str |
   return f"{workdir}: could not take its lock ({path}): other launches are taking it at once"
 
 
-class _Renewal:
-  """A daemon thread renewing the lock every quarter of the lease until `stop`."""
-
-  def __init__(self, store, token: str, workdir: str, lease: float):
-    self._stop = threading.Event()
-    self._thread = threading.Thread(
-      target=self._run, args=(store, token, workdir, lease / 4), name="workdir_lock", daemon=True
-    )
-    self._thread.start()
-
-  def _run(self, store, token, workdir, every):
-    while not self._stop.wait(every):
-      try:
-        if not store.renew(token):
-          logging.error("the lock of %s is no longer this run's (taken over or removed)", workdir)
-          return
-      except Exception as e:  # noqa: BLE001 - a transient storage error: the next renewal retries
-        logging.warning("could not renew the lock of %s: %s", workdir, e)
-
-  def stop(self) -> None:
-    self._stop.set()
-    self._thread.join(timeout=30)
+def _renew(store, token: str, workdir: str, every: float, stop: threading.Event) -> None:
+  """Renews the lock every `every` seconds until `stop` is set (a daemon thread's loop)."""
+  while not stop.wait(every):
+    try:
+      if not store.renew(token):
+        logging.error("the lock of %s is no longer this run's (taken over or removed)", workdir)
+        return
+    except Exception as e:  # noqa: BLE001 - a transient storage error: the next renewal retries
+      logging.warning("could not renew the lock of %s: %s", workdir, e)
 
 
 @contextlib.contextmanager
@@ -373,12 +360,17 @@ def lock(workdir: str, lease_s: float | None = None) -> Iterator[None]:
     refusal = f"{workdir} is in use by another run (process 0 names it)"
   if refusal is not None:
     raise WorkdirLocked(refusal)
-  renewal = _Renewal(store, record["token"], workdir, lease) if store is not None else None
+  stop = threading.Event()
+  if store is not None:
+    args = (store, record["token"], workdir, lease / 4, stop)
+    renewal = threading.Thread(target=_renew, args=args, name="workdir_lock", daemon=True)
+    renewal.start()
   try:
     yield
   finally:
-    if renewal is not None:
-      renewal.stop()
+    if store is not None:
+      stop.set()
+      renewal.join(timeout=30)
       seen = store.read()
       if seen is not None and _token(seen.text) == record["token"]:
         store.remove()
