@@ -158,17 +158,9 @@ def saved_config(path: str) -> ml_collections.ConfigDict | None:
 def load_backbone(
   path: str, model_config: ml_collections.ConfigDict | None = None
 ) -> tuple[ml_collections.ConfigDict, dict[str, Any], ml_collections.ConfigDict | None]:
-  """Reads a checkpoint of any stage and the architecture that goes with it.
-
-  Args:
-    path: `.npz`, timm / Hugging Face `.safetensors`, an Orbax workdir, its `checkpoints/` or
-      one step directory.
-    model_config: the architecture; None takes it from the saved `config.json`, else from the
-      parameter shapes (and, for `.safetensors`, the GELU of the timm / transformers
-      `config.json` beside it: exact unless it says otherwise, as both libraries default).
-
-  Returns:
-    (model config, params as a nested dict of numpy arrays, the saved stage config or None).
+  """(model config, params, the saved stage config or None) of a checkpoint of any stage (see
+  `load`). `model_config` None takes the saved `config.json`'s, else the parameter shapes' (and
+  for `.safetensors` the GELU of the timm / transformers `config.json` beside it, else exact).
   """
   params = load(path)
   stage_config = saved_config(path)
@@ -192,19 +184,11 @@ def representation_model(
   representation: str,
   image_size: int | tuple[int, int],
 ) -> tuple[Any, dict[str, Any]]:
-  """A headless model returning the chosen representation, and the parameters it uses.
-
-  Args:
-    model_config: the backbone's architecture.
-    params: the checkpoint's parameters (a head, if any, is dropped).
-    representation: 'pre_logits' (the Dense+tanh layer when the checkpoint has one, else the
-      pooled token), 'pooled' (the class token / average pool before any pre-logits; a BiT
-      ResNet has only its pooled features) or 'blocks' (the model of 'pooled', whose block maps
-      `evaluators.representation_fn` pools).
-    image_size: the input resolution; position embeddings are resized to its patch grid.
-
-  Returns:
-    (the Flax module, its parameters as a nested dict of numpy arrays).
+  """(a headless Flax module, its parameters) returning `representation` of the checkpoint's
+  `params` at `image_size` (position embeddings resized): 'pre_logits' (the Dense+tanh layer
+  when the checkpoint has one, else the pooled token), 'pooled' (the class token / average pool
+  before any pre-logits; all a BiT ResNet has) or 'blocks' (the model of 'pooled', whose block
+  maps `evaluators.representation_fn` pools).
   """
   if representation not in REPRESENTATIONS:
     raise ValueError(f"representation={representation!r}; expected one of {REPRESENTATIONS}")

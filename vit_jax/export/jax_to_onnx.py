@@ -1,8 +1,8 @@
 """Translates a JAX function's jaxpr into an ONNX graph, with a symbolic batch dimension.
 
 Why a translator of our own: neither maintained converter (jax2tf + tf2onnx, jax2onnx) gives a
-working graph for the three model families here (docs/export.md, "ONNX", compares them). A jaxpr is small: the models here use about 40
-primitives, each one ONNX op or a few.
+working graph for the three model families here (docs/export.md, "ONNX", compares them). A
+jaxpr is small: the models here use about 40 primitives, each one ONNX op or a few.
 
 How it works: the function is traced with `jax.export.symbolic_shape("b")` as its batch size.
 Every equation whose inputs are all constants is evaluated at conversion time (weight
@@ -449,14 +449,8 @@ def convert(
 ) -> onnx.ModelProto:
   """An ONNX model computing `fn` on inputs [batch, *example_shape[1:]] of any batch size.
 
-  Args:
-    fn: a function of one array returning an array or a tuple of arrays (closed-over parameters
-      become the graph's initializers).
-    example_shape: the input's shape; its first entry is replaced by the symbolic batch.
-    input_name, output_names: the graph's input and output names.
-    dtype: the input's dtype.
-    doc: the model's doc string.
-    metadata: key → value pairs stored in the model's `metadata_props`.
+  `fn` takes one array and returns an array or a tuple of arrays; its closed-over parameters
+  become the graph's initializers. `metadata` is stored in the model's `metadata_props`.
   """
   (batch,) = export.symbolic_shape(BATCH)
   shape = (batch, *example_shape[1:])

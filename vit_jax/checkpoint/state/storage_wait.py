@@ -2,11 +2,8 @@
 
 A storage client retries a failing request inside one call that does not return to Python until
 it gives up (TensorStore's GCS driver: 32 times, backing off to 32 s; 898 s for one restore in
-the tests), while the run says nothing and a stop signal's handler (vit_jax.runtime.stopping)
-waits. `wait(call, notices, ...)` runs `call` on a daemon thread instead and looks up every
-`_SLICE_S`: `notices` logs what it waits for once nothing was said for NOTICE_EVERY_S, and once
-`stop_requested()` turns True the call has STOP_GRACE_S more to return before `Abandoned` is
-raised (the call goes on in its thread; its result is dropped).
+the tests), while the run says nothing and a stop signal waits. `wait` runs the call on a daemon
+thread instead, says what it waits for, and abandons it on a stop (its result is dropped).
 
 This file must not import TensorFlow.
 """

@@ -57,10 +57,7 @@ class CheckpointSaveError(OSError):
 
 
 class Checkpointer:
-  """Orbax CheckpointManager for train state + data iterator state.
-
-  Every process must call `save`, `restore`, `wait` and `close` (they synchronise).
-  """
+  """The workdir's checkpoints; every process calls `save`, `restore`, `wait` and `close`."""
 
   def __init__(self, workdir: str, every_steps: int, keep: int, asynchronous: bool = True):
     gcs.require_client(workdir)  # Orbax opens a gs:// directory with google-cloud-storage
@@ -89,7 +86,6 @@ class Checkpointer:
     )
 
   def latest_step(self) -> int | None:
-    """The latest complete checkpoint's step, or None."""
     return self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
@@ -309,7 +305,6 @@ class Checkpointer:
     return outcome, why
 
   def _warn_if_newer_moved_aside(self, step: int) -> None:
-    """A warning when an earlier run moved aside steps newer than `step`."""
     moved = self.workdir / BROKEN_DIR
     if not moved.is_dir():
       return
@@ -325,7 +320,7 @@ class Checkpointer:
       )
 
   def _move_aside(self, step: int) -> epath.Path:
-    """Moves step directory `step` to `<workdir>/broken_checkpoints/` (process 0); the target."""
+    """Moves step `step` to `<workdir>/broken_checkpoints/` (process 0); where to."""
     target = self.workdir / BROKEN_DIR / str(step)
     if target.exists():
       target = target.parent / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -361,8 +356,7 @@ class Checkpointer:
 
 
 class _ArrayHandler(ocp.type_handlers.ArrayHandler):
-  """Orbax's handler of jax.Array, whose reads (of arrays and of their metadata) retry a GCS
-  request RESTORE_REQUEST_RETRIES times."""
+  """Orbax's handler of jax.Array, its reads retrying a GCS request RESTORE_REQUEST_RETRIES."""
 
   async def metadata(self, infos):
     return await super().metadata(_bounded(infos))
@@ -437,13 +431,13 @@ def abstract_tree(tree: Any, shardings: Any) -> Any:
 
 
 def _absolute(path: str | os.PathLike) -> epath.Path:
-  """`path` as Orbax needs it: a local path made absolute (Orbax refuses relative ones)."""
+  """`path` with a local path made absolute (Orbax refuses relative ones)."""
   text = os.fspath(path)
   return epath.Path(text if "://" in text else os.path.abspath(text))
 
 
 def _state_dir(path: epath.Path) -> epath.Path:
-  """Finds the `state` item of a workdir, a checkpoints directory or one step directory."""
+  """The `state` item of a workdir, a checkpoints directory or one step directory."""
   if not path.exists():
     raise FileNotFoundError(f"{path}: no such file or directory")
   if not path.is_dir():
@@ -471,18 +465,11 @@ def committed_steps(path: str | os.PathLike) -> list[int]:
 
 
 def restore_params(path: str | os.PathLike, ema: bool | None = None) -> dict[str, Any]:
-  """Reads the parameters of a trainer's Orbax checkpoint (vit_jax.checkpoint.load reads any).
+  """The parameters (nested numpy arrays, on every process) of a trainer's Orbax checkpoint: a
+  workdir or its `checkpoints/` (the latest step), or one step directory.
 
-  Args:
-    path: a workdir (its latest step), its `checkpoints/` directory (latest step) or one step
-      directory `checkpoints/<step>`.
-    ema: of an Orbax checkpoint trained with Polyak averaging (`config.ema_decay`), the
-      averaged parameters (None or True: the ones its evaluators reported) or the raw ones
-      (False). True for a checkpoint without an average raises ValueError.
-
-  Returns:
-    Nested dict of numpy arrays (host memory, on every process), in the module layout of
-    vit_jax.models.vit. Only the parameters are read, not the optimizer state.
+  `ema`: with Polyak averaging (`config.ema_decay`), the average (None or True: what the
+  evaluators reported) or the raw parameters (False); True without an average: ValueError.
   """
   state_dir = _state_dir(_absolute(path))
   checkpointer = ocp.PyTreeCheckpointer()

@@ -60,13 +60,10 @@ def resize_posemb(
   (float32, host CPU, pixel-centre alignment); the prefix slots are kept bit for bit.
 
   Args:
-    posemb: [1, num_prefix_tokens + gh*gw, D].
+    posemb: [1, num_prefix_tokens + gh*gw, D]; the result has new_gh*new_gw, in its dtype.
     new_grid: target grid, `g` for g×g or `(gh, gw)`.
     num_prefix_tokens: leading slots that are not on the grid (1 with a class token, 0 for gap).
     old_grid: `(gh, gw)` of `posemb`; inferred when the grid is square.
-
-  Returns:
-    [1, num_prefix_tokens + new_gh*new_gw, D], in `posemb`'s dtype.
   """
   posemb = np.asarray(posemb)
   if posemb.ndim != 3 or posemb.shape[0] != 1:
@@ -251,18 +248,13 @@ def load_pretrained(
   - encoder blocks are stacked or unstacked as in `init_params`; dtypes follow `init_params`.
 
   Args:
-    path: a weights file (see `load`) or a parameter tree in memory (e.g. restored from a
-      pretraining run's Orbax checkpoint).
-    init_params: the model's parameters (or a variables dict with one 'params' entry). Leaves
-      may be `jax.ShapeDtypeStruct`s except the head's, whose values are used.
-    model_config: the model ConfigDict (`representation_size`, `patch_size`, optional
-      `image_size` and `resnet`).
+    path: a weights file (see `load`) or a parameter tree in memory.
+    init_params: the model's parameters (or variables); leaves may be `jax.ShapeDtypeStruct`s
+      except the head's, whose values are used.
+    model_config: the model ConfigDict.
 
   Returns:
-    Nested dict of numpy arrays with exactly `init_params`' names and shapes.
-
-  Raises:
-    ValueError: the file does not fit the model (`_check_fit`).
+    Nested numpy arrays of exactly `init_params`' names and shapes; else ValueError (_check_fit).
   """
   expected = flatten_params(init_params)
   if isinstance(path, Mapping):

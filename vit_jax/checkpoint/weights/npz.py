@@ -125,13 +125,12 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
 
   Args:
     path: local path, or any `tf.io.gfile` path (`gs://...`) when TensorFlow is installed.
-    num_heads: attention heads of a PyTorch-layout file, whose arrays do not say; None reads it
-      from the `config.json` beside the file, else takes the preset's of the same width.
+    num_heads: attention heads of a PyTorch-layout file; None reads it from the `config.json`
+      beside the file, else takes the preset's of the same width.
 
   Returns:
-    Nested dict of numpy arrays in the published vit_jax layout (BiT: its layout without the
-    `resnet/` prefix). Scan-stacked files stay stacked (`Transformer/encoderblock`); see
-    `stack_encoder_blocks`.
+    Nested dict of numpy arrays in the published layout (BiT: without `resnet/`); scan-stacked
+    files stay stacked.
 
   Raises:
     ValueError: a pickle (by its name), not the archive its name says, truncated or corrupt,

@@ -273,14 +273,12 @@ def _check_complete(out, source, layout):
       f"{source}: no final LayerNorm (timm `norm`, HF `layernorm`): vit_jax's ViT normalises "
       "the tokens before pooling"
     )
-  expected_leaves = {
-    "LayerNorm_0/scale", "LayerNorm_0/bias", "LayerNorm_2/scale", "LayerNorm_2/bias",
-    "MlpBlock_3/Dense_0/kernel", "MlpBlock_3/Dense_0/bias",
-    "MlpBlock_3/Dense_1/kernel", "MlpBlock_3/Dense_1/bias",
-  } | {
-    f"MultiHeadDotProductAttention_1/{p}/{leaf}"
-    for p in ("query", "key", "value", "out") for leaf in ("kernel", "bias")
-  }  # fmt: skip
+  expected_leaves = {  # an encoder block's rows of _ROWS
+    ours.format(b="", a="MultiHeadDotProductAttention_1/", w=leaf)
+    for kind, ours, *_ in _ROWS
+    if ours.startswith(("{b}", "{a}"))
+    for leaf in ("scale" if kind == "norm" else "kernel", "bias")
+  }
   blocks = {}
   for name in out:
     m = re.match(r"^Transformer/encoderblock_(\d+)/(.+)$", name)
@@ -328,9 +326,7 @@ def to_timm(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     ValueError: a parameter timm's ViT has no place for (timm ≥ 0.9 has no `pre_logits`).
   """
   out, qkv = {}, {}  # qkv: (layer, leaf) -> {part: array}
-  qkv_re = re.compile(
-    r"^Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/(query|key|value)/(kernel|bias)$"
-  )
+  qkv_re = re.compile("^" + _ATTN.format(i=r"(\d+)") + "(query|key|value)/(kernel|bias)$")
   for name, value in flat.items():
     value = np.asarray(value)
     m = qkv_re.match(name)
