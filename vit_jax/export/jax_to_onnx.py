@@ -96,6 +96,10 @@ class _Builder:
     self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
     return name
 
+  def ints(self, values: Any, hint: str = "const") -> str:
+    """An int64 constant (shapes, axes, indices)."""
+    return self.const(np.array(values, np.int64), hint)
+
   def name_of(self, value: _Value) -> str:
     if value.name is None:
       value.name = self.const(value.const)
@@ -105,28 +109,26 @@ class _Builder:
     """The input's batch size, int64 [1]."""
     if self._batch is None:
       shape = self.one("Shape", [self.input_name])
-      self._batch = self.one(
-        "Slice", [shape, self.const(np.array([0], np.int64)), self.const(np.array([1], np.int64))]
-      )
+      self._batch = self.one("Slice", [shape, self.ints([0]), self.ints([1])])
     return self._batch
 
   def shape_tensor(self, dims: Sequence[Any]) -> str:
     """int64 [rank] holding `dims`; dimensions linear in the batch are computed from it."""
     if all(_is_static(d) for d in dims):
-      return self.const(np.array([int(d) for d in dims], np.int64), "shape")
+      return self.ints([int(d) for d in dims], "shape")
     parts = []
     for d in dims:
       if _is_static(d):
-        parts.append(self.const(np.array([int(d)], np.int64)))
+        parts.append(self.ints([int(d)]))
         continue
       slope, offset = _dim_at(d, 1) - _dim_at(d, 0), _dim_at(d, 0)
       if _dim_at(d, 2) != 2 * slope + offset:
         raise NotImplementedError(f"dimension {d} is not linear in the batch size")
       part = self.batch()
       if slope != 1:
-        part = self.one("Mul", [part, self.const(np.array([slope], np.int64))])
+        part = self.one("Mul", [part, self.ints([slope])])
       if offset:
-        part = self.one("Add", [part, self.const(np.array([offset], np.int64))])
+        part = self.one("Add", [part, self.ints([offset])])
       parts.append(part)
     return self.one("Concat", parts, axis=0)
 
@@ -211,7 +213,7 @@ class _Translator:
       return lambda eqn, names, ins: self.b.one(_ELEMENTWISE[prim], names)
     if prim in _REDUCE:
       return lambda eqn, names, ins: self.b.one(
-        _REDUCE[prim], [names[0], self.b.const(np.array(eqn.params["axes"], np.int64))], keepdims=0
+        _REDUCE[prim], [names[0], self.b.ints(eqn.params["axes"])], keepdims=0
       )
     raise AttributeError(attr)
 
@@ -259,7 +261,7 @@ class _Translator:
     return self.b.one("Transpose", names, perm=list(eqn.params["permutation"]))
 
   def _squeeze(self, eqn, names, ins, op="Squeeze"):
-    return self.b.one(op, [names[0], self.b.const(np.array(eqn.params["dimensions"], np.int64))])
+    return self.b.one(op, [names[0], self.b.ints(eqn.params["dimensions"])])
 
   def _expand_dims(self, eqn, names, ins):
     return self._squeeze(eqn, names, ins, op="Unsqueeze")
@@ -280,7 +282,7 @@ class _Translator:
     return self.b.one("Concat", names, axis=int(eqn.params["dimension"]))
 
   def _stack(self, eqn, names, ins):
-    axis = self.b.const(np.array([eqn.params["axis"]], np.int64))
+    axis = self.b.ints([eqn.params["axis"]])
     return self.b.one(
       "Concat", [self.b.one("Unsqueeze", [n, axis]) for n in names], axis=eqn.params["axis"]
     )
@@ -297,16 +299,15 @@ class _Translator:
         ends.append(_INT64_MAX)
       else:
         raise NotImplementedError(f"slice ending at the batch-dependent {limit}")
-    args = [np.array([int(s) for s in starts], np.int64), np.array(ends, np.int64)]
-    args += [np.arange(len(starts), dtype=np.int64), np.array(strides, np.int64)]
-    return self.b.one("Slice", [names[0], *(self.b.const(a) for a in args)])
+    args = [[int(s) for s in starts], ends, list(range(len(starts))), strides]
+    return self.b.one("Slice", [names[0], *(self.b.ints(a) for a in args)])
 
   def _pad(self, eqn, names, ins):
     config = eqn.params["padding_config"]
     if any(interior for _, _, interior in config) or any(lo < 0 or hi < 0 for lo, hi, _ in config):
       raise NotImplementedError(f"pad with interior or negative padding {config}")
-    pads = np.array([lo for lo, _, _ in config] + [hi for _, hi, _ in config], np.int64)
-    return self.b.one("Pad", [names[0], self.b.const(pads), names[1]], mode="constant")
+    pads = self.b.ints([lo for lo, _, _ in config] + [hi for _, hi, _ in config])
+    return self.b.one("Pad", [names[0], pads, names[1]], mode="constant")
 
   # -- contractions ----------------------------------------------------------------------------
 
@@ -317,9 +318,7 @@ class _Translator:
     r_free = [i for i in range(rhs.ndim) if i not in rc and i not in rb]
     # x [..., K] @ W [K, N] (Dense layers, the 2-D form of vit's matmul_2d): MatMul.
     if not lb and len(lc) == 1 and lc[0] == lhs.ndim - 1 and rhs.ndim == 2:
-      w = names[1]
-      if rc[0] == 1:
-        w = self._transposed(ins[1], w, (1, 0))
+      w = self._transposed(ins[1], names[1], (1, 0) if rc[0] == 1 else (0, 1))
       return self.b.one("MatMul", [names[0], w])
     # Batched [B.., M, K] @ [B.., K, N] with leading batch dimensions (attention): MatMul.
     k = len(lb)
@@ -390,16 +389,9 @@ class _Translator:
     else:
       source = None
       x = self.b.one("Transpose", names, perm=perm)
-    pads = [padding[i][0] + extra[i][0] for i in spatial] + [
-      padding[i][1] + extra[i][1] for i in spatial
-    ]
-    y = self.b.one(
-      "MaxPool",
-      [x],
-      kernel_shape=[window[i] for i in spatial],
-      strides=[strides[i] for i in spatial],
-      pads=pads,
-    )
+    pads = [padding[i][e] + extra[i][e] for e in (0, 1) for i in spatial]  # all starts, then ends
+    kernel, stride = [window[i] for i in spatial], [strides[i] for i in spatial]
+    y = self.b.one("MaxPool", [x], kernel_shape=kernel, strides=stride, pads=pads)
     if source is not None:
       out_shape = eqn.outvars[0].aval.shape
       touches = np.zeros([int(out_shape[i]) for i in spatial], bool)
@@ -424,7 +416,7 @@ class _Translator:
     return self.b.one("Cast", [out], to=to)
 
   def _top_k(self, eqn, names, ins):
-    k = self.b.const(np.array([eqn.params["k"]], np.int64))
+    k = self.b.ints([eqn.params["k"]])
     values, indices = self.b.node("TopK", [names[0], k], n_out=2, axis=-1, largest=1, sorted=1)
     return [values, self.b.one("Cast", [indices], to=TensorProto.INT32)]
 
