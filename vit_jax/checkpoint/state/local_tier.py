@@ -126,14 +126,9 @@ class LocalTier:
     if not self.enabled:
       return False
     self._last_save = time.monotonic()
+    items = {_STATE: ocp.args.PyTreeSave(state), _DATA: ocp.args.JsonSave(data_state)}
     try:
-      saved = self._manager.save(
-        step,
-        args=ocp.args.Composite(
-          **{_STATE: ocp.args.PyTreeSave(state), _DATA: ocp.args.JsonSave(data_state)}
-        ),
-        force=True,
-      )
+      saved = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
     except Exception as e:  # noqa: BLE001 - the persistent tier still holds the run
       self._failed(e, step)
       return False
@@ -168,19 +163,13 @@ class LocalTier:
     if not common or (at_least is not None and max(common) < at_least):
       return None
     step = max(common)
+    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_state)
+    items = {
+      _STATE: ocp.args.PyTreeRestore(item=abstract_state, restore_args=restore_args),
+      _DATA: ocp.args.JsonRestore(),
+    }
     try:
-      restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(
-          **{
-            _STATE: ocp.args.PyTreeRestore(
-              item=abstract_state,
-              restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
-            ),
-            _DATA: ocp.args.JsonRestore(),
-          }
-        ),
-      )
+      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
       reason = ""
     except Exception as e:  # noqa: BLE001 - the workdir's steps are used instead
       restored, reason = None, train_state._first_line(e)

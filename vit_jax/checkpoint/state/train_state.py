@@ -79,10 +79,7 @@ class Checkpointer:
       self.directory,
       options=options,
       item_names=(_STATE, _DATA),
-      item_handlers={
-        _STATE: ocp.StandardCheckpointHandler(),
-        _DATA: ocp.JsonCheckpointHandler(),
-      },
+      item_handlers={_STATE: ocp.StandardCheckpointHandler(), _DATA: ocp.JsonCheckpointHandler()},
     )
 
   def latest_step(self) -> int | None:
@@ -103,9 +100,8 @@ class Checkpointer:
   def save(self, step: int, state: Any, data_state: Any, force: bool = False) -> bool:
     """Starts writing `state` (global arrays) and `data_state` (JSON) at `step`, once the save in
     flight is done; CheckpointSaveError if this save or the one before it failed."""
-    args = ocp.args.Composite(
-      **{_STATE: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(data_state)}
-    )
+    items = {_STATE: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(data_state)}
+    args = ocp.args.Composite(**items)
     try:
       # Orbax reports here the failure of the previous asynchronous save, if any.
       saved = storage_wait.wait(
@@ -241,28 +237,23 @@ class Checkpointer:
         )
       if agreed == _BROKEN:
         return why
+      failed = (
+        f"{doing} failed {attempt + 1} times, without evidence that the step is broken: {why}"
+      )
       if attempt == len(delays):
         raise restore_faults.CheckpointRestoreError(
-          f"{doing} failed {attempt + 1} times, without evidence that the step is broken: "
-          f"{why}; nothing was moved. Rerun the same command once the cause is gone"
+          f"{failed}; nothing was moved. Rerun the same command once the cause is gone"
         )
-      logging.warning(
-        "%s failed (%s); retrying in %g s (retry %d of %d)",
-        doing,
-        why,
-        delays[attempt],
-        attempt + 1,
-        len(delays),
-      )
+      retry, delay = f"retry {attempt + 1} of {len(delays)}", delays[attempt]
+      logging.warning("%s failed (%s); retrying in %g s (%s)", doing, why, delay, retry)
       notices.said()
-      wake = time.monotonic() + delays[attempt]
+      wake = time.monotonic() + delay
       while time.monotonic() < wake and not stop_requested():
-        time.sleep(min(0.1, delays[attempt]))
-        notices.tick(f" (before retry {attempt + 1} of {len(delays)})")
+        time.sleep(min(0.1, delay))
+        notices.tick(f" (before {retry})")
       if stop_requested():  # on every process (the notice reaches all): no more retries
         raise restore_faults.CheckpointRestoreError(
-          f"{doing} failed {attempt + 1} times, without evidence that the step is broken: "
-          f"{why}; a stop was requested before the next retry; nothing was moved"
+          f"{failed}; a stop was requested before the next retry; nothing was moved"
         )
     raise AssertionError("unreachable")
 
@@ -332,12 +323,8 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
     """Restores (state, data_state) of `step` onto `abstract_state`'s shapes and shardings."""
-    restored = self._manager.restore(
-      step,
-      args=ocp.args.Composite(
-        **{_STATE: ocp.args.StandardRestore(abstract_state), _DATA: ocp.args.JsonRestore()}
-      ),
-    )
+    items = {_STATE: ocp.args.StandardRestore(abstract_state), _DATA: ocp.args.JsonRestore()}
+    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     logging.info("checkpoint: restored step %d from %s", step, self.directory)
     return restored[_STATE], restored[_DATA]
 
