@@ -77,10 +77,6 @@ def load_model(
   return Loaded(model=model, params=params, model_config=model_config, config=stage_config)
 
 
-# ---------------------------------------------------------------------------------------------
-# The architecture of a checkpoint.
-
-
 def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDict:
   """Reconstructs a ViT's (or BiT ResNet's) model config from its parameter names and shapes.
   The GELU (`gelu_approximate`) is not in the shapes: it keeps its default."""

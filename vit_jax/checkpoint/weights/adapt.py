@@ -35,11 +35,6 @@ _NO_TABLE = (
   "model must have posemb='sincos2d' too (config.model.posemb), or write the table into the "
   "parameters first with checkpoint.with_posemb_table"
 )
-
-
-# ---------------------------------------------------------------------------------------------
-# Position embeddings.
-
 # The heads a new task replaces: the classifier's and DeiT's distillation head.
 _HEADS = ("head/", "head_dist/")
 
@@ -229,10 +224,6 @@ def fit_posemb(
     }
     params["Transformer"] = transformer
   return params
-
-
-# ---------------------------------------------------------------------------------------------
-# Fine-tuning from a pretrained file.
 
 
 def load_pretrained(

@@ -45,10 +45,6 @@ WEIGHTS_CONFIG_FILE = "config.json"
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
 
-# ---------------------------------------------------------------------------------------------
-# Trees and files.
-
-
 def flatten_params(params: Mapping[str, Any]) -> dict[str, Any]:
   """Flattens nested dicts to `{'a/b/c': leaf}` in insertion order; jax arrays become numpy."""
   flat = {}
@@ -290,10 +286,6 @@ def _write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], Any])
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
-
-
-# ---------------------------------------------------------------------------------------------
-# Stacked (scan) and unstacked encoder blocks.
 
 
 def stack_encoder_blocks(params: Mapping[str, Any]) -> Params:
