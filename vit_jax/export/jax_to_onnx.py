@@ -1,16 +1,10 @@
 """Translates a JAX function's jaxpr into an ONNX graph, with a symbolic batch dimension.
 
-Why a translator of our own: neither maintained converter (jax2tf + tf2onnx, jax2onnx) gives a
-working graph for the three model families here (docs/export.md, "ONNX", compares them). A
-jaxpr is small: the models here use about 40 primitives, each one ONNX op or a few.
-
-How it works: the function is traced with `jax.export.symbolic_shape("b")` as its batch size.
-Every equation whose inputs are all constants is evaluated at conversion time (weight
-standardisation, parameter reshapes, broadcasts of biases), so the graph holds only what depends
-on the input. Calls (`jit`, `custom_jvp_call`, `custom_vjp_call`) are inlined. Shapes that
+docs/export.md ("ONNX") says why a translator of our own and how it works. The function is traced
+with `jax.export.symbolic_shape("b")` as its batch size; equations whose inputs are all constants
+are evaluated at conversion time, so the graph holds only what depends on the input. Shapes that
 depend on the batch become `-1` in a Reshape, or are computed from `Shape(input)` where an
-`Expand` needs them. NHWC convolutions and pooling run as ONNX's NCHW ops between transposes;
-onnxruntime's optimiser folds the transposes of consecutive ones.
+`Expand` needs them. NHWC convolutions and pooling run as ONNX's NCHW ops between transposes.
 
 Unsupported primitives raise NotImplementedError naming them. This module imports onnx (not
 TensorFlow) and is imported only by the export tool.
@@ -367,11 +361,9 @@ class _Translator:
     return self.b.one("Transpose", [y], perm=list(np.argsort(out_spec)))
 
   def _reduce_window_max(self, eqn, names, ins):
-    """MaxPool between transposes. A max pooling of a constant-padded map (BiT's root pads with
-    zeros) pools the unpadded map with the padding in MaxPool's `pads` (which count as -inf)
-    and takes the maximum with the padding value where a window reaches into the padding: the
-    same numbers, and onnxruntime's Pad+MaxPool fusion, which wrongly treats zero padding as
-    -inf, finds no Pad to fuse."""
+    """MaxPool between transposes. Of a constant-padded map (BiT's root), it pools the unpadded
+    map and takes the maximum with the padding value at the windows that reach into the padding,
+    so that onnxruntime's Pad+MaxPool fusion (padding as -inf) finds no Pad (docs/export.md)."""
     p = eqn.params
     window, strides, padding = p["window_dimensions"], p["window_strides"], p["padding"]
     rank = len(window)
