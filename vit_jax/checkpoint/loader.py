@@ -28,9 +28,8 @@ def load(path: str | os.PathLike, num_heads: int | None = None) -> dict[str, Any
 
   Args:
     path: `.npz` or `.safetensors` (local or `gs://`), or an Orbax workdir, its `checkpoints/`
-      or one step directory `checkpoints/<step>` (of a run with Polyak averaging: the average,
-      the weights its evaluators reported; see train_state.restore_params).
-    num_heads: attention heads of a PyTorch-layout file (see vit_jax.checkpoint.weights.npz.load).
+      or one step directory (with Polyak averaging, the average: train_state.restore_params).
+    num_heads: attention heads of a PyTorch-layout file (see weights.npz.load).
   """
   if npz.is_params_file(path):
     return npz.load(path, num_heads)  # (it refuses pickles with a message saying so)
@@ -60,11 +59,9 @@ def load_model(
 ) -> Loaded:
   """The model, parameters and configs of any checkpoint (see `load`), ready to apply.
 
-  `model_config` overrides the architecture; otherwise it is the workdir's saved one or the
-  one the parameter shapes imply (`model_config_from_params`). The head's width is the
-  checkpoint's (no head: the model returns its representation). Parameters of masked patch
-  prediction (`mpp_head`, `mask_embedding`) are dropped: the model is the plain ViT; so is the
-  table a `posemb='sincos2d'` model computes itself (`adapt.ignore_sincos_table`).
+  `model_config` overrides the architecture (else `load_backbone`'s). The head's width is the
+  checkpoint's (no head: the model returns its representation). Masked patch prediction's
+  parameters are dropped (the plain ViT), and so is a sincos2d model's table.
   """
   model_config, params, stage_config = load_backbone(os.fspath(path), model_config)
   params = {k: v for k, v in params.items() if k not in mpp.PARAMS}
@@ -80,16 +77,9 @@ def load_model(
   return Loaded(model=model, params=params, model_config=model_config, config=stage_config)
 
 
-# ---------------------------------------------------------------------------------------------
-# The architecture of a checkpoint.
-
-
 def model_config_from_params(params: dict[str, Any]) -> ml_collections.ConfigDict:
-  """Reconstructs a ViT's (or BiT ResNet's) model config from its parameter names and shapes:
-  patch size, width, depth (stacked blocks or not), heads, MLP width, classifier, DeiT's
-  distillation token, representation size, `posemb='sincos2d'` without a table, a hybrid's
-  ResNet. The GELU (`gelu_approximate`) is not in the shapes: it keeps its default.
-  """
+  """Reconstructs a ViT's (or BiT ResNet's) model config from its parameter names and shapes.
+  The GELU (`gelu_approximate`) is not in the shapes: it keeps its default."""
   if "root_block" in params:  # a BiT ResNet (vit_jax.models.bit)
     return _bit_config(params)
   p, _, _, hidden = np.shape(params["embedding"]["kernel"])
@@ -133,34 +123,23 @@ def _bit_config(params: dict[str, Any]) -> ml_collections.ConfigDict:
   return models.bit_config("inferred", units, 1, base_width=width)
 
 
-def _checkpoint_dir(path: str) -> epath.Path | None:
-  """The workdir that holds a checkpoint path (None for a file such as an `.npz`)."""
-  path = epath.Path(path)
-  for candidate in (path, path.parent, path.parent.parent):
-    if (candidate / workdir_lib.CONFIG_FILE).exists():
-      return candidate
-  return None
-
-
 def saved_config(path: str) -> ml_collections.ConfigDict | None:
-  """The stage config saved (as `config.json`) in the workdir of checkpoint `path`, if any.
-
-  A timm or transformers `config.json` beside a `.safetensors` file is not a stage config (see
-  `load_backbone`).
+  """The stage config saved (as `config.json`) in the workdir of checkpoint `path`, if any (a
+  timm or transformers `config.json` beside a `.safetensors` file is not one).
 
   Raises:
     json_file.InvalidFile: the file is not a JSON object (one line naming it and what to do).
   """
   if str(path).endswith(".safetensors"):
     return None
-  if str(path).endswith(".npz"):
-    directory = epath.Path(path).parent
-    if not (directory / workdir_lib.CONFIG_FILE).exists():
-      return None
-  else:
-    directory = _checkpoint_dir(path)
-    if directory is None:
-      return None
+  path = epath.Path(path)
+  # An .npz's own directory; a workdir, its checkpoints/ or a step directory.
+  candidates = (
+    [path.parent] if path.name.endswith(".npz") else [path, path.parent, path.parent.parent]
+  )
+  directory = next((d for d in candidates if (d / workdir_lib.CONFIG_FILE).exists()), None)
+  if directory is None:
+    return None
   try:
     saved = workdir_lib.read_config(directory)
   except json_file.InvalidFile as e:
@@ -175,17 +154,9 @@ def saved_config(path: str) -> ml_collections.ConfigDict | None:
 def load_backbone(
   path: str, model_config: ml_collections.ConfigDict | None = None
 ) -> tuple[ml_collections.ConfigDict, dict[str, Any], ml_collections.ConfigDict | None]:
-  """Reads a checkpoint of any stage and the architecture that goes with it.
-
-  Args:
-    path: `.npz`, timm / Hugging Face `.safetensors`, an Orbax workdir, its `checkpoints/` or
-      one step directory.
-    model_config: the architecture; None takes it from the saved `config.json`, else from the
-      parameter shapes (and, for `.safetensors`, the GELU of the timm / transformers
-      `config.json` beside it: exact unless it says otherwise, as both libraries default).
-
-  Returns:
-    (model config, params as a nested dict of numpy arrays, the saved stage config or None).
+  """(model config, params, the saved stage config or None) of a checkpoint of any stage (see
+  `load`). `model_config` None takes the saved `config.json`'s, else the parameter shapes' (and
+  for `.safetensors` the GELU of the timm / transformers `config.json` beside it, else exact).
   """
   params = load(path)
   stage_config = saved_config(path)
@@ -209,19 +180,11 @@ def representation_model(
   representation: str,
   image_size: int | tuple[int, int],
 ) -> tuple[Any, dict[str, Any]]:
-  """A headless model returning the chosen representation, and the parameters it uses.
-
-  Args:
-    model_config: the backbone's architecture.
-    params: the checkpoint's parameters (a head, if any, is dropped).
-    representation: 'pre_logits' (the Dense+tanh layer when the checkpoint has one, else the
-      pooled token), 'pooled' (the class token / average pool before any pre-logits; a BiT
-      ResNet has only its pooled features) or 'blocks' (the model of 'pooled', whose block maps
-      `evaluators.representation_fn` pools).
-    image_size: the input resolution; position embeddings are resized to its patch grid.
-
-  Returns:
-    (the Flax module, its parameters as a nested dict of numpy arrays).
+  """(a headless Flax module, its parameters) returning `representation` of the checkpoint's
+  `params` at `image_size` (position embeddings resized): 'pre_logits' (the Dense+tanh layer
+  when the checkpoint has one, else the pooled token), 'pooled' (the class token / average pool
+  before any pre-logits; all a BiT ResNet has) or 'blocks' (the model of 'pooled', whose block
+  maps `evaluators.representation_fn` pools).
   """
   if representation not in REPRESENTATIONS:
     raise ValueError(f"representation={representation!r}; expected one of {REPRESENTATIONS}")

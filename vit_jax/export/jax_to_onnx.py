@@ -1,19 +1,10 @@
 """Translates a JAX function's jaxpr into an ONNX graph, with a symbolic batch dimension.
 
-Why a translator of our own: neither maintained converter gives a working graph for the three
-model families here (docs/export.md has the comparison). jax2tf's SavedModels hold the model as
-one `XlaCallModule` op (StableHLO), which tf2onnx cannot read; tf2onnx's LiteRT route lacks
-LiteRT's GELU op and breaks the symbolic batch; jax2onnx cannot be installed beside this package
-(its releases since 0.13.1 cap orbax-checkpoint below 0.11.37) and fails on the BiT ResNet's max
-pooling. A jaxpr is small: the models here use about 40 primitives, each one ONNX op or a few.
-
-How it works: the function is traced with `jax.export.symbolic_shape("b")` as its batch size.
-Every equation whose inputs are all constants is evaluated at conversion time (weight
-standardisation, parameter reshapes, broadcasts of biases), so the graph holds only what depends
-on the input. Calls (`jit`, `custom_jvp_call`, `custom_vjp_call`) are inlined. Shapes that
+docs/export.md ("ONNX") says why a translator of our own and how it works. The function is traced
+with `jax.export.symbolic_shape("b")` as its batch size; equations whose inputs are all constants
+are evaluated at conversion time, so the graph holds only what depends on the input. Shapes that
 depend on the batch become `-1` in a Reshape, or are computed from `Shape(input)` where an
-`Expand` needs them. NHWC convolutions and pooling run as ONNX's NCHW ops between transposes;
-onnxruntime's optimiser folds the transposes of consecutive ones.
+`Expand` needs them. NHWC convolutions and pooling run as ONNX's NCHW ops between transposes.
 
 Unsupported primitives raise NotImplementedError naming them. This module imports onnx (not
 TensorFlow) and is imported only by the export tool.
@@ -36,49 +27,19 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 18
 BATCH = "b"
 
-_UNARY = {
-  "exp": "Exp",
-  "log": "Log",
-  "tanh": "Tanh",
-  "sqrt": "Sqrt",
-  "neg": "Neg",
-  "abs": "Abs",
-  "erf": "Erf",
-  "logistic": "Sigmoid",
-  "sign": "Sign",
-  "floor": "Floor",
-  "ceil": "Ceil",
-  "sin": "Sin",
-  "cos": "Cos",
-  "not": "Not",
+# jax primitive -> ONNX op of the same inputs and no attributes.
+_ELEMENTWISE = {
+  p: p.capitalize()
+  for p in "exp log tanh sqrt neg abs erf sign floor ceil sin cos not add sub mul div max min pow "
+  "and or".split()
 }
-_BINARY = {
-  "add": "Add",
-  "sub": "Sub",
-  "mul": "Mul",
-  "div": "Div",
-  "max": "Max",
-  "min": "Min",
-  "pow": "Pow",
-  "gt": "Greater",
-  "lt": "Less",
-  "ge": "GreaterOrEqual",
-  "le": "LessOrEqual",
-  "eq": "Equal",
-  "and": "And",
-  "or": "Or",
-}
+_ELEMENTWISE.update(logistic="Sigmoid", gt="Greater", lt="Less", ge="GreaterOrEqual")
+_ELEMENTWISE.update(le="LessOrEqual", eq="Equal")
 _REDUCE = {"reduce_sum": "ReduceSum", "reduce_max": "ReduceMax", "reduce_min": "ReduceMin"}
 # Primitives that compute nothing at inference.
 _IDENTITY = ("stop_gradient", "copy", "copy_p", "optimization_barrier", "pvary")
-# Call primitives, inlined: the parameter holding the callee.
-_CALLS = {
-  "jit": "jaxpr",
-  "pjit": "jaxpr",
-  "closed_call": "call_jaxpr",
-  "custom_jvp_call": "call_jaxpr",
-  "custom_vjp_call": "call_jaxpr",
-}
+# Call primitives, inlined (the callee is their `jaxpr` or `call_jaxpr` parameter).
+_CALLS = ("jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call")
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -129,6 +90,10 @@ class _Builder:
     self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
     return name
 
+  def ints(self, values: Any, hint: str = "const") -> str:
+    """An int64 constant (shapes, axes, indices)."""
+    return self.const(np.array(values, np.int64), hint)
+
   def name_of(self, value: _Value) -> str:
     if value.name is None:
       value.name = self.const(value.const)
@@ -138,28 +103,26 @@ class _Builder:
     """The input's batch size, int64 [1]."""
     if self._batch is None:
       shape = self.one("Shape", [self.input_name])
-      self._batch = self.one(
-        "Slice", [shape, self.const(np.array([0], np.int64)), self.const(np.array([1], np.int64))]
-      )
+      self._batch = self.one("Slice", [shape, self.ints([0]), self.ints([1])])
     return self._batch
 
   def shape_tensor(self, dims: Sequence[Any]) -> str:
     """int64 [rank] holding `dims`; dimensions linear in the batch are computed from it."""
     if all(_is_static(d) for d in dims):
-      return self.const(np.array([int(d) for d in dims], np.int64), "shape")
+      return self.ints([int(d) for d in dims], "shape")
     parts = []
     for d in dims:
       if _is_static(d):
-        parts.append(self.const(np.array([int(d)], np.int64)))
+        parts.append(self.ints([int(d)]))
         continue
       slope, offset = _dim_at(d, 1) - _dim_at(d, 0), _dim_at(d, 0)
       if _dim_at(d, 2) != 2 * slope + offset:
         raise NotImplementedError(f"dimension {d} is not linear in the batch size")
       part = self.batch()
       if slope != 1:
-        part = self.one("Mul", [part, self.const(np.array([slope], np.int64))])
+        part = self.one("Mul", [part, self.ints([slope])])
       if offset:
-        part = self.one("Add", [part, self.const(np.array([offset], np.int64))])
+        part = self.one("Add", [part, self.ints([offset])])
       parts.append(part)
     return self.one("Concat", parts, axis=0)
 
@@ -171,20 +134,20 @@ def _reshape_target(shape: Sequence[Any]) -> np.ndarray:
   return np.array([-1 if i in symbolic else int(d) for i, d in enumerate(shape)], np.int64)
 
 
-def _dead_code_free(jaxpr: jex.core.Jaxpr) -> list[Any]:
-  """The equations of `jaxpr` that its outputs depend on (all primitives here are pure): the
-  example ids that the ViT derives from the batch size feed only dropout, absent here."""
-  live = {v for v in jaxpr.outvars if _is_var(v)}
-  kept = []
-  for eqn in reversed(jaxpr.eqns):
-    if any(v in live for v in eqn.outvars):
-      kept.append(eqn)
-      live.update(v for v in eqn.invars if _is_var(v))
-  return kept[::-1]
+def _needed(steps: Sequence[Any], outputs: Any, outs: Callable, ins: Callable) -> tuple[list, set]:
+  """The steps (jaxpr equations, ONNX nodes) that `outputs` depend on, and every name they read:
+  the example ids that the ViT derives from the batch size feed only dropout, absent here, and a
+  pad that a max pooling replaced is left behind unused."""
+  needed, kept = set(outputs), []
+  for step in reversed(steps):
+    if any(o in needed for o in outs(step)):
+      kept.append(step)
+      needed.update(ins(step))
+  return kept[::-1], needed
 
 
-def _is_var(v: Any) -> bool:
-  return not isinstance(v, jex.core.Literal)
+def _vars(vs: Sequence[Any]) -> list[Any]:
+  return [v for v in vs if not isinstance(v, jex.core.Literal)]
 
 
 class _Translator:
@@ -203,7 +166,10 @@ class _Translator:
         return _Value(const=np.asarray(v.val, dtype=v.aval.dtype))
       return env[v]
 
-    for eqn in _dead_code_free(jaxpr):
+    eqns, _ = _needed(
+      jaxpr.eqns, _vars(jaxpr.outvars), lambda e: e.outvars, lambda e: _vars(e.invars)
+    )
+    for eqn in eqns:
       ins = [read(v) for v in eqn.invars]
       outs = self.equation(eqn, ins)
       for var, out in zip(eqn.outvars, outs, strict=True):
@@ -213,7 +179,7 @@ class _Translator:
   def equation(self, eqn, ins: list[_Value]) -> list[_Value]:
     name = eqn.primitive.name
     if name in _CALLS:
-      sub = eqn.params[_CALLS[name]]
+      sub = eqn.params["jaxpr" if "jaxpr" in eqn.params else "call_jaxpr"]
       return self.run(sub.jaxpr, sub.consts, ins)
     # Constant inputs and a shape that does not depend on the batch: evaluated here.
     static = all(_is_static(d) for v in eqn.outvars for d in v.aval.shape)
@@ -237,13 +203,11 @@ class _Translator:
 
   def __getattr__(self, attr: str) -> Callable[..., Any]:
     prim = attr[1:]
-    if prim in _UNARY:
-      return lambda eqn, names, ins: self.b.one(_UNARY[prim], names)
-    if prim in _BINARY:
-      return lambda eqn, names, ins: self.b.one(_BINARY[prim], names)
+    if prim in _ELEMENTWISE:
+      return lambda eqn, names, ins: self.b.one(_ELEMENTWISE[prim], names)
     if prim in _REDUCE:
       return lambda eqn, names, ins: self.b.one(
-        _REDUCE[prim], [names[0], self.b.const(np.array(eqn.params["axes"], np.int64))], keepdims=0
+        _REDUCE[prim], [names[0], self.b.ints(eqn.params["axes"])], keepdims=0
       )
     raise AttributeError(attr)
 
@@ -290,13 +254,11 @@ class _Translator:
   def _transpose(self, eqn, names, ins):
     return self.b.one("Transpose", names, perm=list(eqn.params["permutation"]))
 
-  def _squeeze(self, eqn, names, ins):
-    axes = self.b.const(np.array(eqn.params["dimensions"], np.int64))
-    return self.b.one("Squeeze", [names[0], axes])
+  def _squeeze(self, eqn, names, ins, op="Squeeze"):
+    return self.b.one(op, [names[0], self.b.ints(eqn.params["dimensions"])])
 
   def _expand_dims(self, eqn, names, ins):
-    axes = self.b.const(np.array(eqn.params["dimensions"], np.int64))
-    return self.b.one("Unsqueeze", [names[0], axes])
+    return self._squeeze(eqn, names, ins, op="Unsqueeze")
 
   def _broadcast_in_dim(self, eqn, names, ins):
     shape, dims = eqn.params["shape"], eqn.params["broadcast_dimensions"]
@@ -314,7 +276,7 @@ class _Translator:
     return self.b.one("Concat", names, axis=int(eqn.params["dimension"]))
 
   def _stack(self, eqn, names, ins):
-    axis = self.b.const(np.array([eqn.params["axis"]], np.int64))
+    axis = self.b.ints([eqn.params["axis"]])
     return self.b.one(
       "Concat", [self.b.one("Unsqueeze", [n, axis]) for n in names], axis=eqn.params["axis"]
     )
@@ -331,16 +293,15 @@ class _Translator:
         ends.append(_INT64_MAX)
       else:
         raise NotImplementedError(f"slice ending at the batch-dependent {limit}")
-    args = [np.array([int(s) for s in starts], np.int64), np.array(ends, np.int64)]
-    args += [np.arange(len(starts), dtype=np.int64), np.array(strides, np.int64)]
-    return self.b.one("Slice", [names[0], *(self.b.const(a) for a in args)])
+    args = [[int(s) for s in starts], ends, list(range(len(starts))), strides]
+    return self.b.one("Slice", [names[0], *(self.b.ints(a) for a in args)])
 
   def _pad(self, eqn, names, ins):
     config = eqn.params["padding_config"]
     if any(interior for _, _, interior in config) or any(lo < 0 or hi < 0 for lo, hi, _ in config):
       raise NotImplementedError(f"pad with interior or negative padding {config}")
-    pads = np.array([lo for lo, _, _ in config] + [hi for _, hi, _ in config], np.int64)
-    return self.b.one("Pad", [names[0], self.b.const(pads), names[1]], mode="constant")
+    pads = self.b.ints([lo for lo, _, _ in config] + [hi for _, hi, _ in config])
+    return self.b.one("Pad", [names[0], pads, names[1]], mode="constant")
 
   # -- contractions ----------------------------------------------------------------------------
 
@@ -351,9 +312,7 @@ class _Translator:
     r_free = [i for i in range(rhs.ndim) if i not in rc and i not in rb]
     # x [..., K] @ W [K, N] (Dense layers, the 2-D form of vit's matmul_2d): MatMul.
     if not lb and len(lc) == 1 and lc[0] == lhs.ndim - 1 and rhs.ndim == 2:
-      w = names[1]
-      if rc[0] == 1:
-        w = self._transposed(ins[1], w, (1, 0))
+      w = self._transposed(ins[1], names[1], (1, 0) if rc[0] == 1 else (0, 1))
       return self.b.one("MatMul", [names[0], w])
     # Batched [B.., M, K] @ [B.., K, N] with leading batch dimensions (attention): MatMul.
     k = len(lb)
@@ -402,11 +361,9 @@ class _Translator:
     return self.b.one("Transpose", [y], perm=list(np.argsort(out_spec)))
 
   def _reduce_window_max(self, eqn, names, ins):
-    """MaxPool between transposes. A max pooling of a constant-padded map (BiT's root pads with
-    zeros) pools the unpadded map with the padding in MaxPool's `pads` (which count as -inf)
-    and takes the maximum with the padding value where a window reaches into the padding: the
-    same numbers, and onnxruntime's Pad+MaxPool fusion, which wrongly treats zero padding as
-    -inf, finds no Pad to fuse."""
+    """MaxPool between transposes. Of a constant-padded map (BiT's root), it pools the unpadded
+    map and takes the maximum with the padding value at the windows that reach into the padding,
+    so that onnxruntime's Pad+MaxPool fusion (padding as -inf) finds no Pad (docs/export.md)."""
     p = eqn.params
     window, strides, padding = p["window_dimensions"], p["window_strides"], p["padding"]
     rank = len(window)
@@ -424,16 +381,9 @@ class _Translator:
     else:
       source = None
       x = self.b.one("Transpose", names, perm=perm)
-    pads = [padding[i][0] + extra[i][0] for i in spatial] + [
-      padding[i][1] + extra[i][1] for i in spatial
-    ]
-    y = self.b.one(
-      "MaxPool",
-      [x],
-      kernel_shape=[window[i] for i in spatial],
-      strides=[strides[i] for i in spatial],
-      pads=pads,
-    )
+    pads = [padding[i][e] + extra[i][e] for e in (0, 1) for i in spatial]  # all starts, then ends
+    kernel, stride = [window[i] for i in spatial], [strides[i] for i in spatial]
+    y = self.b.one("MaxPool", [x], kernel_shape=kernel, strides=stride, pads=pads)
     if source is not None:
       out_shape = eqn.outvars[0].aval.shape
       touches = np.zeros([int(out_shape[i]) for i in spatial], bool)
@@ -458,7 +408,7 @@ class _Translator:
     return self.b.one("Cast", [out], to=to)
 
   def _top_k(self, eqn, names, ins):
-    k = self.b.const(np.array([eqn.params["k"]], np.int64))
+    k = self.b.ints([eqn.params["k"]])
     values, indices = self.b.node("TopK", [names[0], k], n_out=2, axis=-1, largest=1, sorted=1)
     return [values, self.b.one("Cast", [indices], to=TensorProto.INT32)]
 
@@ -469,17 +419,6 @@ def _same(a: Any, b: Any) -> bool:
   if _is_static(a) != _is_static(b):
     return False
   return all(_dim_at(a, n) == _dim_at(b, n) for n in (0, 1, 2))
-
-
-def _reachable(nodes, initializers, output_names):
-  """The nodes and initializers that the outputs depend on (a pad that a max pooling replaced
-  is left behind unused)."""
-  needed, kept = set(output_names), []
-  for node in reversed(nodes):
-    if any(o in needed for o in node.output):
-      kept.append(node)
-      needed.update(node.input)
-  return kept[::-1], [t for t in initializers if t.name in needed]
 
 
 def convert(
@@ -494,14 +433,8 @@ def convert(
 ) -> onnx.ModelProto:
   """An ONNX model computing `fn` on inputs [batch, *example_shape[1:]] of any batch size.
 
-  Args:
-    fn: a function of one array returning an array or a tuple of arrays (closed-over parameters
-      become the graph's initializers).
-    example_shape: the input's shape; its first entry is replaced by the symbolic batch.
-    input_name, output_names: the graph's input and output names.
-    dtype: the input's dtype.
-    doc: the model's doc string.
-    metadata: key → value pairs stored in the model's `metadata_props`.
+  `fn` takes one array and returns an array or a tuple of arrays; its closed-over parameters
+  become the graph's initializers. `metadata` is stored in the model's `metadata_props`.
   """
   (batch,) = export.symbolic_shape(BATCH)
   shape = (batch, *example_shape[1:])
@@ -524,7 +457,8 @@ def convert(
       ["batch", *(int(d) for d in example_shape[1:])],
     )
   ]
-  nodes, initializers = _reachable(builder.nodes, builder.initializers, output_names)
+  nodes, needed = _needed(builder.nodes, output_names, lambda n: n.output, lambda n: n.input)
+  initializers = [t for t in builder.initializers if t.name in needed]
   graph = helper.make_graph(nodes, "vit_jax", inputs, outputs, initializers)
   model = helper.make_model(
     graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="vit_jax", doc_string=doc

@@ -1,11 +1,8 @@
-"""Connecting the processes of a multi-host run (`jax.distributed.initialize`), for every entry
-point that runs stages (vit_jax.main, vit_jax.tools.transfer), and agreeing on values between them.
+"""Connecting the processes of a multi-host run (`jax.distributed.initialize`), and agreeing on
+values between them.
 
-On a multi-host TPU VM slice, or a job of several slices whose environment says so, it connects
-automatically (mode 'auto'); elsewhere (CPU or GPU
-clusters) every process passes the coordinator's `host:port`, the number of processes and its
-own index. A single process needs nothing. A process that goes silent ends the others within
-`LOST_PROCESS_TIMEOUT_S` (vit_jax.runtime.liveness, started by vit_jax.runtime.cli).
+On TPU VM slices (one or several) mode 'auto' connects by itself; on CPU or GPU clusters every
+process passes the coordinator's `host:port`, the number of processes and its own index.
 
 The agreement functions (`gather`, `on_every_process`, `largest`, `of_process_0`) are collectives:
 every process calls them at the same point (on one process they only return the value). Values
@@ -21,23 +18,16 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 # How long a process that shows no sign of life takes to count as gone (vit_jax.runtime.liveness):
-# the survivors of a lost host end within about this. Long compiles and restores do not silence a
-# process (its liveness thread runs beside them), a host frozen for this long does.
+# the survivors of a lost host end within about this (compiles and restores do not silence one).
 LOST_PROCESS_TIMEOUT_S = 30.0
 # JAX's default heartbeat timeout: its coordination service then ends every other process from
 # C++ without a word on the terminal, so it is kept at least 3x vit_jax's own.
 _JAX_HEARTBEAT_TIMEOUT_S = 100
 
 
-def jax_heartbeat_timeout_s(lost_process_timeout_s: float) -> int:
-  """jax.distributed's heartbeat timeout for vit_jax's lost-process timeout."""
-  return int(max(_JAX_HEARTBEAT_TIMEOUT_S, 3 * lost_process_timeout_s))
-
-
 def multihost_tpu() -> bool:
-  """Whether this is one of several TPU VM workers: of a multi-host slice, or of a job of several
-  slices (Multislice) whose MEGASCALE_NUM_SLICES is in the environment."""
-  # Set by the TPU VM runtime on every worker of a slice; one entry per host.
+  """Whether this is one of several TPU VM workers: of a multi-host slice (TPU_WORKER_HOSTNAMES)
+  or of several slices (MEGASCALE_NUM_SLICES)."""
   if "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
     return True
   try:
@@ -59,8 +49,7 @@ def initialize(
     mode: 'on' always (cluster auto-detection on TPU, SLURM, ...), 'off' never, 'auto' when
       `coordinator_address` is given or `multihost_tpu()`.
     coordinator_address, num_processes, process_id: for CPU/GPU clusters.
-    lost_process_timeout_s: how long a silent process takes to count as gone
-      (vit_jax.runtime.liveness); JAX's own heartbeat timeout is kept well above it.
+    lost_process_timeout_s: see LOST_PROCESS_TIMEOUT_S; JAX's heartbeat timeout stays above.
   """
   if mode == "off" or (mode == "auto" and not coordinator_address and not multihost_tpu()):
     return False
@@ -68,7 +57,7 @@ def initialize(
     coordinator_address=coordinator_address,
     num_processes=num_processes,
     process_id=process_id,
-    heartbeat_timeout_seconds=jax_heartbeat_timeout_s(lost_process_timeout_s),
+    heartbeat_timeout_seconds=int(max(_JAX_HEARTBEAT_TIMEOUT_S, 3 * lost_process_timeout_s)),
   )
   logging.info(
     "jax.distributed: process %d of %d, %d local / %d global devices",

@@ -1,18 +1,12 @@
 """The workdir lock: one writer per workdir, held as a lease that its holder renews.
 
-While a stage runs, process 0 holds `<workdir>/lock.json` (host, pid, start time, PID namespace,
-a token) and renews it every quarter of its lease (`LEASE_S`); the lock's age (a local file's
-modification time, a gs:// object's last write) is how long ago its holder showed it was alive.
-A second launch stops with one line naming the holder while the lease runs; once it has expired,
-or at once when the holder is a gone process of this host, a launch takes the lock over and says
-whose it took and why. An empty or unreadable lock file (vit_jax.runtime.json_file) is no live
-holder once older than the lease; until then a launch stops with one line naming `--break_lock`
-(a launch may be writing it at that moment). `break_lock` removes a lock by hand.
-
-Each step is atomic where the storage allows it (O_EXCL and an exclusive take-over marker on a
-local disk, generation preconditions on gs://), so of launches taking over at once one wins and a
-holder that renewed meanwhile keeps its lock; on other object stores the check and the write are
-two requests. docs/training.md ("One writer per workdir, as a lease") has the whole behaviour.
+Process 0 holds `<workdir>/lock.json` (host, pid, start time, PID namespace, a token) and renews
+it every quarter of its lease (`LEASE_S`); the lock's age (a local file's modification time, a
+gs:// object's last write) is how long ago its holder showed it was alive. Each step is atomic
+where the storage allows it (O_EXCL and an exclusive take-over marker on a local disk, generation
+preconditions on gs://); on other object stores the check and the write are two requests.
+docs/training.md ("One writer per workdir, as a lease") has the whole behaviour: refusals,
+take-overs, empty lock files, `--break_lock`.
 
 This file must not import TensorFlow.
 """
@@ -50,10 +44,8 @@ class WorkdirLocked(RuntimeError):
 
 
 def _start_time(pid: int) -> str | None:
-  """The start time of process `pid` (clock ticks since boot), or None if it does not exist.
-
-  With the pid it identifies a process even where pids are reused (a restarted container runs
-  its command under the same pid)."""
+  """The start time of process `pid` (clock ticks since boot), or None if it does not exist:
+  with the pid it identifies a process where pids are reused (a restarted container)."""
   try:
     with open(f"/proc/{pid}/stat") as f:
       return f.read().rsplit(")", 1)[1].split()[19]
@@ -96,8 +88,7 @@ _RECORD = {
 
 
 def _parse(text: str | None) -> dict[str, Any] | None:
-  """The lock record in `text`, or None where there is none: empty, not JSON, or of another
-  shape (a lock file no launch of this code wrote whole; see the module docstring)."""
+  """The lock record in `text`, or None: empty, not JSON, or of another shape."""
   try:
     return json_file.decode(text or "", _RECORD, LOCK_FILE)
   except json_file.InvalidFile:
@@ -105,7 +96,6 @@ def _parse(text: str | None) -> dict[str, Any] | None:
 
 
 def _token(text: str | None) -> str | None:
-  """The token of the lock record in `text` (None: no record)."""
   return (_parse(text) or {}).get("token")
 
 
@@ -147,7 +137,20 @@ class _Seen:
   version: Any  # what `remove_if` compares
 
 
-class _LocalStore:
+class _Store:
+  """Where a lock is kept: create, read, renew, take over, remove (subclasses: which storage)."""
+
+  def __init__(self, path: epath.Path):
+    self.path = path
+
+  def adopt(self, seen: _Seen) -> None:
+    pass
+
+  def remove(self) -> None:
+    self.path.unlink(missing_ok=True)
+
+
+class _LocalStore(_Store):
   """O_EXCL create, renewal by the modification time, take-over under an exclusive marker."""
 
   def __init__(self, path: epath.Path):
@@ -201,19 +204,16 @@ class _LocalStore:
     finally:
       os.unlink(mutex)
 
-  def adopt(self, seen: _Seen) -> None:
-    pass
-
   def remove(self) -> None:
     with contextlib.suppress(FileNotFoundError):
       os.unlink(self.path)
 
 
-class _GcsStore:
+class _GcsStore(_Store):
   """Every write conditional on the object's generation: create, renew, take-over."""
 
   def __init__(self, path: epath.Path):
-    self.path = path
+    super().__init__(path)
     self.generation = None  # of this process's own lock, once taken
 
   def create(self, text: str) -> bool:
@@ -242,15 +242,9 @@ class _GcsStore:
     self.generation = gcs.replace_if(self.path, text, seen.version)
     return self.generation is not None
 
-  def remove(self) -> None:
-    self.path.unlink(missing_ok=True)
 
-
-class _ObjectStore:
+class _ObjectStore(_Store):
   """Another object store: a check, then a write (not atomic); the age is the record's own."""
-
-  def __init__(self, path: epath.Path):
-    self.path = path
 
   def create(self, text: str) -> bool:
     if self.path.exists():
@@ -273,18 +267,12 @@ class _ObjectStore:
     self.path.write_text(json.dumps(dict(record, renewed=time.time()), indent=2))
     return True
 
-  def adopt(self, seen: _Seen) -> None:
-    pass
-
   def take_over(self, seen: _Seen, text: str) -> bool:
     current = self.read()
     if current is None or current.text != seen.text:
       return False
     self.path.write_text(text)
     return True
-
-  def remove(self) -> None:
-    self.path.unlink(missing_ok=True)
 
 
 def _store(path: epath.Path):
@@ -332,28 +320,15 @@ def _acquire(store, record: dict[str, Any], workdir: str, lease: float) -> str |
   return f"{workdir}: could not take its lock ({path}): other launches are taking it at once"
 
 
-class _Renewal:
-  """A daemon thread renewing the lock every quarter of the lease until `stop`."""
-
-  def __init__(self, store, token: str, workdir: str, lease: float):
-    self._stop = threading.Event()
-    self._thread = threading.Thread(
-      target=self._run, args=(store, token, workdir, lease / 4), name="workdir_lock", daemon=True
-    )
-    self._thread.start()
-
-  def _run(self, store, token, workdir, every):
-    while not self._stop.wait(every):
-      try:
-        if not store.renew(token):
-          logging.error("the lock of %s is no longer this run's (taken over or removed)", workdir)
-          return
-      except Exception as e:  # noqa: BLE001 - a transient storage error: the next renewal retries
-        logging.warning("could not renew the lock of %s: %s", workdir, e)
-
-  def stop(self) -> None:
-    self._stop.set()
-    self._thread.join(timeout=30)
+def _renew(store, token: str, workdir: str, every: float, stop: threading.Event) -> None:
+  """Renews the lock every `every` seconds until `stop` is set (a daemon thread's loop)."""
+  while not stop.wait(every):
+    try:
+      if not store.renew(token):
+        logging.error("the lock of %s is no longer this run's (taken over or removed)", workdir)
+        return
+    except Exception as e:  # noqa: BLE001 - a transient storage error: the next renewal retries
+      logging.warning("could not renew the lock of %s: %s", workdir, e)
 
 
 @contextlib.contextmanager
@@ -385,12 +360,17 @@ def lock(workdir: str, lease_s: float | None = None) -> Iterator[None]:
     refusal = f"{workdir} is in use by another run (process 0 names it)"
   if refusal is not None:
     raise WorkdirLocked(refusal)
-  renewal = _Renewal(store, record["token"], workdir, lease) if store is not None else None
+  stop = threading.Event()
+  if store is not None:
+    args = (store, record["token"], workdir, lease / 4, stop)
+    renewal = threading.Thread(target=_renew, args=args, name="workdir_lock", daemon=True)
+    renewal.start()
   try:
     yield
   finally:
-    if renewal is not None:
-      renewal.stop()
+    if store is not None:
+      stop.set()
+      renewal.join(timeout=30)
       seen = store.read()
       if seen is not None and _token(seen.text) == record["token"]:
         store.remove()

@@ -1,17 +1,12 @@
 """A fast local checkpoint tier: frequent saves of each process's own shards to its own disk.
 
 `config.checkpoint.local` saves every N steps or minutes under
-`<local.dir>/process_<i>/steps/<step>` (local SSD, or /dev/shm), each process only the shards of
-its own devices and the data position, without waiting for the others. `restore_latest` takes
-the newest step complete on every process in either tier; nothing is fetched from peers
-(docs/training.md, "A local checkpoint tier").
-
-A tier belongs to one workdir and one topology: the random token of `<workdir>/local_tier.json`,
-repeated in each process's `tier.json` with its topology. Another's tier, or an unreadable
-`tier.json`, is emptied with a warning; a `local_tier.json` that is not one is set aside and a new
-token made (the tiers written before are then emptied: at most the local steps newer than the
-workdir's are trained again). A failed local save is a warning and turns the tier off for the
-run: the workdir's checkpoints go on.
+`<local.dir>/process_<i>/steps/<step>`, each process only the shards of its own devices and the
+data position, without waiting for the others; `restore_latest` takes the newest step complete
+on every process in either tier. A tier belongs to one workdir and one topology (the token of
+`<workdir>/local_tier.json`, repeated in each process's `tier.json`); another's is emptied. A
+failed local save turns the tier off for the run. docs/training.md ("A local checkpoint tier")
+has the whole behaviour.
 
 This file must not import TensorFlow.
 """
@@ -43,8 +38,8 @@ _MAX_STEPS = 64  # local steps a process reports to the others (keep is far belo
 
 @dataclasses.dataclass(frozen=True)
 class Resume:
-  """Where a run continues from: `step` (0: initialised), the tier it came from ('local',
-  'persistent' or None) and the newest step any process had committed in either tier."""
+  """Where a run continues from: `step` (0: initialised), its tier ('local', 'persistent' or
+  None) and the newest step any process had committed in either tier."""
 
   step: int
   source: str | None
@@ -61,8 +56,8 @@ class LocalTier:
     mesh: jax.sharding.Mesh,
     config: ml_collections.ConfigDict | None = None,
   ):
-    """Args: `config.checkpoint.local` (dir '' turns the tier off), the workdir, the mesh, and
-    the stage config (compared with the workdir's before local steps are used)."""
+    """`local`: `config.checkpoint.local` (dir '' turns the tier off); `config`: the stage
+    config, compared with the workdir's before local steps are used."""
     self.enabled = bool(local.dir)
     self.committed: int | None = None  # see restore_newest
     if not self.enabled:
@@ -94,8 +89,8 @@ class LocalTier:
       workdir_lib.check_config(workdir, config)  # local steps are of this workdir's config
 
   def _claim(self, identity: dict[str, str]) -> None:
-    """Makes this process's directory the tier of `identity`, emptying a tier of another
-    (or an unreadable `tier.json`: whose it is cannot be told, see the module docstring)."""
+    """Makes this process's directory the tier of `identity`, emptying one of another (or with
+    an unreadable `tier.json`)."""
     tier_file = self.root / _TIER_FILE
     try:
       seen = json_file.read(tier_file, {"*": str})
@@ -110,8 +105,7 @@ class LocalTier:
     self.root.mkdir(parents=True, exist_ok=True)
     workdir_lib.write_json(tier_file, identity)
 
-  def steps(self) -> list[int]:
-    """This process's complete local steps."""
+  def steps(self) -> list[int]:  # this process's complete local steps
     return sorted(self._manager.all_steps()) if self.enabled else []
 
   def due(self, step: int, at_log_step: bool) -> bool:
@@ -127,20 +121,14 @@ class LocalTier:
 
   def save(self, step: int, state: Any, data_state: Any, force: bool = False) -> bool:
     """Starts writing this process's shards of `state` and `data_state` at `step`; whether it
-    did (False once a save failed: the tier is then off). `force` is accepted for the
-    Checkpointer's signature: a local save is always made when asked."""
+    did (False once a save failed). `force`: the Checkpointer's signature; always saved."""
     del force
     if not self.enabled:
       return False
     self._last_save = time.monotonic()
+    items = {_STATE: ocp.args.PyTreeSave(state), _DATA: ocp.args.JsonSave(data_state)}
     try:
-      saved = self._manager.save(
-        step,
-        args=ocp.args.Composite(
-          **{_STATE: ocp.args.PyTreeSave(state), _DATA: ocp.args.JsonSave(data_state)}
-        ),
-        force=True,
-      )
+      saved = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
     except Exception as e:  # noqa: BLE001 - the persistent tier still holds the run
       self._failed(e, step)
       return False
@@ -160,11 +148,8 @@ class LocalTier:
 
   def restore_newest(self, at_least: int | None, abstract_state: Any) -> tuple | None:
     """(step, state, data_state) of the newest local step that every process holds, if it is
-    not older than `at_least` and restores on every process; else None.
-
-    Sets `committed`: the newest step that every process with a local step holds (a process
-    whose tier is gone, a replaced VM, does not count; a step only some processes had finished
-    writing when the run died does not either), what a rerun that loses it trains again.
+    not older than `at_least` and restores on every process; else None. Sets `committed`: the
+    newest step every process with a local step holds (what a rerun that loses it trains again).
     """
     if not self.enabled:  # the config's choice: the same on every process
       return None
@@ -178,19 +163,13 @@ class LocalTier:
     if not common or (at_least is not None and max(common) < at_least):
       return None
     step = max(common)
+    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_state)
+    items = {
+      _STATE: ocp.args.PyTreeRestore(item=abstract_state, restore_args=restore_args),
+      _DATA: ocp.args.JsonRestore(),
+    }
     try:
-      restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(
-          **{
-            _STATE: ocp.args.PyTreeRestore(
-              item=abstract_state,
-              restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
-            ),
-            _DATA: ocp.args.JsonRestore(),
-          }
-        ),
-      )
+      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
       reason = ""
     except Exception as e:  # noqa: BLE001 - the workdir's steps are used instead
       restored, reason = None, train_state._first_line(e)
@@ -205,8 +184,7 @@ class LocalTier:
     return step, restored[_STATE], restored[_DATA]
 
   def discard_after(self, step: int) -> None:
-    """Deletes this process's local steps after `step` (the run continues from `step`: they are
-    another trajectory's, or incomplete across processes)."""
+    """Deletes this process's local steps after `step`, which the run continues from."""
     for newer in [s for s in self.steps() if s > step]:
       self._manager.delete(newer)
 
@@ -255,9 +233,8 @@ def restore_latest(
 
 
 def bytes_per_host(num_params: int, share: float = 1.0, ema: bool = False) -> int:
-  """Bytes a local step takes on a host holding `share` of the state (1: the whole state,
-  replicated data parallelism; 1/F with FSDP over F hosts): float32 parameters and Adam's two
-  float32 moments (and the float32 average with `ema`), 4 bytes each per parameter."""
+  """Bytes a local step takes on a host holding `share` of the state (1: replicated; 1/F with
+  FSDP over F hosts): float32 parameters, Adam's two moments and with `ema` the average."""
   copies = 3 + int(ema)
   return int(round(4 * copies * num_params * share))
 
@@ -309,8 +286,8 @@ _TOKEN = {"token": json_file.checked(lambda t: 0 <= int(t, 16) < 2**62, "a token
 
 
 def _workdir_token(workdir: str) -> str:
-  """The workdir's local-tier token (process 0 reads it, or makes it: a `local_tier.json` that is
-  not one is set aside, see the module docstring), the same on every process."""
+  """The workdir's local-tier token, read or made by process 0 (an invalid `local_tier.json` is
+  set aside), the same on every process."""
   token = 0
   if jax.process_index() == 0:
     path = epath.Path(workdir) / TOKEN_FILE
@@ -332,8 +309,7 @@ def _workdir_token(workdir: str) -> str:
 
 
 def _topology(mesh: jax.sharding.Mesh) -> str:
-  """What fixes which shards a process holds: the process count and index, the mesh's axes and
-  its devices in order."""
+  """What fixes which shards a process holds."""
   axes = ",".join(f"{name}={size}" for name, size in mesh.shape.items())
   devices = ",".join(str(d.id) for d in mesh.devices.flat)
   return f"{jax.process_count()} processes, process {jax.process_index()}; {axes}; {devices}"

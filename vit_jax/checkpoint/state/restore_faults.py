@@ -5,8 +5,8 @@ truncated or undecodable, metadata that does not parse, arrays stored with other
 step's metadata records), or None. `mismatch`: how the model's state differs from the step's
 metadata (another config: `CheckpointMismatch`, nothing moved). Anything else (I/O, network,
 memory, a library's error) says nothing about the step: it is retried after each of
-RETRY_DELAYS_S, then `CheckpointRestoreError`. train_state's `Checkpointer.restore_latest` acts
-on the verdict (docs/training.md, "Stopping, faults and recovery").
+RETRY_DELAYS_S, then `CheckpointRestoreError` (docs/training.md, "Stopping, faults and
+recovery").
 
 This file must not import TensorFlow.
 """
@@ -51,14 +51,8 @@ def chain(error: BaseException) -> list[BaseException]:
 
 def evidence(error: BaseException, step_dir: str | os.PathLike, metadata_fits: bool) -> str | None:
   """Why `error`, raised while restoring the step in `step_dir`, shows that step is broken, or
-  None when it does not (see the module docstring for what counts).
-
-  Args:
-    error: the exception the restore raised.
-    step_dir: the step's directory (a path inside it must be named where a file is missing).
-    metadata_fits: whether the model was found to match the step's metadata (then a stored
-      shape that differs from the requested one contradicts that metadata).
-  """
+  None. A missing file counts only if named inside `step_dir`; a stored shape other than the one
+  requested counts only if `metadata_fits` (the model matched the step's metadata)."""
   step = os.fspath(step_dir).rstrip("/") + "/"  # "/20/", never a prefix of "/200/"
   for e in chain(error):
     text = str(e)

@@ -2,11 +2,8 @@
 
 A storage client retries a failing request inside one call that does not return to Python until
 it gives up (TensorStore's GCS driver: 32 times, backing off to 32 s; 898 s for one restore in
-the tests), while the run says nothing and a stop signal's handler (vit_jax.runtime.stopping)
-waits. `wait(call, notices, ...)` runs `call` on a daemon thread instead and looks up every
-`_SLICE_S`: `notices` logs what it waits for once nothing was said for NOTICE_EVERY_S, and once
-`stop_requested()` turns True the call has STOP_GRACE_S more to return before `Abandoned` is
-raised (the call goes on in its thread; its result is dropped).
+the tests), while the run says nothing and a stop signal waits. `wait` runs the call on a daemon
+thread instead, says what it waits for, and abandons it on a stop (its result is dropped).
 
 This file must not import TensorFlow.
 """
@@ -39,8 +36,7 @@ class Notices:
   """What one wait on storage says (it may span several calls and the pauses between them):
   '<doing>: waiting on storage for 30 s<note>', once nothing was said for NOTICE_EVERY_S."""
 
-  def __init__(self, doing: str):
-    """Args: doing: what is waited for, e.g. 'restoring checkpoint step 40 from gs://b/run'."""
+  def __init__(self, doing: str):  # e.g. 'restoring checkpoint step 40 from gs://b/run'
     self.doing = doing
     self.start = self._last = time.monotonic()
 
@@ -62,18 +58,9 @@ def wait(
   stop_requested: Callable[[], bool] | None = None,
   note: str = "",
 ) -> Any:
-  """What `call()` returns, run on a worker thread; its exception is raised here.
-
-  Args:
-    call: the storage call (a restore attempt, a save).
-    notices: what the wait says while the call runs (with `note` appended).
-    stop_requested: once it returns True, the call has STOP_GRACE_S more to return, then the
-      wait ends with `Abandoned` (None: waits to the end).
-    note: e.g. ' (attempt 1 of 4)'.
-
-  Raises:
-    Abandoned: `stop_requested()` turned True and the call did not return within STOP_GRACE_S.
-  """
+  """What `call()` (a restore attempt, a save) returns, run on a worker thread; its exception is
+  raised here. `notices` tick with `note` appended (e.g. ' (attempt 1 of 4)'); once
+  `stop_requested()` (None: never) is True, the call has STOP_GRACE_S more, then `Abandoned`."""
   done = threading.Event()
   outcome: dict[str, Any] = {}
 

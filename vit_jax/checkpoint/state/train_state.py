@@ -7,10 +7,9 @@ and renames it when complete, so a run killed at any moment leaves only complete
 Restoring takes an abstract state (`jax.ShapeDtypeStruct`s carrying the target shardings), so a
 checkpoint written on one mesh restores onto any other.
 
-Faults (docs/training.md, "Stopping, faults and recovery"): only evidence that a step is broken (restore_faults) moves it
-aside to `<workdir>/broken_checkpoints/`, once an older step restores; any other restore error is
-retried, then ends the run in one line; each attempt runs on a worker thread (storage_wait). A
-failed save ends the run in one line; a full disk also removes the unfinished step.
+Faults (docs/training.md, "Stopping, faults and recovery"): only evidence that a step is broken
+(restore_faults) moves it aside to `<workdir>/broken_checkpoints/`; other restore errors are
+retried, each attempt on a worker thread (storage_wait).
 
 This file must not import TensorFlow.
 """
@@ -39,16 +38,13 @@ _STATE, _DATA = "state", "data"
 CHECKPOINT_DIR = "checkpoints"
 BROKEN_DIR = "broken_checkpoints"
 _TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step (or item) still being written
-# Orbax saves an array replicated over R devices "replica-parallel": each replica writes 1/R of
-# it, cut out on its device by a program compiled for that array's shape, slice and device. For
-# small arrays the compile costs far more than the write it spreads: a 20k-parameter ViT on 8 CPU
-# devices compiled 104 such programs per run (a 2-stage test run 37.7 s -> 28.8 s without them).
-# Arrays whose slice would be under this size are written whole by one replica; larger ones
-# (e.g. ViT-B's 768x3072 MLP kernels, 9 MiB, over up to 144 replicas) are still spread.
+# Orbax writes an array replicated over R devices "replica-parallel", 1/R per replica, each slice
+# cut by a program compiled for it: for small arrays the compiles cost more than the write (a
+# 20k-parameter ViT on 8 CPU devices: 104 programs; a 2-stage test run 37.7 s -> 28.8 s without).
+# Arrays whose slice would be under this size are written whole by one replica.
 MIN_REPLICA_SLICE_BYTES = 64 * 1024
-# TensorStore's retries of a GCS request within one restore attempt (its default: 32, backing off
-# to 32 s, about 15 minutes): a failure without evidence is retried by `_restore_retrying`
-# instead, on the schedule of restore_faults.RETRY_DELAYS_S. Saves keep TensorStore's default.
+# TensorStore's retries of a GCS request within one restore attempt (its default, 32 backing off
+# to 32 s, takes about 15 minutes); `_restore_retrying` retries instead. Saves keep the default.
 RESTORE_REQUEST_RETRIES = {"max_retries": 5, "initial_delay": "1s", "max_delay": "16s"}
 # A restore's outcome on one process; the gravest on any process decides (restore_latest).
 _OK, _RETRY, _BROKEN, _MISMATCH = range(4)
@@ -61,13 +57,9 @@ class CheckpointSaveError(OSError):
 
 
 class Checkpointer:
-  """Orbax CheckpointManager for train state + data iterator state.
-
-  Every process must call `save`, `restore`, `wait` and `close` (they synchronise).
-  """
+  """The workdir's checkpoints; every process calls `save`, `restore`, `wait` and `close`."""
 
   def __init__(self, workdir: str, every_steps: int, keep: int, asynchronous: bool = True):
-    """Args: workdir; save every `every_steps` steps (and when forced); keep the latest `keep`."""
     gcs.require_client(workdir)  # Orbax opens a gs:// directory with google-cloud-storage
     _register_array_handler()
     self.every_steps = max(int(every_steps), 1)
@@ -87,14 +79,10 @@ class Checkpointer:
       self.directory,
       options=options,
       item_names=(_STATE, _DATA),
-      item_handlers={
-        _STATE: ocp.StandardCheckpointHandler(),
-        _DATA: ocp.JsonCheckpointHandler(),
-      },
+      item_handlers={_STATE: ocp.StandardCheckpointHandler(), _DATA: ocp.JsonCheckpointHandler()},
     )
 
   def latest_step(self) -> int | None:
-    """The latest complete checkpoint's step, or None."""
     return self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
@@ -110,15 +98,10 @@ class Checkpointer:
     return step % self.every_steps == 0
 
   def save(self, step: int, state: Any, data_state: Any, force: bool = False) -> bool:
-    """Starts writing `state` (a pytree of global arrays) and `data_state` (JSON) at `step`
-    (first waiting for the save in flight, saying so every storage_wait.NOTICE_EVERY_S).
-
-    Raises:
-      CheckpointSaveError: this save or the asynchronous one before it failed.
-    """
-    args = ocp.args.Composite(
-      **{_STATE: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(data_state)}
-    )
+    """Starts writing `state` (global arrays) and `data_state` (JSON) at `step`, once the save in
+    flight is done; CheckpointSaveError if this save or the one before it failed."""
+    items = {_STATE: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(data_state)}
+    args = ocp.args.Composite(**items)
     try:
       # Orbax reports here the failure of the previous asynchronous save, if any.
       saved = storage_wait.wait(
@@ -134,7 +117,6 @@ class Checkpointer:
     return saved
 
   def _save_failed(self, error: BaseException, step: int) -> None:
-    """Raises CheckpointSaveError for the failed save of `step`, after removing its remains."""
     if out_of_space(error):
       raise self.no_space(f"saving checkpoint step {step}") from error
     raise CheckpointSaveError(
@@ -143,8 +125,7 @@ class Checkpointer:
 
   def no_space(self, doing: str) -> CheckpointSaveError:
     """The error for a full disk met while `doing` ('saving checkpoint step 20'), once the
-    unfinished step directories are removed: the workdir, the space a step takes and the space
-    free, and the step a rerun continues from."""
+    unfinished step directories are removed."""
     try:
       self._manager.wait_until_finished()  # a save still in flight fails or ends first
     except Exception:  # noqa: BLE001 - that save is unfinished, and removed below
@@ -162,8 +143,7 @@ class Checkpointer:
     return full
 
   def _step_size(self) -> int | None:
-    """Bytes of a step: on disk of the latest committed step (local workdirs), else of the
-    state last saved (in memory; on disk a step also holds metadata)."""
+    """Bytes of the latest committed step on disk (local workdirs), else of the state saved."""
     steps = committed_steps(self.directory)
     if not steps or "://" in os.fspath(self.directory):
       return self._step_bytes or None
@@ -171,7 +151,7 @@ class Checkpointer:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in walk for f in files)
 
   def _remove_unfinished(self) -> bool:
-    """Removes the temporary directories of unfinished steps (process 0); whether any was."""
+    """Removes unfinished steps' temporary directories (process 0); whether there were any."""
     if jax.process_index() != 0 or not self.directory.is_dir():
       return False
     unfinished = [p for p in self.directory.iterdir() if _TMP_MARK in p.name]
@@ -185,8 +165,8 @@ class Checkpointer:
     """(step, state, data_state) of the newest step that restores, or None without any step.
 
     A step with evidence that it is broken is moved aside once an older step restores, with a
-    warning naming both (see the module docstring); every process acts on the gravest verdict of
-    all. `stop_requested()` True (a stop signal) cuts the waits between retries short.
+    warning; every process acts on the gravest verdict of all. `stop_requested()` True (a stop
+    signal) cuts the waits between retries short.
 
     Raises:
       CheckpointRestoreError: a step failed to restore, without evidence that it is broken,
@@ -229,14 +209,7 @@ class Checkpointer:
     self, step: int, abstract_state: Any, stop_requested: Callable[[], bool]
   ) -> tuple[Any, Any] | str:
     """(state, data_state) of `step`, or the evidence that it is broken; retries a failure
-    without evidence after each of restore_faults.RETRY_DELAYS_S, each attempt on a worker
-    thread (storage_wait).
-
-    Raises:
-      CheckpointRestoreError: it still failed after the retries, or a stop was requested
-        (nothing moved).
-      CheckpointMismatch: the step does not fit the model.
-    """
+    without evidence after each of restore_faults.RETRY_DELAYS_S (raises: see restore_latest)."""
     delays = restore_faults.RETRY_DELAYS_S
     doing = f"restoring checkpoint step {step} from {self.directory}"
     logging.info("checkpoint: restoring step %d from %s", step, self.directory)
@@ -264,28 +237,23 @@ class Checkpointer:
         )
       if agreed == _BROKEN:
         return why
+      failed = (
+        f"{doing} failed {attempt + 1} times, without evidence that the step is broken: {why}"
+      )
       if attempt == len(delays):
         raise restore_faults.CheckpointRestoreError(
-          f"{doing} failed {attempt + 1} times, without evidence that the step is broken: "
-          f"{why}; nothing was moved. Rerun the same command once the cause is gone"
+          f"{failed}; nothing was moved. Rerun the same command once the cause is gone"
         )
-      logging.warning(
-        "%s failed (%s); retrying in %g s (retry %d of %d)",
-        doing,
-        why,
-        delays[attempt],
-        attempt + 1,
-        len(delays),
-      )
+      retry, delay = f"retry {attempt + 1} of {len(delays)}", delays[attempt]
+      logging.warning("%s failed (%s); retrying in %g s (%s)", doing, why, delay, retry)
       notices.said()
-      wake = time.monotonic() + delays[attempt]
+      wake = time.monotonic() + delay
       while time.monotonic() < wake and not stop_requested():
-        time.sleep(min(0.1, delays[attempt]))
-        notices.tick(f" (before retry {attempt + 1} of {len(delays)})")
+        time.sleep(min(0.1, delay))
+        notices.tick(f" (before {retry})")
       if stop_requested():  # on every process (the notice reaches all): no more retries
         raise restore_faults.CheckpointRestoreError(
-          f"{doing} failed {attempt + 1} times, without evidence that the step is broken: "
-          f"{why}; a stop was requested before the next retry; nothing was moved"
+          f"{failed}; a stop was requested before the next retry; nothing was moved"
         )
     raise AssertionError("unreachable")
 
@@ -316,8 +284,7 @@ class Checkpointer:
     """(outcome, why) of a restore that did not reach the barrier Orbax's restore ends with, once
     this process has passed it: on several processes the others may wait in it."""
     if jax.process_count() > 1:
-      # The key's prefix as Orbax's checkpointer makes it: None for the synchronous one, '' for
-      # the asynchronous one (its barrier is then '_Checkpointer:restore').
+      # The key's prefix as Orbax's checkpointer makes it: None if synchronous, else ''.
       prefix = getattr(
         self._manager._checkpointer,  # noqa: SLF001 - the barrier is Orbax's own
         "_barrier_sync_key_prefix",
@@ -329,7 +296,6 @@ class Checkpointer:
     return outcome, why
 
   def _warn_if_newer_moved_aside(self, step: int) -> None:
-    """A warning when an earlier run moved aside steps newer than `step`."""
     moved = self.workdir / BROKEN_DIR
     if not moved.is_dir():
       return
@@ -345,7 +311,7 @@ class Checkpointer:
       )
 
   def _move_aside(self, step: int) -> epath.Path:
-    """Moves step directory `step` to `<workdir>/broken_checkpoints/` (process 0); the target."""
+    """Moves step `step` to `<workdir>/broken_checkpoints/` (process 0); where to."""
     target = self.workdir / BROKEN_DIR / str(step)
     if target.exists():
       target = target.parent / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -357,22 +323,13 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
     """Restores (state, data_state) of `step` onto `abstract_state`'s shapes and shardings."""
-    restored = self._manager.restore(
-      step,
-      args=ocp.args.Composite(
-        **{_STATE: ocp.args.StandardRestore(abstract_state), _DATA: ocp.args.JsonRestore()}
-      ),
-    )
+    items = {_STATE: ocp.args.StandardRestore(abstract_state), _DATA: ocp.args.JsonRestore()}
+    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     logging.info("checkpoint: restored step %d from %s", step, self.directory)
     return restored[_STATE], restored[_DATA]
 
   def wait(self) -> None:
-    """Blocks until pending asynchronous saves are complete, saying so every
-    storage_wait.NOTICE_EVERY_S.
-
-    Raises:
-      CheckpointSaveError: the save in flight failed.
-    """
+    """Blocks until the save in flight is complete (CheckpointSaveError if it failed)."""
     step = "" if self._writing is None else f" step {self._writing}"
     notices = storage_wait.Notices(f"saving checkpoint{step} to {self.directory}")
     try:
@@ -386,8 +343,7 @@ class Checkpointer:
 
 
 class _ArrayHandler(ocp.type_handlers.ArrayHandler):
-  """Orbax's handler of jax.Array, whose reads (of arrays and of their metadata) retry a GCS
-  request RESTORE_REQUEST_RETRIES times."""
+  """Orbax's handler of jax.Array, its reads retrying a GCS request RESTORE_REQUEST_RETRIES."""
 
   async def metadata(self, infos):
     return await super().metadata(_bounded(infos))
@@ -397,8 +353,7 @@ class _ArrayHandler(ocp.type_handlers.ArrayHandler):
 
 
 def _bounded(infos: Any) -> list[Any]:
-  """Copies of Orbax's ParamInfos (plain objects, shared with their caller) whose TensorStore
-  context sets RESTORE_REQUEST_RETRIES, inheriting every other resource from theirs."""
+  """Copies of Orbax's ParamInfos whose TensorStore context sets RESTORE_REQUEST_RETRIES."""
   bounded = []
   for info in infos:
     info = copy.copy(info)
@@ -410,9 +365,8 @@ def _bounded(infos: Any) -> list[Any]:
 
 @functools.cache
 def _register_array_handler() -> None:
-  """Orbax's handler of jax.Array with MIN_REPLICA_SLICE_BYTES and the restore's bounded
-  retries, once per process (its registry is per process: every Orbax save and restore of this
-  process then uses it; the files written are the same)."""
+  """Registers Orbax's handler of jax.Array with MIN_REPLICA_SLICE_BYTES and bounded restore
+  retries for every save and restore of this process (the files written are the same)."""
   from orbax.checkpoint._src.metadata import array_metadata_store  # as Orbax's default has
 
   ocp.type_handlers.register_type_handler(
@@ -464,13 +418,13 @@ def abstract_tree(tree: Any, shardings: Any) -> Any:
 
 
 def _absolute(path: str | os.PathLike) -> epath.Path:
-  """`path` as Orbax needs it: a local path made absolute (Orbax refuses relative ones)."""
+  """`path` with a local path made absolute (Orbax refuses relative ones)."""
   text = os.fspath(path)
   return epath.Path(text if "://" in text else os.path.abspath(text))
 
 
 def _state_dir(path: epath.Path) -> epath.Path:
-  """Finds the `state` item of a workdir, a checkpoints directory or one step directory."""
+  """The `state` item of a workdir, a checkpoints directory or one step directory."""
   if not path.exists():
     raise FileNotFoundError(f"{path}: no such file or directory")
   if not path.is_dir():
@@ -486,12 +440,8 @@ def _state_dir(path: epath.Path) -> epath.Path:
 
 
 def committed_steps(path: str | os.PathLike) -> list[int]:
-  """Steps under `path` (a workdir or its `checkpoints/`) that Orbax has committed.
-
-  Orbax's own discovery, the one CheckpointManager resumes from: a step counts once it was
-  renamed from its temporary directory (or, on object stores, carries the commit marker), so a
-  half-written step is never read.
-  """
+  """Steps under `path` (a workdir or its `checkpoints/`) that Orbax has committed (renamed from
+  its temporary directory, or with the commit marker on object stores), by Orbax's discovery."""
   path = _absolute(path)
   if (path / CHECKPOINT_DIR).is_dir():
     path = path / CHECKPOINT_DIR
@@ -502,18 +452,11 @@ def committed_steps(path: str | os.PathLike) -> list[int]:
 
 
 def restore_params(path: str | os.PathLike, ema: bool | None = None) -> dict[str, Any]:
-  """Reads the parameters of a trainer's Orbax checkpoint (vit_jax.checkpoint.load reads any).
+  """The parameters (nested numpy arrays, on every process) of a trainer's Orbax checkpoint: a
+  workdir or its `checkpoints/` (the latest step), or one step directory.
 
-  Args:
-    path: a workdir (its latest step), its `checkpoints/` directory (latest step) or one step
-      directory `checkpoints/<step>`.
-    ema: of an Orbax checkpoint trained with Polyak averaging (`config.ema_decay`), the
-      averaged parameters (None or True: the ones its evaluators reported) or the raw ones
-      (False). True for a checkpoint without an average raises ValueError.
-
-  Returns:
-    Nested dict of numpy arrays (host memory, on every process), in the module layout of
-    vit_jax.models.vit. Only the parameters are read, not the optimizer state.
+  `ema`: with Polyak averaging (`config.ema_decay`), the average (None or True: what the
+  evaluators reported) or the raw parameters (False); True without an average: ValueError.
   """
   state_dir = _state_dir(_absolute(path))
   checkpointer = ocp.PyTreeCheckpointer()

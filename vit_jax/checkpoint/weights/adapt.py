@@ -1,16 +1,13 @@
 """Adapts pretrained parameters to the model that will use them: position embeddings, heads.
 
-What fine-tuning (`load_pretrained`), the linear probe and predict (`fit_posemb`) do to a
-checkpoint trained at another resolution or for other classes: the position embeddings are
-resized on the patch grid (paper §3.2), the head replaced, `pre_logits` kept or dropped, and
-any remaining difference in names or shapes reported in one error that lists them in the
-network's order. Reading and writing files is vit_jax.checkpoint.weights.npz's business.
+Fine-tuning (`load_pretrained`), the linear probe and predict (`fit_posemb`) resize position
+embeddings on the patch grid (paper §3.2), replace the head, keep or drop `pre_logits`, and report
+any remaining difference in one error listing them in the network's order.
 
-A `posemb='sincos2d'` model has no position embedding parameter: it computes its table for the
-grid it sees, so it needs no resizing. `with_posemb_table` writes that table into its parameters
-as the learned one (the published layout, for `save`); read back into a sincos2d model, such a
-table is recognised and not used (one log line), while a learned table, which a sincos2d model
-would throw away, is refused in one line naming `posemb` (`ignore_sincos_table`).
+A `posemb='sincos2d'` model has no position embedding parameter (it computes its table for the
+grid it sees). `with_posemb_table` writes that table as the learned one (the published layout,
+for `save`); read back into a sincos2d model such a table is recognised and not used, while a
+learned one is refused naming `posemb` (`ignore_sincos_table`).
 """
 
 import logging
@@ -31,19 +28,13 @@ from vit_jax.checkpoint.weights.layouts import POSEMB
 from vit_jax.checkpoint.weights.npz import Params, flatten_params, load, unflatten_params
 from vit_jax.models import mpp, vit
 
-# Entries beyond this many are counted, not listed, in error messages.
-_MAX_LISTED = 40
+_MAX_LISTED = 40  # entries beyond this many are counted, not listed, in error messages
 # What a checkpoint without a position embedding table is, and what to do with it.
 _NO_TABLE = (
   f"the checkpoint has no {POSEMB}: a posemb='sincos2d' model's (it computes its own), so the "
   "model must have posemb='sincos2d' too (config.model.posemb), or write the table into the "
   "parameters first with checkpoint.with_posemb_table"
 )
-
-
-# ---------------------------------------------------------------------------------------------
-# Position embeddings.
-
 # The heads a new task replaces: the classifier's and DeiT's distillation head.
 _HEADS = ("head/", "head_dist/")
 
@@ -60,20 +51,14 @@ def resize_posemb(
   num_prefix_tokens: int = 1,
   old_grid: Sequence[int] | None = None,
 ) -> np.ndarray:
-  """Resizes learned position embeddings to another patch grid (paper §3.2).
-
-  The grid part is interpolated bicubically in 2-D (float32, on the host CPU, with pixel-centre
-  alignment: the embedding of a patch is read where its centre lies in the old grid); the class
-  token's slot is kept bit for bit.
+  """Resizes learned position embeddings to another patch grid (paper §3.2): bicubically in 2-D
+  (float32, host CPU, pixel-centre alignment); the prefix slots are kept bit for bit.
 
   Args:
-    posemb: [1, num_prefix_tokens + gh*gw, D].
+    posemb: [1, num_prefix_tokens + gh*gw, D]; the result has new_gh*new_gw, in its dtype.
     new_grid: target grid, `g` for g×g or `(gh, gw)`.
     num_prefix_tokens: leading slots that are not on the grid (1 with a class token, 0 for gap).
     old_grid: `(gh, gw)` of `posemb`; inferred when the grid is square.
-
-  Returns:
-    [1, num_prefix_tokens + new_gh*new_gw, D], in `posemb`'s dtype.
   """
   posemb = np.asarray(posemb)
   if posemb.ndim != 3 or posemb.shape[0] != 1:
@@ -118,8 +103,8 @@ def _posemb_shape(model: Any, image_size: int | Sequence[int]) -> tuple[int, ...
 
 
 def image_grid(model_config: Any, image_size: int | Sequence[int]) -> tuple[int, int]:
-  """The patch grid (gh, gw) of the model at `image_size` (`s` or `(h, w)`): the image size over
-  the patch size, after the hybrid's ResNet downsampling."""
+  """The patch grid (gh, gw) of the model at `image_size` (`s` or `(h, w)`), after a hybrid's
+  ResNet downsampling."""
   h, w = _hw(image_size)
   resnet = model_config.get("resnet")
   if resnet is not None:
@@ -154,19 +139,11 @@ def patch_grid(model_config: Any, num_patches: int) -> tuple[int, int]:
 def with_posemb_table(
   params: Mapping[str, Any], model_config: Any, image_size: int | Sequence[int]
 ) -> Params:
-  """A `posemb='sincos2d'` model's parameters with its position embeddings written as the
-  learned table `Transformer/posembed_input/pos_embedding` [1, prefix + gh*gw, D] (float32) for
-  `image_size`: the published layout, which the official loaders and a `posemb='learn'` model
-  read unchanged (the same function at that resolution; at another one it is resized like any
-  learned table). Call it before `save`. Other models' parameters come back unchanged.
-
-  Args:
-    params: nested parameters (or a variables dict with one 'params' entry).
-    model_config: the model ConfigDict.
-    image_size: the resolution the table is for, `s` or `(h, w)`.
-
-  Returns:
-    A new nested dict (its leaves are `params`' own).
+  """A `posemb='sincos2d'` model's parameters (nested, or a variables dict) with its position
+  embeddings for `image_size` (`s` or `(h, w)`) written as the learned table POSEMB
+  [1, prefix + gh*gw, D] (float32): the published layout, which the official loaders and a
+  `posemb='learn'` model read unchanged. Call it before `save`. Other models' parameters come
+  back unchanged; either way a new nested dict of `params`' own leaves.
   """
   flat = flatten_params(params)
   if model_config.get("posemb", "learn") != "sincos2d":
@@ -182,9 +159,7 @@ def with_posemb_table(
 
 def ignore_sincos_table(flat: dict[str, Any], source: str) -> None:
   """Removes the position embedding table of `flat` (flat names) for a `posemb='sincos2d'`
-  model, which computes its own: with one log line when it is a sincos2d table (as
-  `with_posemb_table` writes it, for any grid), else a ValueError naming `posemb` (a learned
-  table would be thrown away)."""
+  model: one log line for a sincos2d table (of any grid), else a ValueError naming `posemb`."""
   table = flat.pop(POSEMB, None)
   if table is None:
     return
@@ -222,16 +197,9 @@ def fit_posemb(
   model_config: Any,
   image_size: int | Sequence[int],
 ) -> Params:
-  """`params` with position embeddings resized for `model` at `image_size` (a shallow copy).
-
-  What the linear probe and predict do with a checkpoint used at another resolution than it was
-  trained at (fine-tuning goes through `load_pretrained`, which does the same and more).
-
-  Args:
-    params: nested parameters of a ViT (`Transformer/posembed_input/pos_embedding` [1, T, D]).
-    model: the Flax module that will apply them.
-    model_config: its ConfigDict (patch size, ResNet stem).
-    image_size: the input resolution, `s` or `(h, w)`.
+  """`params` (nested) with position embeddings resized for `model` (the Flax module, of
+  `model_config`) at `image_size` (`s` or `(h, w)`), a shallow copy: what the linear probe and
+  predict do (fine-tuning's `load_pretrained` does the same and more).
   """
   if "Transformer" not in params:  # a BiT ResNet: no position embeddings, any resolution
     return dict(params)
@@ -258,39 +226,26 @@ def fit_posemb(
   return params
 
 
-# ---------------------------------------------------------------------------------------------
-# Fine-tuning from a pretrained file.
-
-
 def load_pretrained(
   path: str | os.PathLike | Mapping[str, Any], init_params: Mapping[str, Any], model_config: Any
 ) -> Params:
   """Loads pretrained parameters and adapts them to the model that produced `init_params`.
 
   - `pre_logits` is dropped when `model_config.representation_size` is None, else kept;
-  - `head` is replaced by `init_params`' freshly initialised head (the new number of classes),
-    and so is a distillation head `head_dist` (DeiT);
-  - `mask_embedding` and `mpp_head` of a masked patch prediction run (vit_jax.models.mpp) are dropped;
-  - position embeddings are resized bicubically to the model's patch grid (`patch_grid`); a
-    `posemb='sincos2d'` model needs none (a sincos2d table in the file is not used, a learned
-    one refused: `ignore_sincos_table`), and a sincos2d checkpoint (no table) fits only one;
+  - `head` (and DeiT's `head_dist`) is replaced by `init_params`' freshly initialised one;
+  - masked patch prediction's `mask_embedding` and `mpp_head` (vit_jax.models.mpp) are dropped;
+  - position embeddings are resized to the model's patch grid (`patch_grid`); a sincos2d model
+    needs none (`ignore_sincos_table`), and a sincos2d checkpoint (no table) fits only one;
   - encoder blocks are stacked or unstacked as in `init_params`; dtypes follow `init_params`.
 
   Args:
-    path: a vit_jax or big_vision `.npz` or a timm / Hugging Face `.safetensors` (see `load`),
-      or a parameter tree already in memory
-      (e.g. restored from a pretraining run's Orbax checkpoint).
-    init_params: the model's parameters (or a variables dict with one 'params' entry). Leaves
-      may be `jax.ShapeDtypeStruct`s except the head's, whose values are used.
-    model_config: the model ConfigDict (`representation_size`, `patch_size`, optional
-      `image_size` and `resnet`).
+    path: a weights file (see `load`) or a parameter tree in memory.
+    init_params: the model's parameters (or variables); leaves may be `jax.ShapeDtypeStruct`s
+      except the head's, whose values are used.
+    model_config: the model ConfigDict.
 
   Returns:
-    Nested dict of numpy arrays with exactly `init_params`' names and shapes.
-
-  Raises:
-    ValueError: the file does not fit the model; the message names the first key whose shape
-      differs (with both shapes) and lists missing and unexpected keys.
+    Nested numpy arrays of exactly `init_params`' names and shapes; else ValueError (_check_fit).
   """
   expected = flatten_params(init_params)
   if isinstance(path, Mapping):
@@ -343,17 +298,8 @@ def load_pretrained(
 
 
 # Module names in the order the network applies them; unlisted names sort after listed ones.
-_TOP_ORDER = (
-  "root_block",
-  "conv_root",
-  "gn_root",
-  "block",
-  "embedding",
-  "cls",
-  "Transformer",
-  "group_norm",
-  "pre_logits",
-  "head",
+_TOP_ORDER = tuple(
+  "root_block conv_root gn_root block embedding cls Transformer group_norm pre_logits head".split()
 )
 _SUB_ORDER = ("posembed_input", "encoderblock", "encoder_norm", "query", "key", "value", "out")
 _LEAF_ORDER = ("kernel", "scale", "bias")
@@ -373,7 +319,8 @@ def _network_order(name: str):
 
 
 def _check_fit(restored, expected, path) -> None:
-  """Raises a ValueError describing every difference in names and shapes."""
+  """Raises a ValueError describing every difference in names and shapes: its first line names
+  the first key whose shape differs (both shapes), else the first missing or unexpected one."""
   missing = sorted((k for k in expected if k not in restored), key=_network_order)
   unexpected = sorted((k for k in restored if k not in expected), key=_network_order)
   mismatched = [
@@ -392,11 +339,10 @@ def _check_fit(restored, expected, path) -> None:
   else:
     reason = f"{unexpected[0]!r} is in the checkpoint but not in the model"
   lines = [f"checkpoint {os.fspath(path)} does not fit the model: {reason}"]
-  if mismatched:
-    if len(mismatched) > 1:
-      lines.append(
-        f"  {len(mismatched) - 1} more shape mismatches: {_listing(k for k, *_ in mismatched[1:])}"
-      )
+  if len(mismatched) > 1:
+    lines.append(
+      f"  {len(mismatched) - 1} more shape mismatches: {_listing(k for k, *_ in mismatched[1:])}"
+    )
   if missing:
     lines.append(f"  {len(missing)} missing from the checkpoint: {_listing(missing)}")
   if unexpected:

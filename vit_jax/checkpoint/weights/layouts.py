@@ -1,23 +1,13 @@
 """Maps the parameter names of other ViT `.npz` files onto the published vit_jax layout.
 
-`checkpoint.load` reads a flat `{'a/b/c': array}` dict and passes it through `to_vit_jax_layout`,
-which undoes, in this order:
-
-- a `params/` or `opt/target/` prefix (big_vision and old flax optimizer checkpoints), or the
-  `resnet/` prefix of the published BiT files (in memory a BiT tree starts at `root_block`,
-  `block1`, ..., `head`, like a ViT's, so the trainer finds its `head`; `with_bit_prefix` puts
-  the prefix back for writing);
-- the per-class linen counters inside encoder blocks (`LayerNorm_0`,
-  `MultiHeadDotProductAttention_0`, `LayerNorm_1`, `MlpBlock_0`, as big_vision names them),
-  renamed to the published pre-linen ones (`LayerNorm_0`, `MultiHeadDotProductAttention_1`,
-  `LayerNorm_2`, `MlpBlock_3`);
-- big_vision's position embedding outside `Transformer/posembed_input` (see `_convert_posemb`);
-- GroupNorm `scale`/`bias` stored as [1, 1, 1, C] by flax < 0.3.6 in hybrid files (flax #1721).
-
-Scan-stacked blocks (`Transformer/encoderblock/...`, leading layer axis) are renamed but stay
-stacked; `checkpoint.load_pretrained` stacks or unstacks to fit the model. This file only renames
-and reshapes: it reads no files and must not import TensorFlow. `stack_flat`/`unstack_flat`
-convert between unstacked `encoderblock_{i}` and scan-stacked blocks.
+`to_vit_jax_layout` undoes, in this order: a `params/` or `opt/target/` prefix (big_vision, old
+flax optimizers) or the `resnet/` prefix of the published BiT files (in memory a BiT tree starts
+at `root_block`, like a ViT's at its modules; `with_bit_prefix` puts it back for writing);
+big_vision's linen counters inside encoder blocks (`MultiHeadDotProductAttention_0`,
+`LayerNorm_1`, `MlpBlock_0` -> the published `_1`, `_2`, `_3`); big_vision's position embedding
+outside `Transformer/posembed_input` (`_convert_posemb`); GroupNorm `scale`/`bias` stored as
+[1, 1, 1, C] by flax < 0.3.6 in hybrid files (flax #1721). Scan-stacked blocks stay stacked;
+`stack_flat`/`unstack_flat` convert. Renames and reshapes only: no files, no TensorFlow.
 """
 
 import logging
@@ -48,18 +38,9 @@ BIT_PREFIX = "resnet/"
 
 
 def to_vit_jax_layout(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """Renames a flat parameter dict from any supported layout to the published vit_jax one.
-
-  Args:
-    flat: `/`-separated names → arrays, as read from an `.npz`.
-
-  Returns:
-    A new flat dict in the published vit_jax layout (blocks stacked iff they were stacked).
-
-  Raises:
-    ValueError: for parameters that have no faithful counterpart in this model (MAP head,
-      unknown encoder-block modules, position embeddings in two places).
-  """
+  """A new flat dict (`/`-separated names, as read from an `.npz`) in the published layout;
+  ValueError for parameters with no faithful counterpart (MAP head, unknown block modules,
+  position embeddings in two places)."""
   flat = _strip_prefix(flat)
   if any(k == "probe" or k.startswith("MAPHead_0/") for k in flat):
     raise ValueError(
@@ -96,7 +77,6 @@ def _strip_prefix(flat):
 
 
 def _rename_block_modules(flat):
-  """Maps linen-counter names inside encoder blocks to the published pre-linen names."""
   modules = {}  # block -> names of its direct submodules
   for key in flat:
     m = _BLOCK_RE.match(key)
@@ -119,15 +99,12 @@ def _rename_block_modules(flat):
 
 
 def _convert_posemb(flat):
-  """Moves a big_vision position embedding to `Transformer/posembed_input/pos_embedding`.
+  """Moves a big_vision position embedding to POSEMB.
 
-  big_vision adds its position embedding [1, gh*gw, D] to the patch tokens *before* it prepends
-  the class token, so the class token carries no position embedding. The published layout adds
-  [1, 1 + gh*gw, D] after prepending it. Prepending a zero class slot is therefore exactly the
-  same network. big_vision files from before 2022 (position embedding under `Transformer/`)
-  may already hold the class slot: big_vision recognises those by `N = s*s + 1` tokens, and so
-  does this function (they are kept as they are). Without `cls` ('gap' pooling) the embedding is
-  the grid as it is.
+  big_vision adds [1, gh*gw, D] to the patch tokens before prepending the class token; the
+  published layout adds [1, 1 + gh*gw, D] after it: a zero class slot is the same network.
+  Files from before 2022 (under `Transformer/`) may hold the slot already (`N = s*s + 1` tokens,
+  as big_vision tells them) and are kept as they are, as is a grid without `cls` ('gap').
   """
   names = [k for k in ("pos_embedding", "Transformer/pos_embedding", POSEMB) if k in flat]
   if len(names) > 1:

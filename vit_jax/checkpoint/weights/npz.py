@@ -2,20 +2,15 @@
 
 The file format is the published vit_jax one: flat `/`-separated names with the pre-linen
 counters (`Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/query/kernel`, ...), one
-array per name, never pickled. `load` also reads big_vision files (renamed by
-`vit_jax.checkpoint.weights.layouts`) and timm / Hugging Face state dicts in `.safetensors` files (renamed by
-`vit_jax.checkpoint.weights.timm_hf`, read with safetensors' numpy API: no torch); `save` always writes the
-published layout, with encoder blocks unstacked, and `save_safetensors` a PyTorch-side layout.
-BiT ResNets (vit_jax.models.bit) are read and written in the published BiT layout
-(`resnet/root_block/standardized_conv2d/kernel`, `resnet/block1/unit01/a/...`,
-`resnet/head/conv2d/...`), whose names are the in-memory ones behind a `resnet/` prefix.
-
-In memory, parameters are nested dicts of numpy arrays with the module names of
-`vit_jax.models.vit` (the published names); with `scan=True` the blocks are one
-`Transformer/encoderblock` subtree whose leaves have a leading [num_layers] axis.
+array per name, never pickled. `load` also reads big_vision files (renamed by `layouts`) and
+timm / Hugging Face `.safetensors` (renamed by `timm_hf`; docs/interop.md). BiT ResNets
+(vit_jax.models.bit) keep the published BiT layout, their in-memory names behind a `resnet/`
+prefix. In memory, parameters are nested dicts of numpy arrays with the module names of
+`vit_jax.models.vit`; with `scan=True` the blocks are one `Transformer/encoderblock` subtree
+whose leaves have a leading [num_layers] axis.
 
 Paths with a scheme (`gs://...`) go through `tf.io.gfile`, imported only then: this module must
-import without TensorFlow. Training state (optimizer, step) is Orbax's business, not this file's.
+import without TensorFlow.
 """
 
 import io
@@ -48,10 +43,6 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 WEIGHTS_CONFIG_FILE = "config.json"
 # How a zip file starts (a first entry, or an empty archive): every `.npz` is one.
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
-
-
-# ---------------------------------------------------------------------------------------------
-# Trees and files.
 
 
 def flatten_params(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,40 +106,31 @@ def _is_remote(path) -> bool:
 
 
 def _open(path: str, mode: str = "rb"):
-  """A local file, or a `tf.io.gfile` one for a path with a scheme."""
   return _gfile().GFile(path, mode) if _is_remote(path) else open(path, mode)
 
 
 def is_params_file(path: str | os.PathLike) -> bool:
-  """Whether `path` names a file of parameters, not an Orbax directory.
-
-  `.npz` and `.safetensors` files `load` reads; PyTorch pickles (`PICKLE_SUFFIXES`) it refuses
-  by name, so that every caller routing a path here says so instead of looking for Orbax steps.
-  """
+  """Whether `path` names a file of parameters, not an Orbax directory (pickles included: `load`
+  refuses them by name, so a caller routing a path here says so)."""
   return os.fspath(path).endswith(PARAM_FILE_SUFFIXES + PICKLE_SUFFIXES)
 
 
 def load(path: str | os.PathLike, num_heads: int | None = None) -> Params:
-  """Loads the parameters of a vit_jax, big_vision, BiT, timm or Hugging Face file.
-
-  The layout is recognised from the names: `.npz` files in the vit_jax or big_vision layout,
-  `.safetensors` files holding a timm `VisionTransformer` (plain or R50 hybrid) or a Hugging
-  Face `ViTModel` / `ViTForImageClassification` state dict (see vit_jax.checkpoint.weights.timm_hf).
+  """Loads the parameters of a vit_jax, big_vision, BiT, timm or Hugging Face file (the layout
+  is recognised from the names).
 
   Args:
     path: local path, or any `tf.io.gfile` path (`gs://...`) when TensorFlow is installed.
-    num_heads: attention heads of a PyTorch-layout file, whose arrays do not say; None reads it
-      from the `config.json` beside the file, else takes the preset's of the same width.
+    num_heads: attention heads of a PyTorch-layout file; None reads it from the `config.json`
+      beside the file, else takes the preset's of the same width.
 
   Returns:
-    Nested dict of numpy arrays in the published vit_jax layout (BiT: its layout without the
-    `resnet/` prefix). Scan-stacked files stay stacked (`Transformer/encoderblock`); see
-    `stack_encoder_blocks`.
+    Nested dict of numpy arrays in the published layout (BiT: without `resnet/`); scan-stacked
+    files stay stacked.
 
   Raises:
-    ValueError: the file is a pickle (by its name), not the archive its name says, truncated
-      or corrupt, holds pickled (object) arrays, names with no faithful mapping, or an
-      architecture this ViT cannot represent; the message names the file.
+    ValueError: a pickle (by its name), not the archive its name says, truncated or corrupt,
+      object arrays, or names with no faithful mapping; the message names the file.
   """
   path = os.fspath(path)
   if path.endswith(PICKLE_SUFFIXES):
@@ -210,10 +192,7 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
 
 
 def file_layout(path: str | os.PathLike) -> str:
-  """'timm' or 'hf' for a PyTorch-layout file, else 'npz' (vit_jax or big_vision names).
-
-  Reads only the names (a safetensors header, an npz directory), not the arrays.
-  """
+  """'timm' or 'hf' for a PyTorch-layout file, else 'npz'; reads only the names."""
   path = os.fspath(path)
   if path.endswith(".safetensors") and not _is_remote(path):
     with safetensors.safe_open(path, framework="np") as f:
@@ -227,10 +206,8 @@ def file_layout(path: str | os.PathLike) -> str:
 
 
 def read_foreign_config(path: str | os.PathLike) -> dict[str, Any] | None:
-  """The timm or transformers `config.json` in the directory of weights file `path`, if any.
-
-  A vit_jax stage config (the trainer's `config.json`, with a `model` entry) is not one.
-  """
+  """The timm or transformers `config.json` beside weights file `path`, if any (a vit_jax stage
+  config, with a `model` entry, is not one)."""
   path = os.fspath(path)
   config_path = os.path.join(os.path.dirname(path), WEIGHTS_CONFIG_FILE)
   if not (_gfile().exists(config_path) if _is_remote(path) else os.path.isfile(config_path)):
@@ -247,18 +224,11 @@ def read_foreign_config(path: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
-  """Writes parameters as an `.npz` in the published vit_jax (or, for BiT, BiT) layout.
-
-  Scan-stacked encoder blocks are written unstacked, and bfloat16 leaves as float32 (exact), so
-  the file reads anywhere the published checkpoints do. A `posemb='sincos2d'` model has no
-  position embedding parameter: `checkpoint.with_posemb_table` adds its table first (without
-  it, the file is written with a warning, and only sincos2d models read it). The file is
-  renamed over `path` once complete. In a multi-host job call this from one process, with fully
-  addressable arrays.
-
-  Args:
-    params: nested dict of arrays (or a variables dict with a single 'params' entry).
-    path: destination; `.npz` is not appended.
+  """Writes `params` (nested, or a variables dict) to `path` as an `.npz` in the published
+  vit_jax (or BiT) layout: blocks unstacked, bfloat16 as float32 (exact), renamed over `path`
+  once complete. A `posemb='sincos2d'` model's table is added by `checkpoint.with_posemb_table`
+  (without it: a warning, and only sincos2d models read the file). Multi-host: call it from one
+  process, with fully addressable arrays. `.npz` is not appended.
   """
   flat = layouts.unstack_flat(flatten_params(params))
   if "Transformer/encoder_norm/scale" in flat and layouts.POSEMB not in flat:
@@ -278,12 +248,9 @@ def save(params: Mapping[str, Any], path: str | os.PathLike) -> None:
 
 
 def save_safetensors(flat: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
-  """Writes a flat state dict (`timm_hf.to_timm` / `to_hf`) as a `.safetensors` file.
-
-  The file carries the `{'format': 'pt'}` metadata that transformers expects, is written with
-  safetensors' numpy API (no torch) and renamed over `path` once complete. Dtypes are kept
-  (safetensors holds bfloat16).
-  """
+  """Writes a flat state dict (`timm_hf.to_timm` / `to_hf`) as a `.safetensors` file, dtypes
+  kept, with the `{'format': 'pt'}` metadata transformers expects, renamed over `path` once
+  complete."""
   flat = {k: np.ascontiguousarray(v) for k, v in flat.items()}
   _write_atomically(
     path, lambda f: f.write(safetensors.numpy.save(flat, metadata={"format": "pt"}))
@@ -319,10 +286,6 @@ def _write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], Any])
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
-
-
-# ---------------------------------------------------------------------------------------------
-# Stacked (scan) and unstacked encoder blocks.
 
 
 def stack_encoder_blocks(params: Mapping[str, Any]) -> Params:

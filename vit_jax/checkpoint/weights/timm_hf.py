@@ -2,13 +2,10 @@
 
 timm's `VisionTransformer` (with its R50 hybrids) and Hugging Face's `ViTModel` /
 `ViTForImageClassification` (and transformers 5's in-memory names, read only): `_ROWS` names
-every parameter in each. The conversion only transposes and reshapes, so a round trip is
-bit-exact; timm's fused `qkv` is split into query, key and value. A state dict does not hold the
-head count: the caller passes it (`num_heads`, which `checkpoint.load` reads from the
-`config.json` beside the file), else the ViT preset of the same width gives it. Architectures this
-ViT cannot represent are refused in one line naming the parameter (`_UNSUPPORTED`).
-`config_for_timm` / `config_for_hf` write the `config.json` from which timm or transformers
-build the model (docs/interop.md). Numpy only: neither torch nor TensorFlow is imported.
+every parameter in each. Only transposes and reshapes, so a round trip is bit-exact. A state
+dict does not hold the head count: the caller passes `num_heads`, else the ViT preset of the
+same width gives it. `config_for_timm` / `config_for_hf` write the `config.json` from which timm
+or transformers build the model (docs/interop.md). Numpy only: no torch, no TensorFlow.
 """
 
 import logging
@@ -67,6 +64,7 @@ _ROWS = (
 )  # fmt: skip
 _TIMM_QKV = re.compile(r"^blocks\.(\d+)\.attn\.qkv\.(weight|bias)$")
 _HF_PREFIX = "vit."  # ViTForImageClassification's backbone; its `classifier` is not prefixed.
+_PATCH = {TIMM: "patch_embed.proj.weight", HF: "embeddings.patch_embeddings.projection.weight"}
 
 # Parameters of architectures this ViT cannot represent: (pattern, what it is).
 _UNSUPPORTED = (
@@ -86,17 +84,12 @@ _UNSUPPORTED = (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Layout detection.
-
-
 def layout_of(flat: Mapping[str, Any]) -> str | None:
   """`TIMM`, `HF` or None (not a PyTorch ViT state dict) for flat `{name: array}`."""
   names = set(_strip_module_prefix(flat))
-  if "patch_embed.proj.weight" in names or "patch_embed.proj.bias" in names:
+  if _PATCH[TIMM] in names or "patch_embed.proj.bias" in names:
     return TIMM
-  hf_patch = "embeddings.patch_embeddings.projection.weight"
-  if hf_patch in names or _HF_PREFIX + hf_patch in names:
+  if _PATCH[HF] in names or _HF_PREFIX + _PATCH[HF] in names:
     return HF
   return None
 
@@ -106,10 +99,6 @@ def _strip_module_prefix(flat):
   if flat and all(k.startswith("module.") for k in flat):
     return {k[len("module.") :]: v for k, v in flat.items()}
   return dict(flat)
-
-
-# ---------------------------------------------------------------------------------------------
-# Name templates.
 
 
 def _regex(template: str, torch: bool) -> re.Pattern:
@@ -152,47 +141,37 @@ _TIMM = _compiled(0, "blocks.{i}.")
 _HF = _compiled(1, "encoder.layer.{i}.") + _compiled(2, "layers.{i}.", read_only=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# Arrays.
-
-
 def _to_ours(kind: str, leaf: str, value: np.ndarray, num_heads: int, name: str) -> np.ndarray:
   if kind in ("same", "norm") or (leaf == "bias" and kind != "heads"):
     return value
-  if kind == "heads":
-    if value.shape[0] % num_heads:
-      raise ValueError(
-        f"{name!r} {value.shape}: {value.shape[0]} is not divisible by {num_heads} heads"
-      )
-    if leaf == "bias":
-      return value.reshape(num_heads, -1)  # [heads, head_dim]
-    return value.T.reshape(value.shape[1], num_heads, -1)  # [in, heads, head_dim]
-  _check_ndim(name, value, {"linear": 2, "out": 2, "conv": 4}[kind])
+  if kind != "heads":
+    _check_ndim(name, value, {"linear": 2, "out": 2, "conv": 4}[kind])
   if kind == "linear":
     return value.T
   if kind == "conv":
     return value.transpose(2, 3, 1, 0)
-  if value.shape[1] % num_heads:
-    raise ValueError(
-      f"{name!r} {value.shape}: {value.shape[1]} is not divisible by {num_heads} heads"
-    )
-  return value.T.reshape(num_heads, -1, value.shape[0])  # out: [heads, head_dim, out]
+  width = value.shape[0 if kind == "heads" else 1]  # heads * head_dim
+  if width % num_heads:
+    raise ValueError(f"{name!r} {value.shape}: {width} is not divisible by {num_heads} heads")
+  if kind == "out":
+    return value.T.reshape(num_heads, -1, value.shape[0])  # [heads, head_dim, out]
+  if leaf == "bias":
+    return value.reshape(num_heads, -1)  # [heads, head_dim]
+  return value.T.reshape(value.shape[1], num_heads, -1)  # [in, heads, head_dim]
 
 
 def _to_torch(kind: str, leaf: str, value: np.ndarray, name: str) -> np.ndarray:
   if kind in ("same", "norm") or (leaf == "bias" and kind != "heads"):
-    out = value
-  elif kind == "heads":
-    out = value.reshape(-1) if leaf == "bias" else value.reshape(value.shape[0], -1).T
-  else:
-    _check_ndim(name, value, {"linear": 2, "out": 3, "conv": 4}[kind])
-    if kind == "linear":
-      out = value.T
-    elif kind == "conv":
-      out = value.transpose(3, 2, 0, 1)
-    else:  # out: [heads, head_dim, D] -> [D, heads * head_dim]
-      out = value.reshape(-1, value.shape[-1]).T
-  return np.ascontiguousarray(out)
+    return np.ascontiguousarray(value)
+  if kind == "heads":
+    return np.ascontiguousarray(
+      value.reshape(-1) if leaf == "bias" else value.reshape(value.shape[0], -1).T
+    )
+  _check_ndim(name, value, {"linear": 2, "out": 3, "conv": 4}[kind])
+  if kind == "conv":
+    return np.ascontiguousarray(value.transpose(3, 2, 0, 1))
+  # linear: [in, out] -> [out, in]; out: [heads, head_dim, D] -> [D, heads * head_dim]
+  return np.ascontiguousarray(value.reshape(-1, value.shape[-1]).T)
 
 
 def _check_ndim(name, value, ndim):
@@ -201,25 +180,19 @@ def _check_ndim(name, value, ndim):
 
 
 # ---------------------------------------------------------------------------------------------
-# PyTorch layouts -> ours.
+# PyTorch layouts -> ours, and back.
 
 
 def from_torch(
   flat: Mapping[str, np.ndarray], num_heads: int | None = None, source: str = "checkpoint"
 ) -> dict[str, np.ndarray]:
-  """Converts a timm or Hugging Face ViT state dict to the flat published vit_jax layout.
-
-  Args:
-    flat: torch parameter names → numpy arrays (e.g. `safetensors.numpy.load_file`).
-    num_heads: attention heads; None takes the head count of the ViT preset of the same width.
-    source: how error messages name the checkpoint (its path).
-
-  Returns:
-    `/`-separated names → arrays, encoder blocks unstacked (`Transformer/encoderblock_{i}`).
+  """Converts a timm or Hugging Face ViT state dict (torch names -> numpy arrays) to the flat
+  published vit_jax layout, encoder blocks unstacked. `num_heads`: None takes the ViT preset's of
+  the same width; `source`: how error messages name the checkpoint.
 
   Raises:
     ValueError: not a timm/HF ViT, an architecture this ViT cannot represent (one line naming
-      the parameter), or missing and unexpected parameters.
+      the parameter, `_UNSUPPORTED`), or missing and unexpected parameters.
   """
   flat = _strip_module_prefix(flat)
   layout = layout_of(flat)
@@ -273,9 +246,7 @@ def from_torch(
 
 
 def _width(flat, layout):
-  name = (
-    "patch_embed.proj.weight" if layout == TIMM else "embeddings.patch_embeddings.projection.weight"
-  )
+  name = _PATCH[layout]
   for key, value in flat.items():
     if key.endswith(name):
       return int(np.shape(value)[0])
@@ -293,7 +264,7 @@ def _split_qkv(out, layer, leaf, value, num_heads, name):
 
 def _check_complete(out, source, layout):
   """Every encoder block and module has all of its parameters (a LayerNorm without bias is an
-  RMSNorm, a projection without bias another architecture: both would silently differ)."""
+  RMSNorm, a projection without bias another architecture)."""
   if "embedding/kernel" not in out or POSEMB not in out:
     missing = [k for k in ("embedding/kernel", POSEMB) if k not in out]
     raise ValueError(f"{source}: no {' or '.join(map(repr, missing))} in this {layout} state dict")
@@ -302,14 +273,12 @@ def _check_complete(out, source, layout):
       f"{source}: no final LayerNorm (timm `norm`, HF `layernorm`): vit_jax's ViT normalises "
       "the tokens before pooling"
     )
-  expected_leaves = {
-    "LayerNorm_0/scale", "LayerNorm_0/bias", "LayerNorm_2/scale", "LayerNorm_2/bias",
-    "MlpBlock_3/Dense_0/kernel", "MlpBlock_3/Dense_0/bias",
-    "MlpBlock_3/Dense_1/kernel", "MlpBlock_3/Dense_1/bias",
-  } | {
-    f"MultiHeadDotProductAttention_1/{p}/{leaf}"
-    for p in ("query", "key", "value", "out") for leaf in ("kernel", "bias")
-  }  # fmt: skip
+  expected_leaves = {  # an encoder block's rows of _ROWS
+    ours.format(b="", a="MultiHeadDotProductAttention_1/", w=leaf)
+    for kind, ours, *_ in _ROWS
+    if ours.startswith(("{b}", "{a}"))
+    for leaf in ("scale" if kind == "norm" else "kernel", "bias")
+  }
   blocks = {}
   for name in out:
     m = re.match(r"^Transformer/encoderblock_(\d+)/(.+)$", name)
@@ -350,10 +319,6 @@ def _some(flat):
   return ", ".join(sorted(flat)[:5]) or "no parameters"
 
 
-# ---------------------------------------------------------------------------------------------
-# Ours -> PyTorch layouts.
-
-
 def to_timm(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   """Converts flat vit_jax parameters (blocks unstacked) to a timm `VisionTransformer` state dict.
 
@@ -361,9 +326,7 @@ def to_timm(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     ValueError: a parameter timm's ViT has no place for (timm ≥ 0.9 has no `pre_logits`).
   """
   out, qkv = {}, {}  # qkv: (layer, leaf) -> {part: array}
-  qkv_re = re.compile(
-    r"^Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/(query|key|value)/(kernel|bias)$"
-  )
+  qkv_re = re.compile("^" + _ATTN.format(i=r"(\d+)") + "(query|key|value)/(kernel|bias)$")
   for name, value in flat.items():
     value = np.asarray(value)
     m = qkv_re.match(name)
@@ -385,17 +348,10 @@ def to_timm(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def to_hf(flat: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
-  """Converts flat vit_jax parameters to a Hugging Face ViT state dict.
-
-  A model with a head and no representation layer becomes `ViTForImageClassification`
-  (`vit.*` + `classifier`); a headless one becomes `ViTModel`, its `pre_logits` the pooler.
-
-  Returns:
-    (state dict, the transformers class name: 'ViTForImageClassification' or 'ViTModel').
-
-  Raises:
-    ValueError: a ResNet hybrid, 'gap' pooling, or a head on top of `pre_logits`, which
-      transformers' ViT classes cannot hold.
+  """Converts flat vit_jax parameters to a Hugging Face ViT state dict, and its transformers
+  class: 'ViTForImageClassification' (`vit.*` + `classifier`) with a head, else 'ViTModel' (its
+  `pre_logits` the pooler). ValueError for what those cannot hold: a ResNet hybrid, 'gap'
+  pooling, a head on top of `pre_logits`.
   """
   if any(k.startswith("conv_root/") for k in flat):
     raise ValueError("Hugging Face's ViT has no ResNet stem: write a hybrid as timm or npz")
@@ -433,12 +389,9 @@ def _row_to_torch(name, value, rows, what):
 
 
 def config_fields(config: Mapping[str, Any] | None) -> dict[str, Any]:
-  """What a timm or transformers `config.json` says that the weights do not.
-
-  Returns:
-    A dict with any of `num_heads`, `gelu_approximate` (timm and HF default to the exact GELU)
-    and `layer_norm_eps` (HF's default 1e-12; ours and timm's are 1e-6). Empty for None.
-  """
+  """What a timm or transformers `config.json` says that the weights do not: any of `num_heads`,
+  `gelu_approximate` (both default to the exact GELU) and `layer_norm_eps` (HF's default 1e-12;
+  ours and timm's are 1e-6). Empty for None."""
   if not config:
     return {}
   fields = {}
@@ -495,13 +448,8 @@ def config_for_timm(
   model_config: Any, flat: Mapping[str, np.ndarray], num_classes: int
 ) -> dict[str, Any]:
   """The `config.json` from which `timm.create_model('local-dir:DIR', pretrained=True)` builds
-  this model and loads `DIR/model.safetensors`.
-
-  Args:
-    model_config: the model ConfigDict (vit_jax.models).
-    flat: its flat parameters (for the position grid when `image_size` is not set).
-    num_classes: head width, 0 for none.
-  """
+  this model (`flat`: its parameters; `num_classes`: 0 for no head) and loads
+  `DIR/model.safetensors`."""
   image_size = _image_size(model_config, flat)
   pool = "token" if model_config.classifier == "token" else "avg"
   args = dict(
