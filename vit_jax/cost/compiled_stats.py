@@ -1,17 +1,15 @@
 """What one compiled train step costs per device: memory, FLOPs and collective traffic.
 
-Read from the compiler, not estimated: memory from `compiled.memory_analysis()` (arguments,
-outputs, donated aliases, temporaries, code), FLOPs from `compiled.cost_analysis()`, and the
-collectives (all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute) from the
-compiled HLO text. Used by the planner (vit_jax.tools.plan, compiling for a TPU topology without
-the hardware) and by the trainer at startup (the same numbers for the step it runs).
+Read from the compiler, not estimated: memory from `compiled.memory_analysis()`, FLOPs from
+`compiled.cost_analysis()`, and the collectives from the compiled HLO text. Used by the planner
+(vit_jax.tools.plan) and by the trainer at startup (the same numbers for the step it runs).
 
-Loops. XLA's cost analysis counts the body of a `while` loop once, but a scanned model
-(`model.scan`) runs its body once per layer and gradient accumulation once per micro-batch.
-`parse_hlo` finds each loop's trip count (the `known_trip_count` the compiler records, else the
-bound of the `i < N` comparison of its condition) and multiplies what is inside; FLOPs are
-corrected by the matmul and convolution FLOPs of loop bodies (elementwise work inside loops stays
-counted once: a few percent of a transformer's FLOPs).
+Loops. XLA's cost analysis counts the body of a `while` loop once, but a scanned model runs its
+body once per layer and gradient accumulation once per micro-batch. `parse_hlo` finds each
+loop's trip count (the `known_trip_count` the compiler records, else the bound of the `i < N`
+comparison of its condition) and multiplies what is inside; FLOPs are corrected by the matmul
+and convolution FLOPs of loop bodies (elementwise work inside loops stays counted once: a few
+percent of a transformer's FLOPs).
 
 Collective bytes are what one device sends per step under ring algorithms over a group of n
 devices: all-gather (n−1)/n of the gathered buffer, reduce-scatter (n−1)/n of its input,

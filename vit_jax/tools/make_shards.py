@@ -30,6 +30,7 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
 import dataclasses
 import json
 import os
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -169,8 +170,7 @@ def shard_builtin(dataset: str, split: str, out_dir: str, num_shards: int, name=
 
 def shard_folder(root: str, split: str, out_dir: str, num_shards: int, name=None, seed=0):
   """Writes `root/<split>/<class>/*` (original bytes) as shards; returns the shard paths."""
-  config = {"data_dir": root}
-  source = indexed.FolderSource(_Attrs(config), split, 0, 1)
+  source = indexed.FolderSource(types.SimpleNamespace(data_dir=root), split, 0, 1)
   paths = source.paths.numpy()
   labels = source.labels.numpy()
   order = np.random.default_rng(seed).permutation(len(paths))
@@ -235,11 +235,6 @@ def shard_seg_folder(root: str, split: str, out_dir: str, num_shards: int, name=
   return _write_segmentation(
     examples, len(order), out_dir, name, split, num_shards, class_names, channels=3
   )
-
-
-class _Attrs:
-  def __init__(self, d):
-    self.__dict__.update(d)
 
 
 define_flags = cli.define_flags(
