@@ -164,13 +164,6 @@ def transfer_dataset(dataset: str, grid: Sequence[float], options: dict[str, Any
   return out
 
 
-def _baselines(dataset: str) -> dict[str, float]:
-  """Raw-pixel logistic regression and kNN-3 on the final run's splits (bundled datasets)."""
-  from vit_jax.evaluators import baselines
-
-  return baselines.pixel_baselines(dataset, "train", test_split="test")
-
-
 def run_suite(
   suite: str,
   checkpoint: str,
@@ -207,8 +200,10 @@ def run_suite(
   results = {}
   for name in names:
     results[name] = transfer_dataset(name, grids[name], options)
-    if name in finetune_module().BUILTIN:
-      results[name].update(_baselines(name))
+    if name in finetune_module().BUILTIN:  # raw-pixel logistic regression and kNN-3
+      from vit_jax.evaluators import baselines
+
+      results[name].update(baselines.pixel_baselines(name, "train", test_split="test"))
   tasks = {n.split("/", 1)[1]: r["test"] for n, r in results.items() if n.startswith("vtab/")}
   out = dict(
     suite=suite,
