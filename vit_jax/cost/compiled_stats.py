@@ -451,14 +451,8 @@ def step_stats(
   mem = compiled.memory_analysis()
   params, opt, batch_bytes = _argument_bytes(state, state_shardings, batch)
   # Gradients have the parameters' shapes in float32 (the parameters' dtype here).
-  grads = sum(
-    int(np.prod(s.shard_shape(tuple(x.shape)))) * 4
-    for x, s in zip(
-      jax.tree_util.tree_leaves(state["params"]),
-      jax.tree_util.tree_leaves(state_shardings["params"]),
-      strict=True,
-    )
-  )
+  f32 = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32), state["params"])
+  grads = sharded_bytes(f32, state_shardings["params"])
   mesh_devices = list(jax.tree_util.tree_leaves(state_shardings["params"])[0].mesh.devices.flat)
   slices = len({int(getattr(d, "slice_index", 0)) for d in mesh_devices})
   hlo = parse_hlo(compiled.as_text(), len(mesh_devices), slices)

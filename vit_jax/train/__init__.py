@@ -13,19 +13,14 @@
   mixup.py  mixup and cutmix of the global training batch, inside the step
 
 It runs on any mesh (vit_jax.sharding), on one or many processes, and resumes from the latest
-complete checkpoint in the workdir.
-
-Determinism, which makes a resumed run bitwise equal to an uninterrupted one on the same
-topology, and the same trajectory up to floating-point summation order on any other: the
-examples of step s are positions s·B .. s·B + B − 1 of the run's stream (a function of the seed;
-the iterator state saved with each checkpoint is that position), laid out in the global batch in
-that order on any number of hosts, devices and mesh (vit_jax.input_pipeline). Every random draw
-made for an example is keyed on the seed, the step and its index i in the global batch: its
-augmentations in tf.data on (seed, stream position); its dropout masks and masked-patch
-corruption on fold_in(layer key of fold_in(rng, s), i) (`batch['index']`, vit_jax.models.ops.
-dropout), never on its row in a micro-batch, so `accum_steps` does not change them; mixup's
-and cutmix's weight and box on step s's key and the partner on the index (vit_jax.train.mixup). The
-step is part of the state. Nothing depends on wall-clock time or on how often metrics are fetched.
+complete checkpoint in the workdir, bitwise equal to an uninterrupted run on the same topology and
+the same trajectory up to floating-point summation order on any other (docs/training.md,
+"Topology"). What keeps it so: the examples of step s are positions s·B .. s·B + B − 1 of the
+run's stream (the iterator state saved with each checkpoint is that position), laid out in that
+order in the global batch; every random draw for an example is keyed on the seed, the step and
+its index in the global batch (`batch['index']`), never on its row in a micro-batch, so
+`accum_steps` does not change them. Nothing depends on wall-clock time or on how often metrics
+are fetched.
 
 Metrics: each step adds its sums to an on-device window that the host reads and resets at
 every log step, so a logged loss or accuracy is the mean over the window's examples
