@@ -101,7 +101,7 @@ def make_mesh(
   slice_axis = str(mesh_config.get("slice_axis", "data"))
   if slice_axis not in SLICE_AXES:
     raise ValueError(f"mesh.slice_axis={slice_axis!r}: expected one of {', '.join(SLICE_AXES)}")
-  in_slices = slice_devices(devices, slices)
+  slice_devices(devices, slices)  # checks them; create_hybrid_device_mesh groups them alike
   axis_types = (AxisType.Auto,) * len(MESH_AXES)
   if slices == 1:
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
@@ -111,7 +111,6 @@ def make_mesh(
       f"mesh.slices={slices} does not divide mesh.{slice_axis}={sizes[crossing]} "
       f"(mesh.slice_axis={slice_axis}: its outer factor spans the slices)"
     )
-  del in_slices  # checked; create_hybrid_device_mesh groups the devices by the same attribute
   inside = list(sizes)
   inside[crossing] //= slices
   across = [1] * len(MESH_AXES)

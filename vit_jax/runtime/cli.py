@@ -119,32 +119,25 @@ class DistributedFlags:
   @classmethod
   def define(cls, values: flags.FlagValues = flags.FLAGS) -> "DistributedFlags":
     """Defines the five flags (once per program)."""
-    return cls(
-      flags.DEFINE_enum(
-        "distributed",
+    specs = dict(
+      mode=Flag(
         "auto",
-        ["auto", "on", "off"],
         "jax.distributed.initialize: 'on' always (cluster auto-detection on TPU, SLURM, ...), "
         "'off' never, 'auto' when --coordinator_address is given or on a multi-host TPU VM "
         "slice.",
-        flag_values=values,
+        choices=["auto", "on", "off"],
+        name="distributed",
       ),
-      flags.DEFINE_string(
-        "coordinator_address",
-        None,
-        "host:port of process 0 (CPU/GPU clusters).",
-        flag_values=values,
-      ),
-      flags.DEFINE_integer("num_processes", None, "Number of processes.", flag_values=values),
-      flags.DEFINE_integer("process_id", None, "Index of this process.", flag_values=values),
-      flags.DEFINE_float(
-        "lost_process_timeout",
+      coordinator_address=Flag(str, "host:port of process 0 (CPU/GPU clusters)."),
+      num_processes=Flag(int, "Number of processes."),
+      process_id=Flag(int, "Index of this process."),
+      lost_process_timeout=Flag(
         distributed.LOST_PROCESS_TIMEOUT_S,
         "Seconds without a sign of life after which another process of the run counts as "
         "gone: the others then stop, with a line naming it (vit_jax.runtime.liveness).",
-        flag_values=values,
       ),
     )
+    return cls(**{k: spec.define(k, values) for k, spec in specs.items()})
 
   def connect(self, name: str = "vit_jax") -> None:
     """Connects this process to the others of its run and watches them (vit_jax.runtime.
