@@ -111,11 +111,11 @@ class HloStats:
     matmul_flops: FLOPs of dots and convolutions, each counted once per execution.
     matmul_flops_once: the same, counting every loop body once (as XLA's cost analysis does).
     loops: [(body name, trip count or None if not found)].
-    dcn_bytes: bytes sent per step between slices, over the data-centre network: the TPU
-      compiler splits a collective across slices into one inside each slice and a host
-      transfer (`send` with `_xla_megascale_transfer_type`) between them, counted here as the
-      ring algorithm over the slices would send its buffer (all-reduce 2 (S - 1) / S of it,
-      all-gather, reduce-scatter and all-to-all (S - 1) / S, anything else all of it).
+    dcn_bytes: bytes sent per step between slices: the TPU compiler splits a collective across
+      slices into one inside each slice and a host transfer (`send` with
+      `_xla_megascale_transfer_type`) between them, counted as a ring over the S slices sends
+      its buffer (all-reduce 2 (S - 1) / S of it; all-gather, reduce-scatter, all-to-all
+      (S - 1) / S; anything else all of it).
     ici_bytes: the bytes of the other collectives (`collectives`), inside a slice.
     dcn_dtypes, ici_dtypes: `dcn_bytes` and `ici_bytes` by element type ({'bf16': ..., 'f32': ...}).
   """

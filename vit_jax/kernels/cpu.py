@@ -68,13 +68,9 @@ def _cache_dir() -> str:
 
 def _compiler_identity(cxx: str, march: str) -> list[str]:
   """What decides the binary besides the sources: the compiler (its resolved path and version)
-  and what `-march` means to it on this CPU (gcc's enabled target options; the CPU's feature
-  flags for every compiler). FileNotFoundError without the compiler; a compiler that cannot
-  say its version fails when it builds, with its own error.
-
-  Asking the compiler takes two processes (~0.2 s); the answer is kept in the cache under the
-  compiler binary's identity (path, size, modification time), -march and the CPU's flags, so
-  every later process of this machine reads it instead."""
+  and what `-march` means to it on this CPU (gcc's enabled target options). FileNotFoundError
+  without the compiler. Asking takes two processes (~0.2 s), so the answer is cached under the
+  compiler binary's path, size and modification time, -march and the CPU's flags."""
   path = os.path.realpath(shutil.which(cxx) or cxx)
   stat = os.stat(path)  # FileNotFoundError: no such compiler
   probe = hashlib.sha256(
