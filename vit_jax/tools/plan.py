@@ -563,11 +563,7 @@ define_flags = cli.define_flags(
 
 def main(argv: Sequence[str], f) -> None:
   cli.no_arguments(argv)
-  topology = f.topology.value
-  quiet_libtpu(topology)
-  parse_topology(topology)
-  if not libtpu_available():
-    raise RuntimeError(install_hint())
+  topology = f.topology.value  # checked, and libtpu looked for, by `topology_devices`
   config = f.config.value
   kwargs = dict(
     num_classes=f.num_classes.value,
