@@ -1,24 +1,12 @@
 r"""Entry point of every stage: `python -m vit_jax.main --config=... --workdir=...`.
 
-The config (configs/*.py, installed as vit_jax.configs; selected and parameterised with one
-string, see configs/common.py; a file of the user's own: vit_jax.runtime.config_files) names its stage:
-'pretrain', 'finetune' and 'segment' run vit_jax.train, 'linear_probe' runs vit_jax.linear_probe
-(vit_jax.stages, the same as a library). Fields are
-overridden with `--config.field=value`; configs are locked, so a misspelt field is an error
-naming the nearest field.
-
-The terminal shows progress, metrics, warnings and errors; everything else (library chatter,
-native messages) goes to the log file named on the first line (vit_jax.runtime.console), and a failed run
-ends with one line saying what went wrong. `--verbose` shows everything on the terminal instead.
-
-Multi-host: on a multi-host TPU VM slice `jax.distributed.initialize()` runs automatically
-(`--distributed=auto`); elsewhere (CPU or GPU clusters) pass `--coordinator_address=host:port
---num_processes=N --process_id=i` on every process. Every process runs the same command. A
-process silent for `--lost_process_timeout` seconds (default 30) ends the others, with a line
-naming it (vit_jax.runtime.liveness).
-
-A workdir has one writer: its lock is a lease (vit_jax.runtime.workdir_lock), taken over by a
-restart once its holder has stopped renewing it; `--break_lock` removes it at once.
+The config (configs/*.py, installed as vit_jax.configs; a file of the user's own:
+vit_jax.runtime.config_files) names its stage: 'pretrain', 'finetune' and 'segment' run
+vit_jax.train, 'linear_probe' runs vit_jax.linear_probe (vit_jax.stages, the same as a library).
+Fields are overridden with `--config.field=value`; a misspelt field is an error naming the
+nearest one. The terminal shows progress, metrics, warnings and errors, the log file the rest
+(vit_jax.runtime.console; `--verbose`: everything on the terminal). Multi-host runs, the lost
+process timeout and the workdir's lock (`--break_lock`): docs/training.md.
 
 Examples:
   python -m vit_jax.main --config=configs/pretrain.py:dataset=fashion_mnist --workdir=/tmp/pt

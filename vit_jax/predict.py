@@ -3,23 +3,16 @@ r"""Classifies image files with a trained checkpoint and prints the top-5 classe
   python -m vit_jax.predict --checkpoint=/tmp/vit_ft cat.png dog.jpg
   python -m vit_jax.predict --checkpoint=ViT-B_16_imagenet2012.npz --class_names=names.txt x.jpg
 
-The checkpoint is a workdir (its latest step), a step directory or an `.npz`. What travels with
-it: a trainer workdir holds `config.json` (the stage config: model architecture, dataset name,
-image size and evaluation preprocessing); class names come from `--class_names` (a text file,
-one name a line), else from the dataset named in `config.json` (builtin datasets and tfds
-carry names), else the class index is printed. For a bare `.npz` the architecture is read from
-the parameter shapes and the image size from the position embeddings (or `--image_size`).
+The checkpoint is a workdir (its latest step), a step directory or an `.npz`. A workdir's
+`config.json` gives the architecture, dataset, image size and evaluation preprocessing; class
+names come from `--class_names` (one name a line), else the dataset, else the class index is
+printed. For a bare `.npz` the architecture is read from the parameter shapes and the image size
+from the position embeddings (or `--image_size`). Images are preprocessed as in evaluation with
+PIL and numpy (vit_jax.inference, the library behind this command); TensorFlow is imported only
+to look up a dataset's class names. An unreadable image is skipped with one warning line.
 
-Images are preprocessed as in evaluation — the saved `pp_eval` spec (`decode|resize|
-central_crop|value_range` ops), or resize to the model's size — with PIL and numpy
-(vit_jax.inference, the library behind this command); TensorFlow is imported only to look up a
-dataset's class names when no other source has them. An unreadable image is skipped with one
-warning line naming it; the others are classified.
-
-A workdir of the segment stage (configs/segment.py) segments the images instead: each one's
-mask is written to `--masks_dir` as `<name>_mask.png` (a palette PNG whose pixel values are the
-class indices, at the image's size), beside `<name>_overlay.png` (the classes' colours blended
-into the image), and the classes found are printed with their share of the pixels:
+A workdir of the segment stage segments the images instead, writing `<name>_mask.png` (class
+indices) and `<name>_overlay.png` to `--masks_dir` (docs/segmentation.md):
 
   python -m vit_jax.predict --checkpoint=/tmp/seg --masks_dir=/tmp/masks canvas.png
 """

@@ -6,19 +6,12 @@ Every sharding decision of the trainer is declared here, once: a mesh with three
   fsdp   data parallelism with parameters and optimizer state sharded over it (ZeRO-3 style),
   model  tensor parallelism: attention heads and the MLP hidden units are split over it,
 
-several TPU slices (Multislice, `mesh.slices`) joined by the data-centre network: the outer factor
-of one axis crosses them (`mesh.slice_axis`: `data`, by default, or `fsdp`), everything else stays
-inside a slice (the device order from `slice_index`),
-
-and an ordered list of rules mapping parameter names (regular expressions on the `/`-joined path,
-e.g. `Transformer/encoderblock_3/MlpBlock_3/Dense_0/kernel`) to PartitionSpecs. The same rules
-shard the optimizer state, whose leaves mirror the parameters. The batch (and with it every
-activation, which XLA's sharding propagation derives from the batch and the weights) is split
-over `data` and `fsdp`.
-
-A dimension that an axis does not divide is left unsharded (e.g. a 10-class head over a 4-way
-fsdp axis), so any model runs on any mesh. With `scan=True` the blocks' leaves carry a leading
-layer axis; specs are left-padded with None to the leaf's rank, so the same rules serve both.
+optionally over several TPU slices (`make_mesh`), and an ordered list of rules mapping parameter
+names (regular expressions on the `/`-joined path) to PartitionSpecs, which shard the optimizer
+state too. The batch (and with it every activation, which XLA's sharding propagation derives) is
+split over `data` and `fsdp`. A dimension that an axis does not divide is left unsharded, so any
+model runs on any mesh; specs are left-padded with None to the leaf's rank, so the same rules
+serve a scanned model's stacked blocks.
 
 This file must not import TensorFlow.
 """
@@ -101,7 +94,7 @@ def make_mesh(
   slice_axis = str(mesh_config.get("slice_axis", "data"))
   if slice_axis not in SLICE_AXES:
     raise ValueError(f"mesh.slice_axis={slice_axis!r}: expected one of {', '.join(SLICE_AXES)}")
-  in_slices = slice_devices(devices, slices)
+  slice_devices(devices, slices)  # checks them; create_hybrid_device_mesh groups them alike
   axis_types = (AxisType.Auto,) * len(MESH_AXES)
   if slices == 1:
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
@@ -111,7 +104,6 @@ def make_mesh(
       f"mesh.slices={slices} does not divide mesh.{slice_axis}={sizes[crossing]} "
       f"(mesh.slice_axis={slice_axis}: its outer factor spans the slices)"
     )
-  del in_slices  # checked; create_hybrid_device_mesh groups the devices by the same attribute
   inside = list(sizes)
   inside[crossing] //= slices
   across = [1] * len(MESH_AXES)

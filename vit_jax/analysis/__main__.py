@@ -4,12 +4,9 @@ r"""The command line of vit_jax.analysis: figures and numbers of what a ViT chec
   python -m vit_jax.analysis --checkpoint=ViT-B_16.npz --model=B/16 --images=a.jpg,b.png \
       --out=/tmp/inside_b16
 
-The checkpoint is a workdir (its latest step), a step directory or an `.npz`; `--model` names
-the preset of an `.npz` without `config.json` (required for the R50 hybrids; plain ViTs are read
-from the parameter shapes). Writes to `--out` the PNG figures, `analysis.json` (the numbers) and
-`analysis.npz` (the arrays); see vit_jax/analysis/report.py. Images are preprocessed as for
-evaluation (vit_jax.inference), in batches; unreadable ones are skipped and named in one line.
-Large models: `--fsdp=N` / `--model_parallel=N` shard the parameters over local devices.
+Writes to `--out` the PNG figures, `analysis.json` and `analysis.npz` (vit_jax/analysis/report.py;
+docs/analysis.md). `--model` names the preset of an `.npz` without `config.json` (required for the
+R50 hybrids); `--fsdp=N` / `--model_parallel=N` shard a large model's parameters over local devices.
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts

@@ -1,12 +1,7 @@
 """The numbers behind the ViT paper's §4.5 (Fig. 6–7), as pure numpy functions.
 
-- `filter_pca`: principal components of the patch-embedding filters (Fig. 7 left);
-- `posemb_similarity`: cosine similarity between the position embeddings of patches (Fig. 7
-  centre), and `posemb_grid_summary` to say in numbers whether a 2-D grid structure is there;
-- `mean_attention_distance`: the attention-weighted image-space distance from each query patch
-  to the key patches, per head (Fig. 7 right);
-- `attention_rollout`: Abnar & Zuidema's attention rollout from the pooled output to the patches
-  (Fig. 6).
+`filter_pca` (Fig. 7 left), `posemb_similarity` and `posemb_grid_summary` (Fig. 7 centre),
+`mean_attention_distance` (Fig. 7 right) and `attention_rollout` (Fig. 6).
 
 Conventions. Patches are in row-major order on a [gh, gw] token grid, with `num_prefix_tokens`
 (1 for a class token, else 0) non-grid tokens in front. Distances are in input pixels: one grid

@@ -1,7 +1,8 @@
 """PNG figures of the analysis (matplotlib, Agg backend: no display needed).
 
-Each function takes the numbers of vit_jax.analysis.metrics and writes one file; none computes
-anything the JSON does not hold. This file must not import JAX or TensorFlow.
+Each function takes the numbers of vit_jax.analysis.metrics and writes one PNG, `path`, with
+`title` as a line above the figure, and returns `path`; none computes anything the JSON does not
+hold. This file must not import JAX or TensorFlow.
 """
 
 import os
@@ -36,8 +37,6 @@ def filters(components: np.ndarray, explained: np.ndarray, path: str, title: str
   Args:
     components: [k, p, p, C]; each is shown min-max scaled to [0, 1] on its own.
     explained: [k] explained variance ratios.
-    path: the PNG to write.
-    title: a line above the grid.
   """
   k = len(components)
   cols = min(k, 7)
@@ -63,8 +62,6 @@ def posemb_similarity(
   Args:
     similarity: [gh * gw, gh * gw] from metrics.posemb_similarity.
     grid: (gh, gw).
-    path: the PNG to write.
-    title: a line above the mosaic.
   """
   gh, gw = grid
   maps = similarity.reshape(gh, gw, gh, gw)
@@ -97,8 +94,6 @@ def attention_distance(
   Args:
     distance: [layers, heads] in pixels.
     uniform: the distance of uniform attention (a dashed line), or None.
-    path: the PNG to write.
-    title: a line above the plot.
   """
   layers, heads = distance.shape
   fig, ax = plt.subplots(figsize=(4.2, 3.2))
@@ -140,8 +135,6 @@ def rollout(
     maps: [gh * gw] rollout maps from metrics.attention_rollout.
     grid: (gh, gw).
     names: a caption per image.
-    path: the PNG to write.
-    title: a line above the figure.
   """
   n = len(images)
   fig, axes = plt.subplots(3, n, figsize=(1.3 * n + 0.6, 4.3), squeeze=False)

@@ -75,7 +75,6 @@ def _batches(
       names.append(path)
     except inference.UNREADABLE as e:
       skipped.append((path, inference.why_unreadable(e)))
-      continue
     if len(arrays) == batch_size:
       yield names, np.stack(arrays)
       names, arrays = [], []
@@ -274,9 +273,9 @@ def analyze(
     )
     shown = att["images"]
     labels = [os.path.splitext(os.path.basename(p))[0] for p in att["names"]]
-    title = f"{name}\nattention rollout from the {source} (heads: mean; residual: 0.5 I)"
-    if residual_weight != 0.5:
-      title = title.replace("0.5 I", f"{residual_weight:g} I")
+    title = (
+      f"{name}\nattention rollout from the {source} (heads: mean; residual: {residual_weight:g} I)"
+    )
     k = min(len(shown), ROLLOUT_FIGURE_IMAGES)
     result["figures"]["attention_rollout"] = plots.rollout(
       shown[:k],

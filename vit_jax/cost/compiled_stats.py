@@ -1,17 +1,15 @@
 """What one compiled train step costs per device: memory, FLOPs and collective traffic.
 
-Read from the compiler, not estimated: memory from `compiled.memory_analysis()` (arguments,
-outputs, donated aliases, temporaries, code), FLOPs from `compiled.cost_analysis()`, and the
-collectives (all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute) from the
-compiled HLO text. Used by the planner (vit_jax.tools.plan, compiling for a TPU topology without
-the hardware) and by the trainer at startup (the same numbers for the step it runs).
+Read from the compiler, not estimated: memory from `compiled.memory_analysis()`, FLOPs from
+`compiled.cost_analysis()`, and the collectives from the compiled HLO text. Used by the planner
+(vit_jax.tools.plan) and by the trainer at startup (the same numbers for the step it runs).
 
-Loops. XLA's cost analysis counts the body of a `while` loop once, but a scanned model
-(`model.scan`) runs its body once per layer and gradient accumulation once per micro-batch.
-`parse_hlo` finds each loop's trip count (the `known_trip_count` the compiler records, else the
-bound of the `i < N` comparison of its condition) and multiplies what is inside; FLOPs are
-corrected by the matmul and convolution FLOPs of loop bodies (elementwise work inside loops stays
-counted once: a few percent of a transformer's FLOPs).
+Loops. XLA's cost analysis counts the body of a `while` loop once, but a scanned model runs its
+body once per layer and gradient accumulation once per micro-batch. `parse_hlo` finds each
+loop's trip count (the `known_trip_count` the compiler records, else the bound of the `i < N`
+comparison of its condition) and multiplies what is inside; FLOPs are corrected by the matmul
+and convolution FLOPs of loop bodies (elementwise work inside loops stays counted once: a few
+percent of a transformer's FLOPs).
 
 Collective bytes are what one device sends per step under ring algorithms over a group of n
 devices: all-gather (n−1)/n of the gathered buffer, reduce-scatter (n−1)/n of its input,
@@ -113,11 +111,11 @@ class HloStats:
     matmul_flops: FLOPs of dots and convolutions, each counted once per execution.
     matmul_flops_once: the same, counting every loop body once (as XLA's cost analysis does).
     loops: [(body name, trip count or None if not found)].
-    dcn_bytes: bytes sent per step between slices, over the data-centre network: the TPU
-      compiler splits a collective across slices into one inside each slice and a host
-      transfer (`send` with `_xla_megascale_transfer_type`) between them, counted here as the
-      ring algorithm over the slices would send its buffer (all-reduce 2 (S - 1) / S of it,
-      all-gather, reduce-scatter and all-to-all (S - 1) / S, anything else all of it).
+    dcn_bytes: bytes sent per step between slices: the TPU compiler splits a collective across
+      slices into one inside each slice and a host transfer (`send` with
+      `_xla_megascale_transfer_type`) between them, counted as a ring over the S slices sends
+      its buffer (all-reduce 2 (S - 1) / S of it; all-gather, reduce-scatter, all-to-all
+      (S - 1) / S; anything else all of it).
     ici_bytes: the bytes of the other collectives (`collectives`), inside a slice.
     dcn_dtypes, ici_dtypes: `dcn_bytes` and `ici_bytes` by element type ({'bf16': ..., 'f32': ...}).
   """
@@ -453,14 +451,8 @@ def step_stats(
   mem = compiled.memory_analysis()
   params, opt, batch_bytes = _argument_bytes(state, state_shardings, batch)
   # Gradients have the parameters' shapes in float32 (the parameters' dtype here).
-  grads = sum(
-    int(np.prod(s.shard_shape(tuple(x.shape)))) * 4
-    for x, s in zip(
-      jax.tree_util.tree_leaves(state["params"]),
-      jax.tree_util.tree_leaves(state_shardings["params"]),
-      strict=True,
-    )
-  )
+  f32 = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32), state["params"])
+  grads = sharded_bytes(f32, state_shardings["params"])
   mesh_devices = list(jax.tree_util.tree_leaves(state_shardings["params"])[0].mesh.devices.flat)
   slices = len({int(getattr(d, "slice_index", 0)) for d in mesh_devices})
   hlo = parse_hlo(compiled.as_text(), len(mesh_devices), slices)

@@ -184,6 +184,4 @@ def device_peak(
   peak = peak_flops(device_kind, dtype)
   if peak is None:
     return None, f"unknown device kind {device_kind!r}"
-  return peak, "table: " + next(
-    p for p in sorted(PEAK_FLOPS, key=len, reverse=True) if device_kind.startswith(p)
-  )
+  return peak, "table: " + _row(PEAK_FLOPS, device_kind)

@@ -1,27 +1,20 @@
 """C++ kernels for XLA:CPU, FFI custom calls compiled on first use: the attention core and LayerNorm.
 
-`attention` (`attention.cc`): softmax(q k^T / sqrt(head_dim)) v with its backward pass,
-float32. It reads q, k and v from the QKV projection's [batch, tokens, 3, heads, head_dim] output
-and returns [batch, tokens, heads, head_dim], so the model does without the heads-major
-transposes of the XLA path; one (batch, head) pair per task. `layer_norm` (`layer_norm.cc`):
-the LayerNorm of vit_jax.models.ops (statistics in float32, epsilon 1e-6) and its backward pass, rows in
-chunks. Both run on XLA's intra-op thread pool and hand XLA a future instead of blocking one of its
-threads. vit_jax.models.ops uses them for `attention_kernel` / `layer_norm_kernel` = 'auto' on a
-single-device CPU backend in float32, and for 'cpu'.
+`attention` (`attention.cc`): softmax(q k^T / sqrt(head_dim)) v and its backward pass, float32,
+reading q, k and v from the QKV projection's [batch, tokens, 3, heads, head_dim] output and
+returning [batch, tokens, heads, head_dim]. `layer_norm` (`layer_norm.cc`): the LayerNorm of
+vit_jax.models.ops and its backward pass. vit_jax.models.ops uses them for `attention_kernel` /
+`layer_norm_kernel` = 'auto' on a single-device CPU backend in float32, and for 'cpu'. How they
+work and what they gain: docs/benchmarks.md.
 
-The library is built with the system's C++ compiler (`$CXX`, default `g++`, with `_CXXFLAGS`
-and `-march=native`) against the XLA FFI headers that jaxlib ships, into
-`$VIT_JAX_KERNEL_CACHE` (default `~/.cache/vit_jax/kernels`) under a name that hashes the sources,
-jaxlib's version, the compiler (its resolved path and version), its flags, what `-march` means
-to it here and the CPU's feature flags (x86 and ARM), so a change of any of them builds anew.
-Concurrent first uses (pytest workers, hosts sharing a home directory) build one at a time
-under a lock in the cache, each to a temporary file that is loaded in a child process before it
-is renamed into place. Without a compiler, or when the build fails,
-`unavailable_reason()` says why and 'auto' keeps XLA.
-
-`for_target(march)` builds the same sources for another `-march` (e.g. 'x86-64-v2', which takes
-the kernels' scalar paths, or 'x86-64-v3', AVX2 + FMA) and registers them under target names of
-their own, so one process can check the code paths that machines of other CPU classes run.
+The library is built with `$CXX` (default `g++`, `_CXXFLAGS`, `-march=native`) against jaxlib's
+XLA FFI headers into `$VIT_JAX_KERNEL_CACHE` (default `~/.cache/vit_jax/kernels`), under a name
+hashing everything the binary depends on (`library_path`). Concurrent first uses build one at a
+time under a lock in the cache, each to a temporary file loaded in a child process before it is
+renamed into place. Without a compiler, or when the build fails, `unavailable_reason()` says why
+and 'auto' keeps XLA. `for_target(march)` builds the same sources for another `-march` (e.g.
+'x86-64-v2', the kernels' scalar paths) under target names of their own, so one process can
+check the code paths of other CPU classes.
 """
 
 import ctypes
@@ -75,13 +68,9 @@ def _cache_dir() -> str:
 
 def _compiler_identity(cxx: str, march: str) -> list[str]:
   """What decides the binary besides the sources: the compiler (its resolved path and version)
-  and what `-march` means to it on this CPU (gcc's enabled target options; the CPU's feature
-  flags for every compiler). FileNotFoundError without the compiler; a compiler that cannot
-  say its version fails when it builds, with its own error.
-
-  Asking the compiler takes two processes (~0.2 s); the answer is kept in the cache under the
-  compiler binary's identity (path, size, modification time), -march and the CPU's flags, so
-  every later process of this machine reads it instead."""
+  and what `-march` means to it on this CPU (gcc's enabled target options). FileNotFoundError
+  without the compiler. Asking takes two processes (~0.2 s), so the answer is cached under the
+  compiler binary's path, size and modification time, -march and the CPU's flags."""
   path = os.path.realpath(shutil.which(cxx) or cxx)
   stat = os.stat(path)  # FileNotFoundError: no such compiler
   probe = hashlib.sha256(

@@ -1,15 +1,12 @@
 """The XLA:CPU flags a command sets before JAX starts its backends: matmuls outside YNNPACK.
 
-jax's CPU backend hands every dot to YNNPACK by default; for the ViT's matmuls XLA's own (Eigen)
-dots are faster, so `--xla_cpu_experimental_ynn_fusion_type=-individual_dot` takes them out of
-YNNPACK, which keeps reductions and convolutions. Measurements: docs/benchmarks.md (Matmuls
-outside YNNPACK).
-
-`apply()`, called by vit_jax.runtime.process.configure (never on import), adds the flags that
-XLA_FLAGS does not already set, so a value of the user's own wins;
-`VIT_JAX_KEEP_XLA_FLAGS=1` leaves XLA_FLAGS as it is. Once JAX has started a backend it changes
-nothing (XLA reads XLA_FLAGS once, and children would inherit flags this process never used).
-GPU and TPU backends ignore XLA:CPU flags.
+For the ViT's matmuls XLA's own (Eigen) dots are faster than YNNPACK's, so
+`--xla_cpu_experimental_ynn_fusion_type=-individual_dot` takes them out of YNNPACK, which keeps
+reductions and convolutions (docs/benchmarks.md, "Matmuls outside YNNPACK"). `apply()`, called by
+vit_jax.runtime.process.configure (never on import), adds the flags that XLA_FLAGS does not
+already set, so a value of the user's own wins; `VIT_JAX_KEEP_XLA_FLAGS=1` leaves XLA_FLAGS as it
+is. Once JAX has started a backend it changes nothing (XLA reads XLA_FLAGS once, and children
+would inherit flags this process never used). GPU and TPU backends ignore XLA:CPU flags.
 
 This file must not import JAX.
 """

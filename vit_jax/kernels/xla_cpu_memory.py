@@ -1,25 +1,18 @@
 """glibc's allocator and JAX's CPU dispatch set so that XLA:CPU's step buffers stay mapped from
 one step to the next.
 
-XLA:CPU allocates each execution's temporary buffer (all the activations a train step keeps for
-its backward pass, often more than a GiB) on the thread that runs the execution, and frees it
-when the execution ends. glibc serves a block that large with a fresh `mmap` (a thread's own
-arena always does, past its 64 MiB heaps), so every step faults in and zeroes every page of it
-again. `apply()` keeps such blocks in the main thread's heap, which then grows with `brk`
-(`M_MMAP_MAX` 0) and is never shrunk (`M_TRIM_THRESHOLD` -1), and has JAX run a one-device CPU
-computation on the thread that calls it (`jax_cpu_enable_async_dispatch` off): the trainer's
-steps run on the main thread, and a freed step buffer is reused by the next step. The other
-threads (tf.data's, XLA's) keep arenas of their own, so none waits on the main heap's lock. The
-cost: the process keeps its peak memory. Measurements: docs/benchmarks.md (Step buffers kept
-mapped; Around the step).
+XLA:CPU allocates each execution's temporary buffer (often more than a GiB for a train step) on
+the thread that runs it and frees it at the end; glibc serves a block that large with a fresh
+`mmap`, so every step faults in and zeroes every page again. `apply()` keeps such blocks in the
+main thread's heap (`M_MMAP_MAX` 0, `M_TRIM_THRESHOLD` -1) and has JAX run a one-device CPU
+computation on the calling thread (`jax_cpu_enable_async_dispatch` off), so a freed step buffer
+is reused by the next step; the process keeps its peak memory. Why, and the measurements:
+docs/process.md ("The allocator's costs"), docs/benchmarks.md.
 
 It is called by vit_jax.runtime.process.configure, never on import, and must come before JAX
-starts its backends (the CPU client's dispatch is fixed when it is made). Computations over
-several CPU devices are dispatched to XLA's threads whatever the setting, so their buffers are
-still faulted in each step. It is skipped where the C library is not glibc, where an accelerator
-is in use (the step's buffers live on the device; the host's input pipeline, many threads on a
-TPU VM, is better served by glibc's defaults and asynchronous dispatch) and with
-`VIT_JAX_KEEP_MALLOC` set (to anything but '' or '0').
+starts its backends (the CPU client's dispatch is fixed when it is made). It is skipped where the
+C library is not glibc, where an accelerator is in use and with `VIT_JAX_KEEP_MALLOC` set (to
+anything but '' or '0').
 
 This file imports JAX only once the allocator is set.
 """

@@ -5,36 +5,14 @@ Every command, of the package (all listed in vit_jax.tools) or an experiment
 (`python -m experiments.<name>`), is a module with
   - a first statement that sets its process up when it runs as a command
     (vit_jax.runtime.process.configure, before anything else is imported);
-  - `define_flags = cli.define_flags(name=Flag(...), ...)`: called with a FlagValues
-    (absl's global one by default), it defines the command's flags there and returns their
-    holders;
+  - `define_flags = cli.define_flags(name=Flag(...), ...)`, defining its flags in a FlagValues
+    (absl's global one by default) and returning their holders;
   - `main(argv, flags)`, given the arguments left after the flags and those holders;
   - `cli.run(main, "<name>", define_flags)` under `if __name__ == "__main__"`.
-Its flags exist only in the program that runs it, so a module that imports a command module (a
-test, or another command, for a function of it) defines no flag; `call(module, argv)` runs a
-command in a process of one's own (a test, a notebook), its flags in a FlagValues of their own.
+Its flags exist only in the program that runs it, so importing a command module defines no flag;
+`call(module, argv)` runs a command in this process, its flags in a FlagValues of their own.
 The library code of a command lives in library modules (vit_jax.stages, vit_jax.inference, ...).
-
-  Flag, define_flags(**flags)  a command's flags, one line each; the flags several commands
-                        share: CHECKPOINT, MODEL, IMAGE_SIZE, CLASS_NAMES, BATCH_SIZE, WORKDIR,
-                        config_flag (--config), DistributedFlags
-  no_arguments(argv)    a command that takes no positional argument refuses one
-  run(main, name, define_flags)  absl's app.run; a bad flag or --config value, or one of
-                        `errors` raised by `main`, ends in `<name>: error: <Kind>: <message>`;
-                        a second SIGTERM / SIGINT during a run ends the process at once
-                        (vit_jax.runtime.stopping); the process ends as soon as `main` is done
-                        and its output is flushed (`end_process`), not waiting for the release
-                        of the input pipeline's tf.data iterators
-  call(module, argv)    the command's `main` in this process; returns what it returns
-  values(holders)       the flags' values, by name (for code that reads them as attributes)
-  given(holders)        the flags the command line set, as arguments
-  DistributedFlags      --distributed, --coordinator_address, --num_processes, --process_id,
-                        --lost_process_timeout
-  run_stages(...)       the body of a command that runs stages into a workdir (vit_jax.main,
-                        vit_jax.tools.transfer): its log file (vit_jax.runtime.console), jax.distributed
-                        connected and the other processes watched (vit_jax.runtime.liveness), a
-                        stop (SIGTERM, preemption) ending in its line and exit status, any
-                        failure in one line naming the log (or the lost process behind it).
+How a command's process ends: docs/process.md.
 
 This file must not import TensorFlow.
 """
@@ -141,32 +119,25 @@ class DistributedFlags:
   @classmethod
   def define(cls, values: flags.FlagValues = flags.FLAGS) -> "DistributedFlags":
     """Defines the five flags (once per program)."""
-    return cls(
-      flags.DEFINE_enum(
-        "distributed",
+    specs = dict(
+      mode=Flag(
         "auto",
-        ["auto", "on", "off"],
         "jax.distributed.initialize: 'on' always (cluster auto-detection on TPU, SLURM, ...), "
         "'off' never, 'auto' when --coordinator_address is given or on a multi-host TPU VM "
         "slice.",
-        flag_values=values,
+        choices=["auto", "on", "off"],
+        name="distributed",
       ),
-      flags.DEFINE_string(
-        "coordinator_address",
-        None,
-        "host:port of process 0 (CPU/GPU clusters).",
-        flag_values=values,
-      ),
-      flags.DEFINE_integer("num_processes", None, "Number of processes.", flag_values=values),
-      flags.DEFINE_integer("process_id", None, "Index of this process.", flag_values=values),
-      flags.DEFINE_float(
-        "lost_process_timeout",
+      coordinator_address=Flag(str, "host:port of process 0 (CPU/GPU clusters)."),
+      num_processes=Flag(int, "Number of processes."),
+      process_id=Flag(int, "Index of this process."),
+      lost_process_timeout=Flag(
         distributed.LOST_PROCESS_TIMEOUT_S,
         "Seconds without a sign of life after which another process of the run counts as "
         "gone: the others then stop, with a line naming it (vit_jax.runtime.liveness).",
-        flag_values=values,
       ),
     )
+    return cls(**{k: spec.define(k, values) for k, spec in specs.items()})
 
   def connect(self, name: str = "vit_jax") -> None:
     """Connects this process to the others of its run and watches them (vit_jax.runtime.
@@ -259,12 +230,12 @@ def run(
   define_flags: Callable[..., Any],
   errors: tuple[type[BaseException], ...] = (),
 ) -> None:
-  """Defines the command's flags, then runs `main(argv, define_flags())` as absl's app.run does,
-  a bad flag ending in one line; a misuse (absl's UsageError: arguments it takes none of, a
-  missing file) ends in `<name>: error: <message>`, an exception of `errors` from `main` in
-  `<name>: error: <Kind>: <message>` (exit 1 for both). The process is the command's: a second stop
-  signal during a run ends it at once (vit_jax.runtime.stopping), and it ends as soon as `main`
-  is done, with its exit status (`end_process`)."""
+  """Defines the command's flags, then runs `main(argv, define_flags())` as absl's app.run does.
+
+  A bad flag, a misuse (absl's UsageError) or an exception of `errors` from `main` ends in one
+  line, `<name>: error: [<Kind>: ]<message>` (exit 1). A second stop signal during a run ends
+  the process at once (vit_jax.runtime.stopping), and it ends as soon as `main` is done, with its
+  exit status (`end_process`)."""
   from vit_jax.runtime import stopping
 
   stopping.exit_on_second_signal()
@@ -300,18 +271,9 @@ def _exit_status(code: Any) -> int:
 
 
 def end_process(status: int) -> NoReturn:
-  """Ends the command's process with `status` as the interpreter's exit does, less the waits
-  for what libraries leave behind, so that it ends within moments of its last line.
-
-  As the interpreter's exit: the threads that are not daemons are joined and the workers of
-  concurrent.futures finished (threading._shutdown), then the exit functions run (the log file's
-  flush, JAX's shutdown of a multi-process run), then the streams are flushed. Left out: the
-  input pipeline's wait for the release of its tf.data iterators (freeing one can wait out its
-  autotuning thread's sleep, up to a minute, depending on timing), and every destructor: the
-  process ends with os._exit, so no object is freed and no native library's static destructor
-  runs under a thread that is still releasing an iterator. What a stage must keep (checkpoints,
-  metrics, TensorBoard events) it has committed and closed before its last line.
-  """
+  """Ends the command's process with `status` as the interpreter's exit does, less the wait
+  for the release of tf.data iterators and every destructor (os._exit), so that it ends within
+  moments of its last line (docs/process.md, "A command ends at its last line")."""
   threading._shutdown()  # noqa: SLF001 - the interpreter's own first step of an exit
   pipeline = sys.modules.get("vit_jax.input_pipeline.pipeline")  # not imported: TensorFlow
   if pipeline is not None:

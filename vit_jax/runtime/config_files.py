@@ -1,18 +1,11 @@
 """The `--config` flag of the commands: which file a config path names, and bad overrides.
 
 `--config=<path>:<arg>` names a config file whose `get_config(arg)` builds the config.
-`configs/<stage>.py` is a stage config shipped with the package (`vit_jax.configs`, the
-checkout's top-level configs/ folder), from a checkout or from any directory once the package is
-installed; a path to a shipped file itself is that config too. Shipped configs are imported as
-`vit_jax.configs.<stage>`, the one way they are imported everywhere. Any other file is the
-user's own, loaded from its path; it builds on the shipped ones by importing them:
-
-    from vit_jax.configs import finetune
-
-    def get_config(arg=None):
-      config = finetune.get_config(arg)
-      config.total_steps = 500
-      return config
+`configs/<stage>.py` (or the path of a shipped file itself) is a stage config shipped with the
+package, from a checkout or from any directory once the package is installed, and is imported
+as `vit_jax.configs.<stage>`, the one way shipped configs are imported everywhere. Any other file
+is the user's own, loaded from its path; it builds on the shipped ones by importing them
+(docs/training.md, "One entry point").
 
 Every `--config.<field>=<value>` of the command line must name a field of the config (it is
 locked): one that does not stops the command with one line naming the flag and the nearest

@@ -1,17 +1,15 @@
 """What a run shows on the terminal, and the log file that keeps everything else.
 
-`setup(workdir)` sends the process's whole stderr (absl log lines of every library, TensorFlow's
-and XLA's native messages, tracebacks of background threads) to a log file, and puts a filtered
-stream on the terminal: this project's own log lines (the progress line of vit_jax.runtime.logging_util,
-evaluation results, checkpoints), and every warning or error but Orbax's. Library chatter (Orbax's
-lines, TensorFlow's raw read errors, asyncio tracebacks after a failure) stays in the file.
-`fail(error)` ends a failed run with one line on the terminal, the traceback in the file, and
-`end(line)` a stopped one; after that line nothing more reaches the terminal.
+`setup(workdir)` sends the process's whole stderr (every library's log lines, native messages,
+tracebacks of background threads) to a log file, and puts a filtered stream on the terminal: this
+project's own log lines and every warning or error but Orbax's. `fail(error)` ends a failed run
+with one line on the terminal, the traceback in the file, and `end(line)` a stopped one; after
+that line nothing more reaches the terminal. The log file: `<workdir>/logs/<time>-p<process>.log`
+(in the temporary directory for a gs:// workdir), created exclusively by each process (a launch
+in the same second gets `-2`, ...), so a launch refused because another run holds the workdir
+never writes into that run's log (docs/training.md, "Workdirs and logs").
 
-The log file is `<workdir>/logs/<time>-p<process>.log` for a local workdir, or in the temporary
-directory for a remote (gs://) one. Each process creates its own (exclusively: a launch in the
-same second gets `-2`, `-3`, ... before `.log`), so a launch refused because another run holds
-the workdir never writes into that run's log. This file must not import TensorFlow.
+This file must not import TensorFlow.
 """
 
 import logging

@@ -1,45 +1,17 @@
 """Where a run's wall time goes (goodput), accumulated over the reruns of one workdir.
 
-Each run of a workdir (an attempt) splits its wall time into phases, from its process's start
-for a command's first run (`python -m vit_jax.main`, a tool, an experiment), else (a later stage
-in the same process, a notebook, a test) from the trainer's call:
-
-  startup     imports, jax.distributed, the config, mesh and model, evaluators, input pipeline
-  restore     restoring the state from a checkpoint (or initialising it, or loading model_init)
-  compile     tracing and compiling the train step
-  step        the training loop's host time outside the other phases: dispatching steps and the
-              log steps' waits for the devices (the time the devices are kept busy)
-  data_wait   host time blocked in next() on the input pipeline
-  checkpoint  the blocking part of saves (device-to-host copies, the data state, and the wait for
-              the last save at the end), in either checkpoint tier
-  eval        the evaluators
-  profile     starting and writing traces (vit_jax.runtime.profiling)
-
-and across the attempts of a workdir, the time lost: from the moment the attempt that wrote the
-step a rerun restores had reached that step (its record at that save) to the rerun's start.
-What that attempt did after it is in the lost time instead of its phases, and an attempt that
-committed nothing a rerun restored counts whole as lost. A run that finished is followed by no
-lost time (a later rerun extends it on purpose); one that stopped (SIGTERM, preemption) is
-followed by the time until the rerun. `recomputed_steps` counts steps that were committed and
-yet trained again: the newest committed step (in the workdir, or in the local tier of every
-process whose tier survived: vit_jax.checkpoint.state.local_tier) minus the restored one, zero when a
-rerun resumes exactly.
-
-goodput = step / (every phase of every attempt + lost).
-
-The accounting costs the step two clock reads (time.perf_counter, well under a microsecond) and
-no device synchronisation; the log steps read the totals, the saves append a record.
+Each run of a workdir (an attempt) splits its wall time into PHASES, from its process's start
+for a command's first run, else from the trainer's call; across the attempts, the time lost runs
+from the moment the attempt that wrote the step a rerun restores had reached that step (its
+record at that save) to the rerun's start. goodput = step / (every phase of every attempt + lost).
+The phases, lost time, recomputed steps and what it costs a step: docs/training.md, "The
+account (goodput)".
 
 Process 0 keeps `<workdir>/goodput.json` (one entry per attempt), written once the state is
-restored or initialised (a run refused before that writes nothing), at every save (in a
-background thread, so a gs:// write does not block the step) and at the end, where the account
-is also logged as a table. `python -m vit_jax.tools.goodput --workdir=...` prints it.
-
-A `goodput.json` that is not a ledger (not JSON, or JSON of another shape: `LEDGER`) is set
-aside (renamed `goodput.json.bad-<time>`, vit_jax.runtime.json_file) with a warning, and the
-account starts anew: it records where time went, nothing a run needs to continue, and a file
-it cannot read must not stop a run. One that cannot be read at all (a storage error) is left
-as it is, and this run keeps no account.
+restored or initialised, at every save (in a background thread, so a gs:// write does not block
+the step) and at the end. One that is not a ledger (`LEDGER`) is set aside with a warning and
+the account starts anew; one that cannot be read at all (a storage error) is left as it is, and
+this run keeps no account.
 
 This file must not import TensorFlow.
 """

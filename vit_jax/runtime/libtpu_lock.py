@@ -1,17 +1,12 @@
 """libtpu's one-process lock, /tmp/libtpu_lockfile, for the processes that compile for TPU topologies.
 
 When JAX initialises libtpu's plugin, for a TPU backend or only for a topology's description
-(jax.experimental.topologies, what the planner compiles for), libtpu takes a POSIX write lock
-on /tmp/libtpu_lockfile and keeps it for the life of the process, so that one process at a time
-drives the machine's TPU chips. A second process then aborts with "Internal error when
-accessing libtpu multi-process lockfile. Run "$ sudo rm /tmp/libtpu_lockfile"": advice that,
-under a live holder, lets a second process at the chips.
-
-On a machine without a TPU there are no chips to share: `topology_desc` sets
-ALLOW_MULTIPLE_LIBTPU_LOAD=1 there (unless it is set already), with which libtpu (0.0.42.1)
-neither opens nor locks the file, so the planner compiles beside any other process that has
-loaded libtpu. On a TPU VM the lock is kept, and a held one ends in one line naming its holder.
-vit_jax's CPU commands never load libtpu at all (vit_jax.runtime.process.configure).
+(what the planner compiles for), libtpu takes a POSIX write lock on /tmp/libtpu_lockfile for the
+life of the process; a second process then aborts with advice ("sudo rm /tmp/libtpu_lockfile")
+that, under a live holder, lets a second process at the chips. On a machine without a TPU
+`topology_desc` sets ALLOW_MULTIPLE_LIBTPU_LOAD=1 (unless set already), with which libtpu
+(0.0.42.1) neither opens nor locks the file; on a TPU VM the lock is kept, and a held one ends in
+one line naming its holder (docs/pod_planning.md).
 
 This file imports JAX only in `topology_desc`.
 """

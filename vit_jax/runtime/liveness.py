@@ -1,39 +1,28 @@
 """A lost process of a multi-process run ends the run on every other process, within seconds,
-with one line naming it.
+with one line naming it (docs/training.md, "A lost process" and "A crash of process 0").
 
-When a process is killed or its host is lost, the others wait in their next collective with it,
-which may never return. JAX's coordination service watches its tasks' heartbeats too, but when
-one stops it ends every other process from C++ (SIGABRT, its reason in the log file, nothing on
-the terminal) and only after its heartbeat timeout (vit_jax.runtime.distributed sets it well
-above this module's). So every process runs a `Monitor` thread that, every `interval_s`, writes
-a counter of its own to the coordination service (`vit_jax/liveness/<process>/state`) and reads
+JAX's coordination service watches heartbeats too, but ends the others from C++ (SIGABRT, nothing
+on the terminal) and only after its timeout (vit_jax.runtime.distributed sets it well above
+this module's). So every process runs a `Monitor` thread that, every `interval_s`, writes a
+counter of its own to the coordination service (`vit_jax/liveness/<process>/state`) and reads
 the counter of the next process in a ring that has not ended. A counter that has not moved for
-`timeout_s`, or a coordination service (process 0 runs it) that has not answered for as long,
-makes the monitor publish the loss (`vit_jax/lost/<process>`, read by every monitor on its next
-round), write `<name>: error: process 1 of 2 is gone (no sign of life for 31 s): stopping; ...`
-to the terminal and end its process with status 1 (os._exit: the main thread may be blocked in a
-collective that never returns). Nothing is committed by a process ending so: Orbax commits a
-step only once every process has written its part and passed a barrier, so the last committed
-step is whole and a rerun of the same command on every process continues from it.
+`timeout_s`, or a coordination service that has not answered for as long, makes the monitor
+publish the loss (`vit_jax/lost/<process>`, read by every monitor on its next round), write its
+line to the terminal and end its process with status 1 (os._exit: the main thread may be
+blocked in a collective that never returns).
 
 A process that ends on its own says so first (`finish`: 'finished' or 'failed'), so that the
-others never take it for lost; a process whose peer failed stops too, with a line saying so.
-A process that fails (`settle`, before its line) first waits until every other process has shown
-a sign of life, ended, or been found gone: a collective that failed because a peer died (gloo:
-"Connection reset by peer") is then reported as that lost process.
+others never take it for lost. A process that fails (`settle`, before its line) first waits
+until every other process has shown a sign of life, ended, or been found gone: a collective that
+failed because a peer died (gloo: "Connection reset by peer") is then reported as that loss.
 
-Process 0 runs the coordination service. Its loss by a crash on a host that stays up (killed,
-out of memory) resets its TCP connections, and JAX's client then ends every other process at
-once from C++ (SIGABRT, "Terminating process because the JAX distributed service detected fatal
-errors" in the log file only). So every other process also holds a TCP connection to the
-coordinator's port (`coordinator` of `start`; the service drops an idle one after a minute, and
-it is taken again): once it closes and a new one is refused, nothing listens there, and the
-process writes `... process 0 of 2 is gone (its coordination service at <host:port> refuses
-connections) ...` and ends (status 1). Only a crash closes the port under a running monitor: a
-process 0 that ends on its own keeps its service up until every other process has ended (JAX's
-shutdown barrier). To let that line come first, a SIGABRT is held for 6 s (`_hold_aborts`)
-while the monitor runs; a host that is lost without resetting its connections is found by the
-counters as above.
+A crash of process 0 (which runs the coordination service) resets its TCP connections, and
+JAX's client then aborts every other process at once. So every other process also holds a TCP
+connection to the coordinator's port (`coordinator` of `start`; the service drops an idle one
+after a minute, and it is taken again): once it closes and a new one is refused, the process
+writes its line and ends. A process 0 that ends on its own keeps its service up until every
+other process has ended (JAX's shutdown barrier). To let that line come first, a SIGABRT is held
+for 6 s (`_hold_aborts`) while the monitor runs.
 
 This file must not import TensorFlow.
 """

@@ -1,21 +1,15 @@
 """A process set up for vit_jax on a CPU, in one call: `configure()`.
 
-Importing vit_jax changes nothing process-wide. Every command (`python -m vit_jax.main`, the
-tools, `vit_jax.predict`, `vit_jax.analysis`, the experiments) calls `configure()` first thing,
+Importing vit_jax changes nothing process-wide. Every command calls `configure()` first thing,
 before JAX, TensorFlow or any other thread starts; a program that uses vit_jax as a library opts
 in with the same call, as early:
 
     from vit_jax.runtime import process; process.configure()
 
-It sets glibc's allocator and JAX's CPU dispatch so that the step's buffers stay mapped between
-steps (vit_jax.kernels.xla_cpu_memory) and adds vit_jax's XLA:CPU flags to XLA_FLAGS
-(vit_jax.kernels.xla_cpu_flags); where libtpu is installed on a machine without an accelerator
-(the test install), it keeps JAX on the CPU instead of probing for a TPU (`quiet_libtpu`), so
-the process never loads libtpu: libtpu's probe prints a page of errors and locks
-/tmp/libtpu_lockfile for the life of the process, which stops the planner
-(vit_jax.runtime.libtpu_lock). Then it logs what it did, or why it left something as it was (an
-accelerator, JAX's backends already started, an opt-out variable). What else a command owns
-(signals, the garbage collector): docs/process.md.
+What it sets and why (the allocator, XLA_FLAGS, JAX_PLATFORMS=cpu where libtpu is installed
+without an accelerator: `quiet_libtpu`), and what else a command owns: docs/process.md. It logs
+what it did, or why it left something as it was (an accelerator, JAX's backends already started,
+an opt-out variable).
 
 Importing this file imports neither JAX nor TensorFlow; `configure` imports JAX once it has set
 JAX_PLATFORMS and the allocator.

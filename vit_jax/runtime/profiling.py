@@ -1,26 +1,16 @@
 """Traces of chosen training steps (jax.profiler), for TensorBoard's profile plugin and XProf.
 
-Two ways to ask for one:
-- the config: `config.profile.first_step` (0: none) and `num_steps`, traced on the processes of
-  `config.profile.processes` ('0', '0,3' or 'all');
-- while a run is running, without a restart: a file `<workdir>/profile_request` holding the
-  number of steps (empty: `profile.num_steps`), e.g. `echo 5 > <workdir>/profile_request`. The
-  chosen processes look for it at each log step (a stat of a local file; on gs:// at most every
-  30 s), trace that many steps from the next one, never past the run's last step (the log line
-  says so when it clips a request), and the lowest of them removes it once its trace is written
-  (until then the others do not serve it twice). A request that is not a number of steps is
-  set aside (renamed `profile_request.bad-<time>`, vit_jax.runtime.json_file) with a warning
-  quoting it: it asked for nothing the run can do, and a file that is read at every log step
-  must not warn at every one. One at the run's last step is left for a later run.
+Asked for by the config (`config.profile.first_step`, `num_steps`, `processes`) or, while a run
+is running, by a file `<workdir>/profile_request` holding a number of steps (docs/training.md,
+"Profiles on demand"). The lowest of the chosen processes removes the request once its trace is
+written (until then the others do not serve it twice). A request that is not a number of steps
+is set aside (`profile_request.bad-<time>`, vit_jax.runtime.json_file) with a warning quoting
+it, so that a file read at every log step does not warn at every one; one at the run's last
+step is left for a later run. A trace is written to
+`<workdir>/plugins/profile/steps_<first>-<last>/<host>[-p<process>].xplane.pb`, through a local
+temporary directory.
 
-A trace is written to `<workdir>/plugins/profile/steps_<first>-<last>/<host>.xplane.pb` (with
-`-p<process>` after the host on several processes, so processes of one host do not overwrite
-each other), where `tensorboard --logdir=<workdir>` with the profile plugin, and XProf, find it.
-jax writes it to a local temporary directory first; it is then copied (to gs:// as well). The
-last traced step is waited for before the trace stops, so its device work is in it.
-
-Nothing here installs a signal handler (the library changes nothing process-wide); a failure to
-trace is a warning, never the end of a run.
+Nothing here installs a signal handler; a failure to trace is a warning, never the end of a run.
 
 This file must not import TensorFlow.
 """

@@ -1,33 +1,25 @@
 """Stopping a training run on request, at a point that every process agrees on: SIGTERM and SIGINT.
 
-Kubernetes and Slurm send SIGTERM before they take a machine away (Kubernetes' default grace
-before SIGKILL is 30 s), a user's Ctrl-C sends SIGINT. `StopOnSignal` turns the first of either
-into a request to stop, acted on at the next stopping point the trainer passes (`poll`):
-after every step (`reached(step)`: that step is saved), between any two batches of an
-evaluation (`checked_data` wraps the evaluators' data: the evaluation is abandoned and the step
-saved), once a restore or initialisation returns, and once the first batch was fetched (the
-data pipeline's warm-up) and the step compiled (nothing new to save). A phase that does not
-return to Python (one XLA compile) is not cut short: the signal is acted on as it returns; a
-restore that waits on storage is abandoned 5 s after the signal, nothing moved, and ends the run
-with one line (vit_jax.checkpoint.state.storage_wait). The trainer then raises `Stopped`, which the entry point turns into one line and exit
-status 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), so that a scheduler sees a
-run that did not finish and a rerun of the same command continues from the saved step without
-replaying any. A second signal stops without saving (the checkpoints already committed are
-whole: Orbax renames a step into place only once it is complete, and the next run removes the
-temporary directory): under a command, which calls `exit_on_second_signal()`, the process exits
-at once; elsewhere (a notebook, a program of the user's) KeyboardInterrupt is raised in the main
-thread, so that the program (a notebook's kernel) lives on.
+`StopOnSignal` turns the first of either signal into a request to stop, acted on at the next
+stopping point the trainer passes (`poll`): after every step (`reached(step)`: that step is
+saved), between any two batches of an evaluation (`checked_data`), once a restore or
+initialisation returns, and once the first batch was fetched and the step compiled. The trainer
+then raises `Stopped`, which the entry point turns into one line and exit status 128 + the
+signal's number. A second signal stops without saving: under a command, which calls
+`exit_on_second_signal()`, the process exits at once; elsewhere (a notebook, a program of the
+user's) KeyboardInterrupt is raised in the main thread. What a user sees: docs/training.md,
+"Stopping, faults and recovery".
 
 On several processes (jax.distributed) the signal may reach one process or all of them, at
-different points. Every process passes the same stopping points in the same order (the same
-steps, evaluations and batches), counted by `poll`. The stopping point is agreed through the
-coordination service, as JAX's preemption service does for TPU preemption notices: the process
-that got the signal publishes a notice; on every process a watcher thread, waiting on that key,
-publishes the count its trainer has reached and, once every process has, takes the largest plus
-one. A trainer that sees the notice waits at its next stopping point for that agreement, so no
-process can run past the agreed point, and none waits on another's trainer (only on its
-watcher), so the wait cannot deadlock with a collective another process still has to enter.
-The check costs nothing per step until a signal arrives.
+different points. Every process passes the same stopping points in the same order, counted by
+`poll`. The stopping point is agreed through the coordination service, as JAX's preemption
+service does for TPU preemption notices: the process that got the signal publishes a notice; on
+every process a watcher thread, waiting on that key, publishes the count its trainer has reached
+and, once every process has, takes the largest plus one. A trainer that sees the notice waits at
+its next stopping point for that agreement, so no process can run past the agreed point, and
+none waits on another's trainer (only on its watcher), so the wait cannot deadlock with a
+collective another process still has to enter. The check costs nothing per step until a signal
+arrives.
 
 This file must not import TensorFlow.
 """

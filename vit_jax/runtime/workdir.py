@@ -1,24 +1,19 @@
 """What a stage keeps in its workdir besides checkpoints: `config.json`, `final_metrics.json`, and
 atomic JSON writes.
 
-A workdir belongs to one run. Rerunning a command resumes it; rerunning it with a different
-config would pair checkpoints with settings they were not trained with (or fail deep inside the
-restore). So before anything is restored or written, the config is compared with the saved
-`config.json`; a difference outside `RESUMABLE_FIELDS` stops the run with one line naming the
-fields, and nothing in the workdir is touched. `config.json` is written only after the state was
-restored or initialised, through a temporary file and a rename, so a reader never sees half a
-file and a failed start leaves the old one in place. A `config.json` that is not a JSON object
-(vit_jax.runtime.json_file) is refused in one line naming it and the way out, when there are
-checkpoints it should guard: it is the one record of what they were trained with, so it is
-neither set aside nor overwritten (without checkpoints it guards nothing and is rewritten).
+Before anything is restored or written, the config is compared with the saved `config.json`; a
+difference outside `RESUMABLE_FIELDS` stops the run with one line naming the fields, and nothing
+in the workdir is touched. `config.json` is written only after the state was restored or
+initialised, through a temporary file and a rename. A `config.json` that is not a JSON object
+is refused in one line when there are checkpoints it should guard (it is the one record of what
+they were trained with, so it is neither set aside nor overwritten); without checkpoints it is
+rewritten.
 
 `final_metrics.json` says a stage finished (vit_jax.tools.transfer reads it to skip finished
-runs). One that is not an object of numbers is set aside (renamed, with a warning) and the
-stage counts as unfinished: its rerun resumes from its last checkpoint and writes it again, so
-nothing is lost.
+runs). One that is not an object of numbers is set aside with a warning and the stage counts as
+unfinished: its rerun resumes from its last checkpoint and writes it again.
 
-One writer per workdir: while a stage runs, process 0 holds `<workdir>/lock.json`, a lease it
-renews (vit_jax.runtime.workdir_lock, whose names this module also gives).
+The lock's names (`lock.json`) are given here too (vit_jax.runtime.workdir_lock).
 
 This file must not import TensorFlow.
 """

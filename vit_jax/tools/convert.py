@@ -5,24 +5,16 @@ r"""Converts ViT weights between vit_jax `.npz`, Orbax workdirs, timm and Huggin
   python -m vit_jax.tools.convert --in=/tmp/hf_vit --out=/tmp/hf_vit_npz   # --to=npz by default
 
 `--in` is a vit_jax or big_vision `.npz`, a timm or Hugging Face `.safetensors` (or a directory
-holding `model.safetensors` / `model.npz`, as both libraries save them), or a trainer workdir /
-step directory (its latest Orbax checkpoint). `--out` is a directory that receives:
+holding `model.safetensors` / `model.npz`), or a trainer workdir / step directory (its latest
+Orbax checkpoint). `--out` receives `model.safetensors` or `model.npz` and a `config.json` that
+timm, transformers, or vit_jax's `predict`, linear probe and `model_init` read (docs/interop.md).
 
-- `--to=timm`: `model.safetensors` + `config.json` (architecture, model_args, pretrained_cfg):
-  `timm.create_model('local-dir:OUT', pretrained=True)` builds and loads it;
-- `--to=hf`: `model.safetensors` + `config.json` (a `ViTConfig`):
-  `ViTForImageClassification.from_pretrained(OUT)` (or `ViTModel`, for a headless model);
-- `--to=npz`: `model.npz` in the published layout + `config.json` holding the model config, which
-  `predict`, the linear probe and `model_init` read.
-
-The architecture comes from `--model` (a preset), else the `config.json` of the input (trainer
-workdir, or timm / transformers), else the parameter shapes. The GELU travels in the config:
-vit_jax's default tanh approximation is written as timm's `gelu_tanh` / transformers'
-`gelu_pytorch_tanh`, and timm / transformers files (exact GELU by default) become models with
-`gelu_approximate=False`, so the converted model computes what the original did. A model with
-fixed 2-D sin-cos position embeddings (`posemb='sincos2d'`, no parameter) is written with them as
-the table of the published layout, at the resolution of its saved config. Only numpy and
-safetensors' numpy API are used: no torch.
+The architecture comes from `--model` (a preset), else the `config.json` of the input, else the
+parameter shapes. The GELU travels in the config (tanh approximation: timm's `gelu_tanh`,
+transformers' `gelu_pytorch_tanh`; their exact GELU: `gelu_approximate=False`), so the converted
+model computes what the original did. Fixed 2-D sin-cos position embeddings are written as the
+table of the published layout, at the saved config's resolution. No torch: numpy and
+safetensors' numpy API only.
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts

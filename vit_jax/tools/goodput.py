@@ -3,13 +3,10 @@ r"""Prints where a workdir's wall time went: its goodput account over every run 
   python -m vit_jax.tools.goodput --workdir=/tmp/vit_pretrain
   python -m vit_jax.tools.goodput --workdir=gs://bucket/pretrain --json
 
-The table has each phase's seconds and share of the whole (every run of the workdir and the
-time lost between them), then one line per run: when and where it started, from which step and
-checkpoint tier, how it ended, and the time lost before it. A run with no end record is running,
-or died: its phases are counted up to its last save. `--json` prints the totals instead.
-Reads `<workdir>/goodput.json` only (local or gs://); writes nothing: a file that is not a
-ledger ends in one line naming it and what is wrong (the workdir's next run sets it aside and
-starts a new account, vit_jax.runtime.goodput).
+The table of phases (docs/training.md, "The account (goodput)"), then one line per run. A run with
+no end record is running, or died: its phases are counted up to its last save. `--json` prints
+the totals instead. Reads `<workdir>/goodput.json` only (local or gs://) and writes nothing: a
+file that is not a ledger ends in one line naming it and what is wrong.
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts

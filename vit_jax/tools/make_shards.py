@@ -1,7 +1,7 @@
 r"""Writes a bundled offline dataset or an image folder as TFRecord shards, plus dataset_info.json.
 
 The shards use the ImageNet/JFT layout (`image/encoded` bytes, `image/class/label` int64), so the
-result streams through the same `source='tfrecord'` path as ImageNet-21k or JFT:
+result streams through the same `source='tfrecord'` path as ImageNet-21k or JFT (docs/data.md):
 
   python -m vit_jax.tools.make_shards --dataset=fashion_mnist --split=train,test \
       --out_dir=/tmp/shards --num_shards=8
@@ -10,21 +10,16 @@ result streams through the same `source='tfrecord'` path as ImageNet-21k or JFT:
 
 writes `{out_dir}/{name}-{split}.tfrecord-{i:05d}-of-{n:05d}` and merges `{out_dir}/dataset_info.json`
 ({name, num_classes, class_names, multi_label, splits: {split: {num_examples, file_pattern,
-shards: {file: num_examples}}}}), which `get_dataset_info` and the per-host split read. Examples are
-shuffled (seeded) before sharding, so that each shard holds every class. Folder images are stored
-as their original bytes; bundled arrays are encoded as PNG.
+shards: {file: num_examples}}}}). Examples are shuffled (seeded) before sharding, so that each
+shard holds every class. Folder images are stored as their original bytes; bundled arrays are
+encoded as PNG.
 
 With `--task=segmentation` (implied by a synthetic task's name) the input is a segmentation folder
-(`<split>/images/`, `<split>/masks/`, `classes.txt`) or a `seg_builtin` task, each record holds an
-image, its mask (a grey PNG of class indices, 255 ignored), their size, the name and the position
-in the split (vit_jax.input_pipeline.sources.segmentation.serialize_example), and
-dataset_info.json adds
-{task: 'segmentation', ignore_label, image_channels}; `source='seg_shards'` reads them:
-
-  python -m vit_jax.tools.make_shards --task=segmentation --folder=/data/streets \
-      --split=train,val --out_dir=gs://bucket/streets --num_shards=16
-  python -m vit_jax.tools.make_shards --dataset=animal_mnist_seg --split=train,val,test \
-      --out_dir=/tmp/animal_mnist_seg
+or a `seg_builtin` task; each record holds an image, its mask (a grey PNG of class indices, 255
+ignored), their size, the name and the position in the split
+(vit_jax.input_pipeline.sources.segmentation.serialize_example), and dataset_info.json adds
+{task: 'segmentation', ignore_label, image_channels} for `source='seg_shards'`
+(docs/segmentation.md).
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -35,6 +30,7 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
 import dataclasses
 import json
 import os
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -174,8 +170,7 @@ def shard_builtin(dataset: str, split: str, out_dir: str, num_shards: int, name=
 
 def shard_folder(root: str, split: str, out_dir: str, num_shards: int, name=None, seed=0):
   """Writes `root/<split>/<class>/*` (original bytes) as shards; returns the shard paths."""
-  config = {"data_dir": root}
-  source = indexed.FolderSource(_Attrs(config), split, 0, 1)
+  source = indexed.FolderSource(types.SimpleNamespace(data_dir=root), split, 0, 1)
   paths = source.paths.numpy()
   labels = source.labels.numpy()
   order = np.random.default_rng(seed).permutation(len(paths))
@@ -240,11 +235,6 @@ def shard_seg_folder(root: str, split: str, out_dir: str, num_shards: int, name=
   return _write_segmentation(
     examples, len(order), out_dir, name, split, num_shards, class_names, channels=3
   )
-
-
-class _Attrs:
-  def __init__(self, d):
-    self.__dict__.update(d)
 
 
 define_flags = cli.define_flags(

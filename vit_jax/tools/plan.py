@@ -3,26 +3,13 @@ r"""Will it fit on the pod? Compiles the trainer's own train step for a TPU topo
   python -m vit_jax.tools.plan --config=configs/pretrain.py:dataset=jft,model=H/14 \
       --topology=v3:16x16 [--config.model.remat=True ...] [--search] [--json]
 
-With libtpu installed (`pip install -e ".[tpu]"`), `jax.experimental.topologies` describes the
-devices of a TPU slice without the hardware; the step that `vit_jax.train.build` returns (the
-trainer's model, optimizer, partition rules and step function) is lowered on ShapeDtypeStructs
-carrying the trainer's NamedShardings and compiled by the TPU compiler. Printed per device: the
-compiler's memory (parameters, optimizer state, batch, temporaries with gradients and
-activations, total against the chip's HBM), FLOPs per step, the step time and MFU implied at an
-assumed fraction of the chip's peak (`--efficiency`), and the collectives of the step. If it does
-not fit it proposes settings that would; `--search` compiles them and prints those that fit.
-
-With `--slices=N` the step is compiled for N slices joined by the data-centre network
-(Multislice; mesh.slices = N) and the report adds the bytes each device sends per step over that
-network (by element type) and over the chips' interconnect, and the former's time at
-`--dcn_gbps` per host (default 200: Cloud TPU v5e's 2 x 100 Gbps NICs per host).
-`--slice_axis=fsdp` makes FSDP's outer factor cross the slices (mesh.slice_axis; the mesh's fsdp
-must then be a multiple of --slices).
-
-Memory and FLOPs are the compiler's; the step time is an estimate until measured on hardware.
-Bad input ends in one line, `plan: error: <Kind>: <message>`.
-Topologies: v2:AxB, v3:AxB (two devices per chip), v4:AxBxC, v5p:AxBxC (one megacore device per
-chip), v5e:AxB, v6e:AxB.
+With libtpu installed, `jax.experimental.topologies` describes the devices of a TPU slice without
+the hardware; the step that `vit_jax.train.build` returns is lowered on ShapeDtypeStructs
+carrying the trainer's NamedShardings and compiled by the TPU compiler. It prints the compiler's
+memory, FLOPs, implied step time and MFU and the collectives per device, and proposes settings
+that would fit (`--search` compiles them). With `--slices=N` it compiles for N slices (Multislice)
+and adds the bytes each device sends over the data-centre network. What it prints and what that
+proves: docs/pod_planning.md. Bad input ends in one line, `plan: error: <Kind>: <message>`.
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -70,13 +57,10 @@ def libtpu_available() -> bool:
 
 
 def quiet_libtpu(topology: str | None = None) -> None:
-  """Environment for libtpu on a machine without a TPU (set only where the user has not).
-
-  JAX_PLATFORMS=cpu keeps JAX from probing for a local TPU (the planner needs none); the TPU_*
-  variables stand in for what libtpu would otherwise ask the TPU VM metadata server, which
-  silences its "could not determine TPU accelerator type / worker hostnames" warnings. The
-  command sets the first ones before JAX loads; a library caller, before it imports JAX.
-  """
+  """Environment for libtpu on a machine without a TPU (set only where the user has not):
+  JAX_PLATFORMS=cpu (vit_jax.runtime.process.quiet_libtpu), and TPU_ACCELERATOR_TYPE, which
+  libtpu would otherwise ask the TPU VM metadata server for (with a warning). A library caller
+  calls it before it imports JAX."""
   from vit_jax.runtime import process
 
   process.quiet_libtpu()
@@ -468,6 +452,11 @@ def _gib(x: float) -> str:
 
 def format_plan(p: Plan) -> str:
   s = p.stats
+  memory = [
+    f"  parameters        {_gib(s.params)}",
+    f"  optimizer state   {_gib(s.opt_state)}",
+    f"  batch             {_gib(s.batch)}",
+  ]
   lines = [
     f"{p.topology}{f' × {p.slices} slices' if p.slices > 1 else ''}: {p.num_devices} × "
     f"{p.device_kind}, mesh {p.mesh}, "
@@ -480,9 +469,7 @@ def format_plan(p: Plan) -> str:
       [
         *lines,
         f"the compiler refused the step: {p.refused}",
-        f"  parameters        {_gib(s.params)}",
-        f"  optimizer state   {_gib(s.opt_state)}",
-        f"  batch             {_gib(s.batch)}",
+        *memory,
         f"  temporaries       {_gib(s.temp)}   (the compiler's figure)",
         f"  total             {_gib(s.total)}   of {p.hbm / GiB:.0f} GiB HBM: DOES NOT FIT "
         f"({100 * s.total / p.hbm:.0f}%)",
@@ -491,9 +478,7 @@ def format_plan(p: Plan) -> str:
     )
   lines += [
     "memory per device (compiler's memory_analysis):",
-    f"  parameters        {_gib(s.params)}",
-    f"  optimizer state   {_gib(s.opt_state)}",
-    f"  batch             {_gib(s.batch)}",
+    *memory,
     f"  arguments         {_gib(s.argument)}   (the three above, and the step counter and rng)",
     f"  temporaries       {_gib(s.temp)}   of which gradients ≈ {_gib(s.gradients).strip()}, "
     f"activations and the rest ≈ {_gib(s.activations).strip()}",
@@ -547,6 +532,10 @@ def format_plan(p: Plan) -> str:
   return "\n".join(lines)
 
 
+def _flags_text(overrides: dict[str, Any]) -> str:
+  return " ".join(f"--config.{k}={v}" for k, v in overrides.items())
+
+
 define_flags = cli.define_flags(
   config=cli.config_flag,
   topology=cli.Flag(str, "TPU slice, e.g. v3:16x16, v4:8x8x8, v5e:16x16.", required=True),
@@ -574,11 +563,7 @@ define_flags = cli.define_flags(
 
 def main(argv: Sequence[str], f) -> None:
   cli.no_arguments(argv)
-  topology = f.topology.value
-  quiet_libtpu(topology)
-  parse_topology(topology)
-  if not libtpu_available():
-    raise RuntimeError(install_hint())
+  topology = f.topology.value  # checked, and libtpu looked for, by `topology_devices`
   config = f.config.value
   kwargs = dict(
     num_classes=f.num_classes.value,
@@ -601,14 +586,12 @@ def main(argv: Sequence[str], f) -> None:
   if suggestions:
     print("\nIt does not fit. Settings that would (cheapest in speed first):")
     for overrides, why in suggestions:
-      flags_text = " ".join(f"--config.{k}={v}" for k, v in overrides.items())
-      print(f"  {flags_text}\n      {why}")
+      print(f"  {_flags_text(overrides)}\n      {why}")
   if f.search.value:
     print(f"\n--search: {len(found)} of the proposed settings fit (fastest first):")
     for overrides, p in found:
-      flags_text = " ".join(f"--config.{k}={v}" for k, v in overrides.items())
       print(
-        f"  {flags_text}: {p.stats.total / GiB:.2f} GiB, "
+        f"  {_flags_text(overrides)}: {p.stats.total / GiB:.2f} GiB, "
         f"{p.step_seconds:.3f} s/step at {100 * p.efficiency:.0f}% of peak"
       )
 

@@ -3,33 +3,17 @@ r"""The paper's transfer suite (Table 2) in one command: grid, choice on minival
   python -m vit_jax.tools.transfer --checkpoint=gs://vit_models/imagenet21k/ViT-L_16.npz \
       --model=L/16 --suite=table2 --paper=L/16-i21k --workdir=gs://$BUCKET/table2_l16
 
-For every dataset of the suite (configs/finetune.py presets):
-  1. one fine-tuning run per learning rate of the preset's grid (`finetune.LR_GRID`), trained
-     on the training split minus its held-out minival part (VTAB-1k: train800 / val200), each an
-     ordinary `vit_jax.main` run in `<workdir>/<dataset>/lr<rate>`;
-  2. the rate with the best minival top-1 (the smaller rate on a tie);
-  3. the final run with that rate on the whole training split (VTAB-1k: train800val200) in
-     `<workdir>/<dataset>/final`, evaluated on the test split (ImageNet: also on ReaL);
-then `<workdir>/results.json` and `<workdir>/table.md`: one row per dataset with the chosen rate,
-minival and test top-1 and the paper's number (`--paper`), VTAB-1k's group means and 19-task
-mean, and for `--suite=offline` the raw-pixel logistic regression and kNN-3 on the same splits.
+For every dataset of the suite (configs/finetune.py presets): one fine-tuning run per learning
+rate of the preset's grid (`finetune.LR_GRID`) on the training split minus its minival part, in
+`<workdir>/<dataset>/lr<rate>`; the rate with the best minival top-1; the final run with it on
+the whole training split in `<workdir>/<dataset>/final`; then `<workdir>/results.json` and
+`<workdir>/table.md`. Suites, costs, options and the table's columns: docs/transfer.md.
 
-Suites: `table2` (ImageNet, CIFAR-10/100, Pets, Flowers and the 19 VTAB-1k tasks), `vtab` (the 19
-tasks), `offline` (the bundled datasets: Animal-MNIST and MNIST-5k, for a CPU), or a comma list
-of finetune datasets (`cifar10,vtab/dtd`). Each run's command is printed before it runs, with
-its cost in steps and training images: VTAB-1k alone is 19 × (4 grid + 1 final) = 95 runs of
-2,500 steps at batch 512 (1.28M images each, 122M in all, plus the evaluations).
-
-The runs execute in this process, exactly as the printed `python -m vit_jax.main` command would
-(the same config and overrides); a run whose workdir holds `final_metrics.json` is finished and
-is skipped on a rerun, an interrupted one resumes from its last checkpoint. `--runlocal` shrinks
-every run (configs/common.runlocal), `--grid` replaces every dataset's grid, and
-`--config_override=field=value` (repeatable) overrides a config field of every run.
-
-Multi-host (a TPU pod slice): run the same command on every worker (`--worker=all`); on TPU VMs
-jax.distributed connects them automatically, elsewhere pass `--coordinator_address`,
-`--num_processes` and `--process_id` as to vit_jax.main. The workdir must be shared by all hosts
-(gs://): every host reads the same `final_metrics.json` to decide what is finished.
+The runs execute in this process, exactly as the printed `python -m vit_jax.main` command would;
+a run whose workdir holds `final_metrics.json` is finished and is skipped on a rerun, an
+interrupted one resumes from its last checkpoint. Multi-host: the same command on every worker,
+with a workdir shared by all hosts (gs://), since every host reads the same
+`final_metrics.json` to decide what is finished.
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -180,13 +164,6 @@ def transfer_dataset(dataset: str, grid: Sequence[float], options: dict[str, Any
   return out
 
 
-def _baselines(dataset: str) -> dict[str, float]:
-  """Raw-pixel logistic regression and kNN-3 on the final run's splits (bundled datasets)."""
-  from vit_jax.evaluators import baselines
-
-  return baselines.pixel_baselines(dataset, "train", test_split="test")
-
-
 def run_suite(
   suite: str,
   checkpoint: str,
@@ -223,8 +200,10 @@ def run_suite(
   results = {}
   for name in names:
     results[name] = transfer_dataset(name, grids[name], options)
-    if name in finetune_module().BUILTIN:
-      results[name].update(_baselines(name))
+    if name in finetune_module().BUILTIN:  # raw-pixel logistic regression and kNN-3
+      from vit_jax.evaluators import baselines
+
+      results[name].update(baselines.pixel_baselines(name, "train", test_split="test"))
   tasks = {n.split("/", 1)[1]: r["test"] for n, r in results.items() if n.startswith("vtab/")}
   out = dict(
     suite=suite,

@@ -13,48 +13,30 @@
   mixup.py  mixup and cutmix of the global training batch, inside the step
 
 It runs on any mesh (vit_jax.sharding), on one or many processes, and resumes from the latest
-complete checkpoint in the workdir.
+complete checkpoint in the workdir, bitwise equal to an uninterrupted run on the same topology and
+the same trajectory up to floating-point summation order on any other (docs/training.md,
+"Topology"). What keeps it so: the examples of step s are positions s·B .. s·B + B − 1 of the
+run's stream (the iterator state saved with each checkpoint is that position), laid out in that
+order in the global batch; every random draw for an example is keyed on the seed, the step and
+its index in the global batch (`batch['index']`), never on its row in a micro-batch, so
+`accum_steps` does not change them. Nothing depends on wall-clock time or on how often metrics
+are fetched.
 
-Determinism, which makes a resumed run bitwise equal to an uninterrupted one on the same
-topology, and the same trajectory up to floating-point summation order on any other: the
-examples of step s are positions s·B .. s·B + B − 1 of the run's stream (a function of the seed;
-the iterator state saved with each checkpoint is that position), laid out in the global batch in
-that order on any number of hosts, devices and mesh (vit_jax.input_pipeline). Every random draw
-made for an example is keyed on the seed, the step and its index i in the global batch: its
-augmentations in tf.data on (seed, stream position); its dropout masks and masked-patch
-corruption on fold_in(layer key of fold_in(rng, s), i) (`batch['index']`, vit_jax.models.ops.
-dropout), never on its row in a micro-batch, so `accum_steps` does not change them; mixup's
-and cutmix's weight and box on step s's key and the partner on the index (vit_jax.train.mixup). The
-step is part of the state. Nothing depends on wall-clock time or on how often metrics are fetched.
+Metrics: each step adds its sums to an on-device window that the host reads and resets at
+every log step, so a logged loss or accuracy is the mean over the window's examples
+(vit_jax.train.step). The model, the per-example loss and what counts as correct come from the
+objective of `config.loss` or `config.distill` (vit_jax.objectives; a teacher's parameters are
+the step's 4th argument). Images/s and MFU count only time spent training, on the goodput
+account's clock (vit_jax.runtime.goodput).
 
-Metrics: each step adds its sums (loss, correct top-1, examples, gradient norm) to an on-device
-window that the host reads and resets at every log step, so a logged loss or accuracy is the mean
-over the window's examples, not the last step's. Training accuracy is top-1 for single-label data
-and precision@1 (the top-scoring class is one of the image's labels) for multi-label data.
-The model, the per-example loss and what counts as correct come from the objective of
-`config.loss` (vit_jax.objectives: supervised cross-entropy, or masked patch prediction), or of
-`config.distill` (DeiT's distillation: its teacher's parameters are the step's 4th argument).
-Images/s and MFU count only time spent training, on the goodput account's clock
-(vit_jax.runtime.goodput): evaluations, checkpoint saves and profiling are excluded.
-
-Workdir: a config that differs from the workdir's saved `config.json` in a field that may not
-change on resume stops the run before anything is touched (vit_jax.runtime.workdir); `config.json` is
-written, atomically, once the state is restored or initialised.
-
-Non-finite losses: each step records on device the first step whose loss or gradient norm was
-not finite; the host reads that one scalar whenever it fetches metrics and before every
-checkpoint, so a bad step stops the run (FloatingPointError naming the step) and is never saved.
-
-Stopping: SIGTERM or SIGINT (vit_jax.runtime.stopping), and on TPU VMs (with jax.distributed) a
-preemption notice, make every process save the same step and raise `stopping.Stopped`; the rerun
-resumes there without replaying a step. A signal is acted on after the step it arrives in,
-between two evaluation batches (the evaluation is abandoned), or once the restore or the first
-compile returns. A second signal stops without saving (a command exits at once;
-vit_jax.runtime.stopping). Killed without notice, a run resumes from the latest complete
-checkpoint and replays the same steps; a latest checkpoint with evidence of damage is moved aside
-and the one before it used (vit_jax.checkpoint.state.train_state).
-A run restarted after its last step runs its evaluators on the final state and returns their
-metrics (what vit_jax.main records).
+Workdir: a config that differs from the workdir's `config.json` in a field that may not change
+on resume stops the run before anything is touched (vit_jax.runtime.workdir). A step whose loss
+or gradient norm is not finite stops the run (FloatingPointError naming the step) before it is
+saved. SIGTERM, SIGINT or a preemption notice make every process save the same step and raise
+`stopping.Stopped` (vit_jax.runtime.stopping); killed without notice, a run resumes from the
+latest complete checkpoint (vit_jax.checkpoint.state.train_state). docs/training.md, "Stopping,
+faults and recovery". A run restarted after its last step runs its evaluators on the final
+state and returns their metrics (what vit_jax.main records).
 """
 
 import importlib

@@ -40,9 +40,8 @@ def itstime(step: int, every: int | None, total_steps: int) -> bool:
 
 
 def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, float]:
-  """Setup (the config checked against the workdir, the mesh, the step, the state restored or
-  initialised, the writer, the evaluators, the data at the restored position), then the loop:
-  a step; at log steps the window's means; the saves due; the evaluations due."""
+  """Setup (config, mesh, step, state, writer, evaluators, data at the restored position), then
+  the loop: a step; at log steps the window's means; the saves due; the evaluations due."""
   config = _checked(config, workdir)
   mesh = sharding.make_mesh(config.mesh, devices)
   logging.info("mesh %s over %d processes", dict(mesh.shape), jax.process_count())

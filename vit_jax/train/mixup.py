@@ -11,12 +11,10 @@ with the last), with one weight λ ~ Beta(alpha, alpha) per step:
 With both alphas > 0 each step does one of the two, cutmix with probability 0.5 (timm's
 `switch_prob` 0.5, DeiT's recipe); the choice, λ and the box all come from the step's key.
 
-The input pipeline lays out the global batch in the order of the examples' indices in the run's
-stream whatever the number of hosts and devices (vit_jax.input_pipeline), and every draw comes
-from the step's key: an example's partner, weight and box are the same on any topology and for
-any `accum_steps` (the trainer mixes before it splits the batch into micro-batches). On a batch
-sharded over devices the roll moves one row per device (a collective permute). Shapes are
-static: the box is a mask of iota comparisons, not a dynamic slice.
+The global batch is in stream order on any topology and every draw comes from the step's key,
+so an example's partner, weight and box are the same on any topology and for any `accum_steps`
+(the trainer mixes before it splits the batch). On a sharded batch the roll is a collective
+permute. Shapes are static: the box is a mask of iota comparisons, not a dynamic slice.
 
 A skipped example (mask 0, blank image) is never mixed into a good one: the example after it
 keeps its own image and label.

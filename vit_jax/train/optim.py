@@ -82,8 +82,8 @@ def make_optimizer(
 
   Args:
     config: `name` ('adam' | 'sgd'); for adam `b1`, `b2` and `mu_dtype` (of the first moment);
-      for sgd `momentum`; both
-      `weight_decay` and optionally `decay_patterns` (default DEFAULT_DECAY_PATTERNS).
+      for sgd `momentum`; both `weight_decay` and optionally `decay_patterns` (default
+      DEFAULT_DECAY_PATTERNS).
     schedule: learning rate per step.
     grad_clip_norm: clip gradients to this global norm first; None or 0 disables.
 

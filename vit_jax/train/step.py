@@ -51,11 +51,6 @@ def window_metrics(window: Window) -> dict[str, float]:
   )
 
 
-def _image_shape(config: ml_collections.ConfigDict) -> tuple[int, int]:
-  size = config.dataset.image_size
-  return (size, size) if isinstance(size, int) else tuple(size)
-
-
 def make_train_step(
   objective: objectives.Objective,
   model: Any,
@@ -199,7 +194,8 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, num_classe
     )
   objective = objectives.get(config, num_classes, mesh)
   model = objective.model(config.model, mesh)
-  height, width = _image_shape(config)
+  size = config.dataset.image_size
+  height, width = (size, size) if isinstance(size, int) else tuple(size)
   rng = jax.random.PRNGKey(config.seed)
   init_key, dropout_key = jax.random.split(rng)
 
@@ -228,6 +224,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, num_classe
   )
   if ema_decay:
     state_shardings["ema"] = state_shardings["params"]
+  teacher = getattr(objective, "teacher", None)  # distillation: laid out as a model's params
   step_fn = make_train_step(
     objective,
     model,
@@ -252,14 +249,8 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, num_classe
     state_shardings=state_shardings,
     step_fn=step_fn,
     mesh=mesh,
-    teacher_shardings=_teacher_shardings(objective, mesh),
+    teacher_shardings=None if teacher is None else sharding.tree_shardings(teacher.params, mesh),
   )
-
-
-def _teacher_shardings(objective: objectives.Objective, mesh: jax.sharding.Mesh) -> Any:
-  """The teacher's parameters laid out on `mesh` as a model's are; None without a teacher."""
-  teacher = getattr(objective, "teacher", None)
-  return None if teacher is None else sharding.tree_shardings(teacher.params, mesh)
 
 
 def select(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
