@@ -344,7 +344,7 @@ def test_reading_a_shard_prints_no_deprecation_notice(tmp_path):
   run's first read; the reader calls it without its deprecation wrapper (a fresh process: the
   notice is printed once per process)."""
   path = _shards(tmp_path)[0]
-  code = "import sys; from vit_jax.input_pipeline import tfrecord_files as t; "
+  code = "import sys; from vit_jax.input_pipeline.sources import tfrecord_files as t; "
   code += "print(sum(len(c[0]) for c in t.read_chunks(sys.argv[1])))"
   out = subprocess.run(
     [sys.executable, "-c", code, path], capture_output=True, text=True, cwd=REPO, timeout=120

@@ -21,7 +21,7 @@ def pixel_baselines(
   regression converged within `max_iter`, and the example counts.
 
   Args:
-    dataset: a builtin dataset name (vit_jax.input_pipeline.builtin).
+    dataset: a builtin dataset name (vit_jax.input_pipeline.sources.builtin).
     train_split: the training split, slices allowed ('train[:98%]', builtin.get_split).
     train_rows: positions within `train_split` to train on (e.g. the k-shot examples); None: all.
     test_split: the split scored, slices allowed ('test[:500]').

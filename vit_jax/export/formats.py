@@ -10,7 +10,7 @@ saying what the artifact takes and returns. What each format holds:
   `top_k_probabilities` and `top_k_names` (a headless or MPP checkpoint: `representation`):
   `serving_default` takes `image_bytes` (string [batch], encoded JPEG/PNG/GIF/BMP); `pixels`
   takes uint8 [batch, height, width, 3] of any size; both run the checkpoint's evaluation
-  preprocessing (`pp_eval`, with vit_jax.input_pipeline.preprocess' own ops) inside the graph.
+  preprocessing (`pp_eval`, with vit_jax.input_pipeline.ops.preprocess' own ops) inside the graph.
   `preprocessed` takes float32 [batch, S, S, 3], already preprocessed.
 - LiteRT: the model on preprocessed float32 [batch, S, S, 3], returning `logits` (or the
   representation), for one batch size (default 1); batch size 0 makes the input resizable, at
