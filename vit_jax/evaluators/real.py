@@ -33,13 +33,10 @@ def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> dict
 
 
 class RealEvaluator(_utils.OnSplit):
-  """ReaL top-1 of `fn(params, images) -> logits [B, K]` over multi-hot ReaL labels.
-
-  Metrics: `{name}/accuracy`, `{name}/num_examples` (images with a non-empty set).
-  """
+  """ReaL top-1 of `fn(params, images) -> logits [B, K]`; `num_examples` counts images with a
+  non-empty set."""
 
   def __init__(self, *args, name: str = "real", **kwargs):
-    """`args`, `kwargs`: `_utils.OnSplit`'s."""
     super().__init__(*args, name=name, **kwargs)
 
   def metrics(self, logits, batch):
@@ -51,7 +48,6 @@ class RealEvaluator(_utils.OnSplit):
     return batch_metrics(logits, batch["label"], batch["mask"])
 
   def run(self, params: Any) -> dict[str, float]:
-    """Returns {f'{name}/accuracy', f'{name}/num_examples'} over the split."""
     zeros = {k: jnp.zeros((), jnp.float32) for k in ("correct", "count")}
     sums = _utils.sum_over_split(self.data, self._accumulate, params, zeros, self.max_examples)
     return {
