@@ -136,12 +136,8 @@ def _class_names_of(dataset: Mapping[str, Any]) -> list[str] | None:
 
 
 def downstream_dataset(stage: Any, entry: Any) -> dict[str, Any]:
-  """The dataset config fields of an evaluator: the stage's, overridden by the entry's.
-
-  An entry naming another dataset (a downstream set) never reads from the stage's `data_dir`
-  (the pretraining shards' directory): only from its own, None (tfds's default) unless it sets
-  one.
-  """
+  """The stage's dataset config overridden by the entry's; an entry naming another dataset
+  never reads the stage's `data_dir`, only its own (None: tfds's default)."""
   stage, entry = _as_dict(stage), _as_dict(entry)
   if entry.get("name", stage.get("name")) != stage.get("name"):
     stage.pop("data_dir", None)
@@ -167,20 +163,11 @@ def build(
   make_data: DataFactory | None = None,
   num_classes: Callable[[Mapping[str, Any]], int] | None = None,
 ) -> list[Evaluator]:
-  """Builds the evaluators described by `config.evals` (see the module docstring).
+  """The evaluators of `config.evals` (name -> entry, see the module docstring), in its order.
 
-  Args:
-    evals: name -> evaluator config; None or empty for none.
-    model: the trained Flax module (its logits and representation are evaluated).
-    dataset: the stage's dataset config, the default of every entry.
-    batch_size: default global evaluation batch size.
-    mesh: the trainer's mesh; batches are global arrays on it.
-    data_axes: mesh axes the batch dimension is split over (the input pipeline's default if None).
-    make_data: overrides how splits are read (tests pass in-memory data).
-    num_classes: overrides how a dataset's class count is found.
-
-  Returns:
-    The evaluators, in the order of `evals`.
+  `dataset` is every entry's default, `batch_size` the default global batch; batches are global
+  arrays on `mesh`, split over `data_axes`. `make_data` and `num_classes` override how splits
+  are read and classes counted (tests pass in-memory data).
   """
   make_data = make_data or input_pipeline_data(mesh, data_axes)
   context = dict(num_classes=num_classes or num_classes_of, class_names=_class_names_of)

@@ -17,18 +17,8 @@ LOSSES = tuple(supervised.LOSSES)
 def batch_metrics(
   logits: jax.Array, labels: jax.Array, mask: jax.Array, loss: str = "softmax_xent"
 ) -> dict[str, jax.Array]:
-  """Masked sums for one batch.
-
-  Args:
-    logits: [B, K].
-    labels: [B] integer labels or [B, K] one/multi-hot targets.
-    mask: [B], 1 for real examples, 0 for padding.
-    loss: 'softmax_xent' or 'sigmoid_xent' (the paper's pretraining loss).
-
-  Returns:
-    {'correct', 'loss', 'count'}: sums over the real examples. A prediction is correct when the
-    argmax class is a positive label.
-  """
+  """{'correct', 'loss', 'count'} summed over the examples of mask [B] 1 of logits [B, K] and
+  labels [B] (or one/multi-hot [B, K]); correct: the argmax class is a positive label."""
   if loss not in LOSSES:
     raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
   targets = supervised.dense_targets(labels, logits.shape[-1])

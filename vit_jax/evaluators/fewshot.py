@@ -105,9 +105,6 @@ class FewShotEvaluator(_utils.Probe):
   The first `run` reads the training split once and keeps a seeded, uniform sample of
   max(shots) examples per class (the images when they fit in `max_cache_bytes`, otherwise
   their positions, and the split is re-read each run). The test split is read every run.
-  `max_examples` caps how much of each split is read (tests, `runlocal`).
-
-  Metrics: `{name}/{k}shot` for each k in `shots`.
   """
 
   needs = ("num_classes", "sharding")

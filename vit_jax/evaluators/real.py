@@ -16,16 +16,8 @@ from vit_jax.evaluators import _utils
 
 
 def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
-  """Sums over the images of one batch that have a ReaL set.
-
-  Args:
-    logits: [B, K].
-    labels: [B, K] multi-hot ReaL sets (all zeros: an empty set).
-    mask: [B], 1 for real examples, 0 for padding.
-
-  Returns:
-    {'correct': images whose top-1 class is in their set, 'count': images with a set}.
-  """
+  """{'correct': images whose top-1 class is in their set, 'count': images with a set} of
+  logits [B, K], multi-hot ReaL sets [B, K] and mask [B] (0: padding)."""
   top1 = jnp.argmax(logits, axis=-1)
   in_set = jnp.take_along_axis(labels, top1[:, None], axis=-1)[:, 0] > 0
   counted = mask.astype(jnp.float32) * (jnp.sum(labels, axis=-1) > 0)
