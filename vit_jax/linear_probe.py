@@ -1,12 +1,9 @@
 """The linear-probe stage: `run(config, workdir)` (dispatched by `vit_jax.main`).
 
-Freezes a backbone from an earlier stage (an Orbax workdir or step directory, or an `.npz`),
-extracts its representation (the pre-logits when the checkpoint has them, else the pooled token;
-or every block's pooled output, `representation=blocks`) of every example of a training and a test split with one jitted function, and fits two linear
-classifiers on the training features (vit_jax.evaluators.linear): the closed-form ridge
-regression to {-1, +1}^K targets and L-BFGS softmax regression, each regulariser chosen on a
-held-out slice of the training split. Writes `linear_probe.json` and TensorBoard scalars to the
-workdir and returns the metrics.
+Freezes a backbone from an earlier stage (workdir, step directory or `.npz`), extracts the
+representation (`evaluators.representation_fn`) of a training and a test split, and fits the
+probes of vit_jax.evaluators.linear on it. Writes `linear_probe.json` and TensorBoard scalars to
+the workdir and returns the metrics.
 
 The architecture comes from, in order: `config.model` when the config has one, the
 `config.json` the trainer wrote next to the checkpoint, or the parameter shapes (plain ViTs and

@@ -1,12 +1,8 @@
 """A checkpoint under analysis: its model, and the attention statistics of batches of images.
 
-`load` reads any checkpoint a stage may start from (workdir, step directory or `.npz`) with the
-loaders of `vit_jax.linear_probe` and `vit_jax.predict` (architecture from `config.json`, an
-explicit preset or the parameter shapes; input size and evaluation preprocessing from the saved
-dataset config, else from the position embeddings). `Subject.attention_statistics` runs the
-model with its sown attention weights (`mutable=['intermediates']`, plain or scanned blocks)
-and reduces them on the devices to what the figures need, so that the [layers, batch, heads,
-T, T] weights of a large model never cross to the host.
+`load` reads any checkpoint a stage may start from, as `vit_jax.linear_probe` and
+`vit_jax.predict` do. `Subject.attention_statistics` reduces the sown attention weights on the
+devices to what the figures need: the [layers, batch, heads, T, T] weights never reach the host.
 
 Single process: the parameters and batches are sharded over the local devices of a
 ('data', 'fsdp', 'model') mesh. This file must not import TensorFlow.
@@ -78,19 +74,11 @@ class Subject:
   def attention_statistics(
     self, images: np.ndarray, valid: np.ndarray, residual_weight: float = 0.5
   ) -> dict[str, np.ndarray]:
-    """The per-batch reductions of the attention weights.
-
-    Args:
-      images: [batch, image_size, image_size, 3] preprocessed, batch a multiple of
-        `batch_multiple()`.
-      valid: [batch] bool, False for padding.
-      residual_weight: attention rollout's identity weight (metrics.attention_rollout).
-
-    Returns:
-      dict of numpy arrays: `distance_sum` [layers, heads] (mean attention distance of each
-      image, in pixels, summed over the valid images), `prefix_share_sum` [layers, heads] (the
-      same for the attention the patches give to the class token), `rollout` [batch, gh * gw].
-    """
+    """Of preprocessed images [batch, S, S, 3] (batch a multiple of `batch_multiple()`) and
+    `valid` bool [batch]: `distance_sum` [layers, heads] (each image's mean attention distance in
+    pixels, summed over the valid images), `prefix_share_sum` [layers, heads] (the same for the
+    attention the patches give the class token), `rollout` [batch, gh * gw]
+    (metrics.attention_rollout, identity weight `residual_weight`), as numpy arrays."""
     batch_sharding = sharding.batch_sharding(self.mesh, images.ndim)
     images = jax.device_put(jnp.asarray(images, jnp.float32), batch_sharding)
     valid = jax.device_put(jnp.asarray(valid, jnp.float32), sharding.batch_sharding(self.mesh))
@@ -135,18 +123,9 @@ def load(
   fsdp: int = 1,
   model_parallel: int = 1,
 ) -> Subject:
-  """Loads a checkpoint for analysis.
-
-  Args:
-    path: a workdir, step directory or `.npz`.
-    model: a vit_jax.models preset for a checkpoint without `config.json` (needed for hybrids).
-    image_size: input side; 0 takes the saved dataset's, else the position embeddings'.
-    fsdp: size of the mesh's 'fsdp' axis (parameters sharded); the rest is 'data'.
-    model_parallel: size of the mesh's 'model' axis (heads and MLP sharded).
-
-  Returns:
-    The Subject.
-  """
+  """The Subject of a workdir, step directory or `.npz`; `model`: a preset for a checkpoint
+  without `config.json` (hybrids need one); `image_size` 0: the saved dataset's, else the
+  position embeddings'; `fsdp`, `model_parallel`: mesh axis sizes, the rest is 'data'."""
   explicit = models.get_model_config(model) if model else None
   model_config, params, saved = checkpoint.load_backbone(path, explicit)
   # Analysis in float32 whatever the training dtype: bf16 attention weights are too coarse.

@@ -1,65 +1,27 @@
 """Evaluators the trainer runs periodically, and the probes of the linear-probe stage.
 
-An evaluator is an object with
+An evaluator has `name`, `every_steps` (0: only after the last step) and `run(params) -> dict`
+of metrics named `{name}/...`. Kinds (`REGISTRY`), one module each:
+- `classification`: top-1 and loss of the logits (`{name}/accuracy|loss|num_examples`).
+- `real`: ImageNet ReaL top-1; images with no ReaL label do not count.
+- `fewshot`: the paper's k-shot closed-form least squares on the frozen representation
+  (`{name}/{k}shot`).
+- `linear`: ridge and L-BFGS logistic regression on a whole training split's representation.
+- `segmentation`: mean IoU and pixel accuracy, overall and per class.
+`baselines` is not an evaluator of a model: raw-pixel logistic regression and kNN-3.
 
-    name: str
-    every_steps: int          # run every this many steps (0: only after the last step)
-    run(params) -> dict[str, float]   # metric name -> value, names prefixed by `name/`
+`build` makes them from `config.evals`, e.g.
+`dict(val=dict(type='classification', every_steps=500, split='test'))`. Fields of an entry:
+`type`; `every_steps` (negative: not built, its data never read); `dataset` (overrides of
+`input_pipeline.dataset_config`, default the stage's; see `downstream_dataset`); `split`
+(classification, real, segmentation; '' or None: the dataset's `eval_split`), `train_split` /
+`test_split` (fewshot, linear); `batch_size`; `skip_if_missing`; every other field goes to the
+evaluator's constructor. Data that is not there stops the run at startup (docs/data.md).
 
-Kinds (`REGISTRY`):
-- `classification` (classification.py): top-1 and loss of the model's logits over a split;
-  padded examples (batch `mask` 0) never count. Metrics `{name}/accuracy|loss|num_examples`.
-- `real` (real.py): ImageNet ReaL top-1: the top-1 class is in the image's set of ReaL labels
-  (multi-hot); images with an empty set do not count. Metrics `{name}/accuracy|num_examples`.
-- `fewshot` (fewshot.py): the paper's few-shot linear evaluation: k examples per class of a
-  training split, closed-form regularised least squares to {-1, +1}^K on the frozen
-  representation, top-1 on a test split. Metrics `{name}/{k}shot`.
-- `linear` (linear.py): closed-form ridge and L-BFGS logistic regression on the frozen
-  representation of a whole training split. Metrics `{name}/ridge_accuracy|logreg_accuracy|...`.
-- `segmentation` (segmentation.py): mean IoU and pixel accuracy, overall and per class, of a
-  segmentation model's per-pixel logits over a split (the ignore label and padding never
-  count). Metrics `{name}/miou|pixel_accuracy|mean_class_accuracy|iou/<class>|accuracy/<class>`.
-
-Beside them, `baselines` (not an evaluator of a model): raw-pixel logistic regression and kNN-3
-(scikit-learn) on a split, what the experiments report every accuracy against.
-
-The trainer builds them from the stage config with `build`:
-
-    config.evals = dict(
-        val=dict(type='classification', every_steps=500, split='test'),
-        fewshot_animals=dict(type='fewshot', every_steps=1000,
-                             dataset=dict(name='animal_mnist'), shots=(1, 5, 10, 25)),
-    )
-    evaluators = evaluators.build(config.evals, model=model, dataset=config.dataset,
-                                  batch_size=config.eval_batch_size, mesh=mesh)
-    ...
-    for ev in evaluators:
-      if ev.every_steps and step % ev.every_steps == 0 or step == total_steps:
-        writer.write_scalars(step, ev.run(params))
-
-Fields of each entry: `type`; `every_steps` (negative: off, the evaluator is not built and
-its data never read); `dataset` (overrides of
-`input_pipeline.dataset_config`, default the stage's dataset; an entry naming another dataset
-reads it from its own `data_dir`, tfds's default unless set, never the stage's: see
-`downstream_dataset`); `split` (classification, real; '' or None: the dataset's `eval_split`,
-read when the evaluators are built, so that a command-line override of it counts),
-`train_split` / `test_split` (fewshot, linear; default the dataset's `train_split` and
-`eval_split`); `batch_size`; every other field is passed to the evaluator's constructor (`loss`,
-`shots`, `l2_reg`, `seed`, `ridge_l2_regs`, ...).
-
-Data that is not there (input_pipeline.MissingDataError: no files, an unprepared tfds dataset)
-is found when the evaluators are built, each split opened without reading it: the run stops at
-startup with one line naming every such evaluator and both ways out (its `dataset.data_dir`, or
-`every_steps=-1`). An entry with `skip_if_missing` (set by `runlocal` on the entries of another
-dataset than the stage's) is left out instead, with one warning line.
-
-The trainer builds each with one constructor (`build`): the registry's class declares the model
-output it reads (`reads`: 'logits' or an `out` key of vit_jax.models, e.g. 'pre_logits', the
-pre-logits or the pooled token when the model has none), the entry fields naming its splits
-(`splits`) and what it needs of the dataset (`needs`). Data is read with the input
-pipeline's `make_eval_iterator` (each example exactly once, padding masked), imported lazily so
-that this package imports without TensorFlow; `_utils` holds what the evaluators share (host
-transfer of global arrays, feature extraction).
+Each class declares the model output it reads (`reads`: 'logits' or an `out` key of
+vit_jax.models), the entry fields naming its splits (`splits`) and what it needs of the
+dataset (`needs`). Data is read lazily with `input_pipeline.make_eval_iterator`, so this
+package imports without TensorFlow; `_utils` holds what the evaluators share.
 """
 
 from collections.abc import Callable, Mapping
@@ -174,12 +136,8 @@ def _class_names_of(dataset: Mapping[str, Any]) -> list[str] | None:
 
 
 def downstream_dataset(stage: Any, entry: Any) -> dict[str, Any]:
-  """The dataset config fields of an evaluator: the stage's, overridden by the entry's.
-
-  An entry naming another dataset (a downstream set) never reads from the stage's `data_dir`
-  (the pretraining shards' directory): only from its own, None (tfds's default) unless it sets
-  one.
-  """
+  """The stage's dataset config overridden by the entry's; an entry naming another dataset
+  never reads the stage's `data_dir`, only its own (None: tfds's default)."""
   stage, entry = _as_dict(stage), _as_dict(entry)
   if entry.get("name", stage.get("name")) != stage.get("name"):
     stage.pop("data_dir", None)
@@ -205,20 +163,11 @@ def build(
   make_data: DataFactory | None = None,
   num_classes: Callable[[Mapping[str, Any]], int] | None = None,
 ) -> list[Evaluator]:
-  """Builds the evaluators described by `config.evals` (see the module docstring).
+  """The evaluators of `config.evals` (name -> entry, see the module docstring), in its order.
 
-  Args:
-    evals: name -> evaluator config; None or empty for none.
-    model: the trained Flax module (its logits and representation are evaluated).
-    dataset: the stage's dataset config, the default of every entry.
-    batch_size: default global evaluation batch size.
-    mesh: the trainer's mesh; batches are global arrays on it.
-    data_axes: mesh axes the batch dimension is split over (the input pipeline's default if None).
-    make_data: overrides how splits are read (tests pass in-memory data).
-    num_classes: overrides how a dataset's class count is found.
-
-  Returns:
-    The evaluators, in the order of `evals`.
+  `dataset` is every entry's default, `batch_size` the default global batch; batches are global
+  arrays on `mesh`, split over `data_axes`. `make_data` and `num_classes` override how splits
+  are read and classes counted (tests pass in-memory data).
   """
   make_data = make_data or input_pipeline_data(mesh, data_axes)
   context = dict(num_classes=num_classes or num_classes_of, class_names=_class_names_of)

@@ -20,13 +20,9 @@ def pixel_baselines(
   """{'logreg', 'knn3'} top-1 on `test_split` of a builtin dataset, whether the logistic
   regression converged within `max_iter`, and the example counts.
 
-  Args:
-    dataset: a builtin dataset name (vit_jax.input_pipeline.sources.builtin).
-    train_split: the training split, slices allowed ('train[:98%]', builtin.get_split).
-    train_rows: positions within `train_split` to train on (e.g. the k-shot examples); None: all.
-    test_split: the split scored, slices allowed ('test[:500]').
-    max_iter: L-BFGS iterations of the logistic regression (1000 converges on the downstream
-      sets; 100 keeps Fashion-MNIST's 60k examples to ~15 s on 2 cores).
+  `dataset` is a vit_jax.input_pipeline.sources.builtin name; splits may be slices
+  ('train[:98%]'); `train_rows`: positions within `train_split` to train on (None: all).
+  `max_iter`: 1000 converges on the downstream sets, 100 keeps Fashion-MNIST to ~15 s on 2 cores.
   """
   from vit_jax.input_pipeline.sources import builtin
 

@@ -1,8 +1,6 @@
 """Validation top-1 and loss of a classifier over an evaluation split.
 
-The metric sums are computed inside one jitted function per batch and stay on device until the
-end of the pass, so a pod evaluates without a host round trip per batch. Examples whose batch
-`mask` is 0 (padding that completes the last batch) contribute nothing to any sum.
+The sums stay on device until the end of the pass (`_utils.summing`); padding never counts.
 """
 
 from typing import Any
@@ -19,18 +17,8 @@ LOSSES = tuple(supervised.LOSSES)
 def batch_metrics(
   logits: jax.Array, labels: jax.Array, mask: jax.Array, loss: str = "softmax_xent"
 ) -> dict[str, jax.Array]:
-  """Masked sums for one batch.
-
-  Args:
-    logits: [B, K].
-    labels: [B] integer labels or [B, K] one/multi-hot targets.
-    mask: [B], 1 for real examples, 0 for padding.
-    loss: 'softmax_xent' or 'sigmoid_xent' (the paper's pretraining loss).
-
-  Returns:
-    {'correct', 'loss', 'count'}: sums over the real examples. A prediction is correct when the
-    argmax class is a positive label.
-  """
+  """{'correct', 'loss', 'count'} summed over the examples of mask [B] 1 of logits [B, K] and
+  labels [B] (or one/multi-hot [B, K]); correct: the argmax class is a positive label."""
   if loss not in LOSSES:
     raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
   targets = supervised.dense_targets(labels, logits.shape[-1])
@@ -46,14 +34,9 @@ def batch_metrics(
 
 
 class ClassificationEvaluator(_utils.OnSplit):
-  """Top-1 accuracy and mean loss of `fn(params, images) -> logits [B, K]`.
-
-  Metrics: `{name}/accuracy`, `{name}/loss`, `{name}/num_examples`. With `max_examples` the
-  pass stops after the first batches holding that many rows (a quick look, not the metric).
-  """
+  """Top-1 accuracy and mean loss of `fn(params, images) -> logits [B, K]`."""
 
   def __init__(self, *args, loss: str = "softmax_xent", name: str = "val", **kwargs):
-    """`args`, `kwargs`: `_utils.OnSplit`'s."""
     if loss not in LOSSES:
       raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     self.loss = loss
@@ -64,7 +47,6 @@ class ClassificationEvaluator(_utils.OnSplit):
     return batch_metrics(logits, batch["label"], mask, self.loss)
 
   def run(self, params: Any) -> dict[str, float]:
-    """Returns {f'{name}/accuracy', f'{name}/loss', f'{name}/num_examples'} over the split."""
     zeros = {k: jnp.zeros((), jnp.float32) for k in ("correct", "loss", "count")}
     sums = _utils.sum_over_split(self.data, self._accumulate, params, zeros, self.max_examples)
     count = max(sums["count"], 1.0)

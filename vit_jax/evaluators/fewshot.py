@@ -36,14 +36,7 @@ def ridge_fit(
 
   Solves min_{W, b} ||Z W + b - T||^2 + l2_reg ||W||^2 with Z the normalised features.
 
-  Args:
-    x: features [N, R].
-    labels: integer labels [N].
-    num_classes: K (static under jit).
-    l2_reg: the ridge penalty.
-
-  Returns:
-    (w [R, K], b [K], mean [R]); score new features with `ridge_scores`.
+  x: features [N, R], labels: int [N]. Returns (w [R, K], b [K], mean [R]) for `ridge_scores`.
   """
   x = x.astype(jnp.float32)
   mean = jnp.mean(x, axis=0)
@@ -112,9 +105,6 @@ class FewShotEvaluator(_utils.Probe):
   The first `run` reads the training split once and keeps a seeded, uniform sample of
   max(shots) examples per class (the images when they fit in `max_cache_bytes`, otherwise
   their positions, and the split is re-read each run). The test split is read every run.
-  `max_examples` caps how much of each split is read (tests, `runlocal`).
-
-  Metrics: `{name}/{k}shot` for each k in `shots`.
   """
 
   needs = ("num_classes", "sharding")
@@ -129,8 +119,7 @@ class FewShotEvaluator(_utils.Probe):
     sharding: Any = None,
     **kwargs,
   ):
-    """`args` and `kwargs`: `_utils.Probe`'s; `sharding` places cached image batches on the
-    mesh."""
+    """`sharding` places cached image batches on the mesh."""
     super().__init__(*args, name=name, **kwargs)
     self.shots = tuple(sorted(shots))
     self.l2_reg = l2_reg
@@ -216,7 +205,6 @@ class FewShotEvaluator(_utils.Probe):
     return feats
 
   def run(self, params: Any) -> dict[str, float]:
-    """Returns {f'{name}/{k}shot': top-1} for the parameters `params`."""
     self.sample()
     x_train = self._train_features(params)
     x_test, y_test = _utils.extract_features(self.fn, params, self.test_data, self.max_examples)

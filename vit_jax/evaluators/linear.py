@@ -94,18 +94,9 @@ def fit_and_score(
 ) -> dict[str, float]:
   """Picks the regulariser on a held-out slice of train, refits on all of train, scores test.
 
-  Args:
-    probe: 'ridge' or 'logreg'.
-    x_train, y_train: features [N, R] and integer labels [N] of the whole training split.
-    x_test, y_test: the same for the test split.
-    num_classes: K.
-    l2_regs: the grid; with one value no held-out slice is used.
-    val_fraction: share of the training split held out to choose the regulariser.
-    seed: seeds the held-out split.
-
-  Returns:
-    {'accuracy': test top-1, 'l2_reg': the chosen value, 'val_accuracy': its held-out top-1
-    (absent with a single-value grid)}.
+  `probe`: a key of PROBES; x_*: features [N, R], y_*: int labels [N]; `l2_regs`: the grid (one
+  value: no held-out slice); `val_fraction` of train is held out, shuffled by `seed`. Returns
+  {'accuracy': test top-1, 'l2_reg': the chosen value, 'val_accuracy': its held-out top-1}.
   """
   predict = PROBES[probe]
   out = {}

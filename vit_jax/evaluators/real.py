@@ -16,16 +16,8 @@ from vit_jax.evaluators import _utils
 
 
 def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
-  """Sums over the images of one batch that have a ReaL set.
-
-  Args:
-    logits: [B, K].
-    labels: [B, K] multi-hot ReaL sets (all zeros: an empty set).
-    mask: [B], 1 for real examples, 0 for padding.
-
-  Returns:
-    {'correct': images whose top-1 class is in their set, 'count': images with a set}.
-  """
+  """{'correct': images whose top-1 class is in their set, 'count': images with a set} of
+  logits [B, K], multi-hot ReaL sets [B, K] and mask [B] (0: padding)."""
   top1 = jnp.argmax(logits, axis=-1)
   in_set = jnp.take_along_axis(labels, top1[:, None], axis=-1)[:, 0] > 0
   counted = mask.astype(jnp.float32) * (jnp.sum(labels, axis=-1) > 0)
@@ -33,13 +25,10 @@ def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> dict
 
 
 class RealEvaluator(_utils.OnSplit):
-  """ReaL top-1 of `fn(params, images) -> logits [B, K]` over multi-hot ReaL labels.
-
-  Metrics: `{name}/accuracy`, `{name}/num_examples` (images with a non-empty set).
-  """
+  """ReaL top-1 of `fn(params, images) -> logits [B, K]`; `num_examples` counts images with a
+  non-empty set."""
 
   def __init__(self, *args, name: str = "real", **kwargs):
-    """`args`, `kwargs`: `_utils.OnSplit`'s."""
     super().__init__(*args, name=name, **kwargs)
 
   def metrics(self, logits, batch):
@@ -51,7 +40,6 @@ class RealEvaluator(_utils.OnSplit):
     return batch_metrics(logits, batch["label"], batch["mask"])
 
   def run(self, params: Any) -> dict[str, float]:
-    """Returns {f'{name}/accuracy', f'{name}/num_examples'} over the split."""
     zeros = {k: jnp.zeros((), jnp.float32) for k in ("correct", "count")}
     sums = _utils.sum_over_split(self.data, self._accumulate, params, zeros, self.max_examples)
     return {

@@ -3,30 +3,13 @@
 `load` reads a checkpoint as `predict` does (architecture, resolution, evaluation preprocessing
 and class names from the workdir's `config.json`; `model`, `image_size`, `class_names` for a
 bare `.npz`); `export` writes one format into a new directory, with `export.json` beside it
-saying what the artifact takes and returns. What each format holds:
+saying what the artifact takes and returns. The formats, their signatures and quantizations are
+described in docs/export.md: a SavedModel (jax2tf, symbolic batch size) with the evaluation
+preprocessing inside the graph, LiteRT (`tflite_bytes`; int8 is dynamic-range, int8_full
+calibrates on the training split) and ONNX (vit_jax.export.jax_to_onnx).
 
-- SavedModel (jax2tf: the model is one XlaCallModule op, StableHLO, with a symbolic batch size),
-  three signatures sharing the outputs `logits`, `probabilities`, `top_k_indices`,
-  `top_k_probabilities` and `top_k_names` (a headless or MPP checkpoint: `representation`):
-  `serving_default` takes `image_bytes` (string [batch], encoded JPEG/PNG/GIF/BMP); `pixels`
-  takes uint8 [batch, height, width, 3] of any size; both run the checkpoint's evaluation
-  preprocessing (`pp_eval`, with vit_jax.input_pipeline.ops.preprocess' own ops) inside the graph.
-  `preprocessed` takes float32 [batch, S, S, 3], already preprocessed.
-- LiteRT: the model on preprocessed float32 [batch, S, S, 3], returning `logits` (or the
-  representation), for one batch size (default 1); batch size 0 makes the input resizable, at
-  a large cost in speed (`tflite_bytes`). float16 stores the weights in half precision. int8 is
-  dynamic-range quantization: int8 weights, and the matmuls quantize their activations per
-  batch at run time, so it needs no calibration data. int8_full is full-integer quantization
-  (every activation int8, LayerNorm, softmax and GELU included) for integer-only accelerators,
-  calibrated on examples of the checkpoint's training split (vit_jax.input_pipeline, with the
-  evaluation preprocessing); on the demo's model it lost 12 points of accuracy where int8 lost
-  none (docs/export.md), hence the default.
-- ONNX (vit_jax.export.jax_to_onnx): preprocessed float32 images [batch, S, S, 3] → `logits`,
-  `probabilities` (or `representation`); class names and preprocessing in its metadata.
-
-Errors a user can cause raise ValueError with one line (the command prints it): an unknown
-format or quantization, a checkpoint without a model, int8_full without data to calibrate on, a
-non-empty output directory. Nothing is written until the conversion succeeded.
+Errors a user can cause raise a one-line ValueError; nothing is written until the conversion
+succeeded.
 """
 
 import dataclasses
@@ -104,14 +87,9 @@ def load(
 ) -> Exportable:
   """Reads a checkpoint (workdir, step directory, `.npz`, `gs://...`) for export.
 
-  Args:
-    checkpoint: what `vit_jax.checkpoint.load` reads.
-    model: a preset for an `.npz` without `config.json` (else inferred from the shapes).
-    image_size: the input resolution; 0: the training's, else the position embeddings'.
-    class_names: overrides the dataset's names.
-
-  Raises:
-    ValueError: one line, for a path without a model or an architecture it cannot infer.
+  `model`: a preset for an `.npz` without `config.json` (else inferred from the shapes);
+  `image_size` 0: the training's, else the position embeddings'. A path without a model or an
+  architecture it cannot infer raises a one-line ValueError.
   """
   model_config = models.get_model_config(model) if model else None
   try:

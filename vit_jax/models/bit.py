@@ -44,10 +44,7 @@ def _fixed_padding(kernel_size: int) -> tuple[tuple[int, int], tuple[int, int]]:
 
 
 class GroupNorm(nn.Module):
-  """GroupNorm over [batch, height, width, channels] with BiT's `gamma`/`beta` names.
-
-  Statistics are computed in at least float32, whatever the computation dtype.
-  """
+  """GroupNorm with BiT's `gamma`/`beta` names, statistics in at least float32."""
 
   num_groups: int = NUM_GROUPS
   epsilon: float = GN_EPS
@@ -100,11 +97,8 @@ class _Projection(nn.Module):
 
 
 class _PreActConv(nn.Module):
-  """GroupNorm → ReLU → conv (the `a`, `b` or `c` part of a unit).
-
-  Returns the conv's output and, when `projection_features` is set, the projection shortcut
-  computed from the same pre-activated input (else None).
-  """
+  """GroupNorm → ReLU → conv (a unit's `a`, `b` or `c`), and the projection shortcut of the same
+  pre-activated input when `projection_features` is set (else None)."""
 
   features: int
   kernel_size: int
@@ -212,12 +206,8 @@ class ResNetV2(nn.Module):
 
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool, example_ids: Ids = None) -> Output:
-    """(logits, out) of images [batch, height, width, 3] in [-1, 1] (vit_jax.models): `encode`,
-    the global average pool (`out['pre_logits']`, [batch, 4·width·2^(S-1)]), the head.
-
-    `train` and `example_ids` are unused (nothing random, and GroupNorm has no batch
-    statistics): the trainer's interface.
-    """
+    """`encode`, the global average pool (`pre_logits`), the head; `train` and `example_ids` are
+    unused (nothing random, no batch statistics)."""
     x, out = self.encode(images)
     pooled = jnp.mean(x, axis=(1, 2))  # [batch, channels]
     out["pre_logits"] = pooled.astype(jnp.float32)
@@ -228,10 +218,8 @@ class ResNetV2(nn.Module):
     return logits.astype(jnp.float32), out
 
   def encode(self, images: jax.Array, **_) -> tuple[jax.Array, dict[str, Any]]:
-    """The root block, the stages and the final GroupNorm → ReLU: that map, and `out` with
-    `blocks` (each stage's output, float32 [batch, H/s, W/s, channels], s = 4, 8, 16, 32 for
-    blocks 1 to 4, channels 4·width·2^(block-1)) and `normed_blocks` (the same, the last through
-    the final GroupNorm → ReLU: the map the pool averages)."""
+    """The root block, the stages and the final GroupNorm → ReLU: that map, and `out` with each
+    stage's output (strides 4, 8, 16, 32) as `blocks`/`normed_blocks` (vit_jax.models)."""
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     width = int(self.base_width * self.width_factor)
     x = _RootBlock(width, name="root_block", **kw)(images.astype(self.dtype))

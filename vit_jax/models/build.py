@@ -21,20 +21,9 @@ def get_model(
   mesh: Any = None,
   **overrides,
 ) -> nn.Module:
-  """Builds the Flax module of a preset.
-
-  Args:
-    name_or_config: a preset name ('ViT-B_16', 'BiT-R50x1'), an alias ('B/16', 'R50x1'), or a
-      model ConfigDict (e.g. `config.model` of a stage config).
-    num_classes: width of the head; None for a headless model returning the representation.
-    mesh: the jax.sharding.Mesh the model will be trained on, if any: it decides where the
-      attention core can run (vit_jax.models.ops.attention_kernel_for_mesh).
-    **overrides: any model field, e.g. `representation_size=768, dtype='bfloat16', scan=True`.
-
-  Returns:
-    The `VisionTransformer` (or BiT `ResNetV2`): `logits, out = model.apply({'params': params},
-    images, train=False)` (vit_jax.models).
-  """
+  """The `VisionTransformer` or BiT `ResNetV2` of a preset name ('ViT-B_16'), alias ('B/16') or
+  model ConfigDict; `num_classes` None: headless. `mesh`, the one it will train on, decides
+  where attention can run (`ops.attention_kernel_for_mesh`); `overrides`: any model field."""
   if isinstance(name_or_config, str):
     config = presets.get_model_config(name_or_config)
   else:

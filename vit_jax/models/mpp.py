@@ -9,17 +9,10 @@ patch representations." The appendix compares three targets, all available here:
   downsample4x4  the patch downsized to 4×4 with 3-bit colours: 16 softmaxes over 512 colours;
   l2             the full patch, regressed with a squared error (patch² × 3 values in [-1, 1]).
 
-Corruption (`corrupt`): exactly round(rate × patches) patches of each image are chosen uniformly;
-each chosen patch independently becomes the [mask] embedding (p=0.8), the embedding of another
-patch of the *same image* (p=0.1; drawn uniformly from the image's other patches, before any
-corruption) or stays as is (p=0.1). Only chosen patches enter the loss. Each image's draws come
-from fold_in(key, its example id), so an image is corrupted the same way in any batch.
-
-`MaskedPatchPredictor` is a VisionTransformer with two extra parameters at the top level,
-`mask_embedding` [D] and the Dense `mpp_head`; every other name is the ViT's, so a fine-tuning
-stage starts from an MPP checkpoint with `model_init` (vit_jax.checkpoint.load_pretrained drops
-the two). Its pre-logits (what the few-shot evaluators read) are the mean of the patch tokens
-after the final LayerNorm: the class token's output is never trained by this objective. Targets need image patches, so R50 hybrids are not supported.
+`corrupt` chooses exactly round(rate × patches) patches per image, keyed by the example id; only
+chosen patches enter the loss. `MaskedPatchPredictor` adds `mask_embedding` and `mpp_head` to the
+ViT's names (vit_jax.checkpoint.load_pretrained drops the two for fine-tuning); its pre-logits are
+the mean patch token, since this objective never trains the class token. No R50 hybrids.
 
 This file must not import TensorFlow.
 """
@@ -128,18 +121,10 @@ def corrupt(
 ) -> tuple[jax.Array, jax.Array]:
   """Corrupts patch embeddings as App. B.1.2 describes (jittable).
 
-  Args:
-    key: PRNG key; image i draws from fold_in(key, example_ids[i]).
-    x: patch embeddings [batch, patches, D].
-    mask_embedding: the learnable [mask] embedding [D].
-    corrupt_rate: fraction of each image's patches chosen (rounded to a whole number).
-    mask_rate, random_rate: of the chosen patches, the probability of the [mask] embedding and of
-      another patch's embedding (same image); the rest stay as they are.
-    example_ids: int [batch], each image's id (None: its row).
-
-  Returns:
-    (corrupted embeddings [batch, patches, D], kind int32 [batch, patches]: KEPT_CLEAN for a patch
-    not chosen, else MASKED, RANDOM or KEPT_CORRUPTED).
+  Image i draws from fold_in(key, example_ids[i]) (None: its row). Of x [batch, patches, D],
+  round(corrupt_rate × patches) per image are chosen; each becomes `mask_embedding` [D] with
+  probability mask_rate, another patch of the same image with random_rate, else stays. Returns
+  (the corrupted x, kind int32 [batch, patches]: KEPT_CLEAN, MASKED, RANDOM or KEPT_CORRUPTED).
   """
   b, n, _ = x.shape
   ids = jnp.arange(b) if example_ids is None else example_ids
@@ -174,14 +159,10 @@ def corrupt(
 
 
 class MaskedPatchPredictor(vit.VisionTransformer):
-  """A ViT with a [mask] embedding and a per-patch prediction head (`mpp_head`).
+  """A ViT with a [mask] embedding and a per-patch head: logits [batch, patches, num_outputs].
 
-  (logits, out) as every model (vit_jax.models): the logits are the predictions of every patch
-  [batch, patches, num_outputs] float32; `out` adds to the ViT's `kind` (int32 [batch, patches])
-  and `pre_logits`, the mean patch token [batch, D]. With `train` (and a 'mpp' rng; without one
-  a fixed key is used) the image is corrupted first (`corrupt`; `example_ids` int [batch] key
-  each image's corruption and dropout); without, it is not (every `kind` KEPT_CLEAN), so the
-  pre-logits are the clean image's.
+  Only with `train` is the image corrupted (under the 'mpp' rng, else a fixed key); otherwise
+  every `kind` is KEPT_CLEAN and the pre-logits are the clean image's.
   """
 
   target: str = "mean_color"

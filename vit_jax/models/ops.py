@@ -1,14 +1,10 @@
 """The ViT's numerics below the modules: custom-VJP ops and where each one runs.
 
-The attention core (`attention`: softmax(q k^T / sqrt(d)) v in heads-major layout, with a
-hand-written backward pass), LayerNorm (`layer_norm`) and the tanh GELU (`gelu_tanh`), each the
-function of its flax counterpart with a backward pass that XLA compiles into fewer, cheaper
-fusions; dropout with a mask per example (`dropout`: an example's mask follows its id, not its
-row in the batch) and stochastic depth's decision per example (`drop_path_keep`, likewise);
-cuDNN's fused attention (`cudnn_attention`); and the one decision of which implementation runs
-(`attention_path`, `use_cpu_kernel`): XLA, cuDNN on an NVIDIA GPU, or the C++ kernels of
-vit_jax.kernels.cpu on a one-device CPU. The modules of vit_jax.models.vit call
-these through this module's attributes (so that experiments/benchmarks/ablate_step.py can swap one).
+`attention`, `layer_norm` and `gelu_tanh` compute their flax counterparts' functions with
+backward passes XLA compiles into fewer, cheaper fusions; `dropout` and `drop_path_keep` decide
+per example id, not per row; `attention_path` and `use_cpu_kernel` choose between XLA, cuDNN and
+the C++ kernels of vit_jax.kernels.cpu. vit_jax.models.vit calls these through this module's
+attributes (experiments/benchmarks/ablate_step.py swaps one).
 
 This file must not import TensorFlow.
 """
@@ -29,27 +25,18 @@ Dtype = Any
 
 
 def wide_dtype(dtype: Dtype) -> Any:
-  """The dtype of the numerically sensitive steps (softmax, LayerNorm statistics, GELU's
-  gradient, the returned logits): at least float32, so bf16/fp16 computation widens to float32
-  while a float64 model (the tests' reference runs, under JAX_ENABLE_X64) stays float64."""
+  """At least float32 (float64 stays): the dtype of softmax, LayerNorm statistics, logits."""
   return jnp.promote_types(dtype, jnp.float32)
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array, example_ids: jax.Array) -> jax.Array:
   """Inverted dropout whose mask for example i is bernoulli(fold_in(key, example_ids[i])).
 
-  flax's `nn.Dropout` draws one mask for the whole array, so an example's mask depends on its
-  row; here it depends only on `key` and the example's id, whatever batch, micro-batch or
-  sharding the example is in. The same number of random bits as one draw for the whole array.
-
-  The bits are those of `jax.random.bernoulli(fold_in(key, id), float32(1 - rate), example's
-  shape)` (the same masks, bit for bit: tests/test_invariance.py; a float32 draw with or without
-  JAX_ENABLE_X64, so a float64 run draws the float32 run's masks), computed in x's own shape
-  (`keep_mask`: threefry of each element's position within its example, under its example's
-  key). Drawn
-  through a vmap over [n, k, ...] instead, the TPU compiler kept about 4 bytes per element of
-  every dropout for the backward pass; in x's shape it recomputes the mask, as for flax's one
-  draw (figures: tests/test_step_memory.py, docs/pod_planning.md).
+  Unlike `nn.Dropout`, an example's mask does not depend on its row, so it is the same in any
+  batch, micro-batch or sharding. The bits are those of `jax.random.bernoulli(fold_in(key, id),
+  float32(1 - rate), example's shape)` (a float32 draw under JAX_ENABLE_X64 too), computed in x's
+  own shape (`keep_mask`): drawn through a vmap, the TPU compiler kept ~4 bytes per element for
+  the backward pass (tests/test_step_memory.py, docs/pod_planning.md).
 
   Args:
     x: [n·k, ...]: the rows of n examples, example i owning rows i·k .. i·k + k − 1 (k = 1 for
@@ -75,35 +62,17 @@ def dropout(x: jax.Array, rate: float, key: jax.Array, example_ids: jax.Array) -
 
 
 def drop_path_keep(rate: jax.Array | float, key: jax.Array, example_ids: jax.Array) -> jax.Array:
-  """bool [n]: whether each example keeps a residual branch under stochastic depth (drop-path,
-  Huang et al., 2016) at drop rate `rate`.
-
-  Example i keeps it iff uniform(fold_in(key, example_ids[i])) >= rate, with probability
-  1 - rate: like `dropout`, a function of the key and the example's id only, whatever batch,
-  micro-batch or sharding the example is in. The uniform is drawn in float32 with or without
-  JAX_ENABLE_X64, so a float64 run makes the float32 run's decisions.
-
-  Args:
-    rate: the drop probability, a Python float or a traced scalar (a scanned block's).
-    key: the branch's key (typed or raw).
-    example_ids: int [n], one id per example.
-  """
+  """bool [n]: whether each example keeps a residual branch under stochastic depth (Huang et
+  al., 2016): uniform(fold_in(key, example_ids[i])) >= rate, drawn in float32 as `dropout`'s.
+  `rate` may be traced (a scanned block's)."""
   keys = jax.vmap(jax.random.fold_in, (None, 0))(key, example_ids)
   uniform = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
   return uniform >= jnp.asarray(rate, jnp.float32)
 
 
 def keep_mask(shape: tuple[int, ...], rows: int, row_keys: jax.Array, keep: float) -> jax.Array:
-  """bool `shape`: element e of row r is kept with probability `keep`, by the bits
-  `jax.random.bernoulli(key, float32(keep), per-example shape)` gives it under row r's
-  example's key.
-
-  Args:
-    shape: [n·k, ...], example i owning rows i·k .. i·k + k − 1.
-    rows: k.
-    row_keys: uint32 [n·k, 2], each row's example's threefry key data.
-    keep: the probability of keeping an element.
-  """
+  """bool `shape` [n·k, ...]: the bits `jax.random.bernoulli(key, float32(keep), per-example
+  shape)` gives under each row's example's key, `row_keys` uint32 [n·k, 2]; `rows` is k."""
   # jax.random.bernoulli's steps with the partitionable threefry (jax._src.random): the 64-bit
   # counter of an element is its index in the example's row-major order (under 2**32: its high
   # word is 0), the bits are the hash's two words xor'ed, their top 23 bits make a float32 in
@@ -125,20 +94,15 @@ def keep_mask(shape: tuple[int, ...], rows: int, row_keys: jax.Array, keep: floa
 
 
 def matmul_2d(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
-  """x [..., n] @ kernel [n, m] + bias [m], run as one 2-D matmul over the flattened rows.
-
-  The same numbers as a Dense on [batch, tokens, n]; XLA's CPU backend runs the backward pass of
-  the 2-D form (the weight gradient contracts one dimension instead of batch and tokens) faster
-  for the ViT's shapes (docs/benchmarks.md).
-  """
+  """x [..., n] @ kernel [n, m] + bias [m] as one 2-D matmul over the flattened rows: the 2-D
+  weight gradient runs faster on XLA:CPU (docs/benchmarks.md)."""
   rows = x.reshape(-1, x.shape[-1])
   return (rows @ kernel + bias).reshape(*x.shape[:-1], kernel.shape[-1])
 
 
 def gradient_dtype(compute_dtype: Dtype, grad_reduce_dtype: Dtype | None) -> Any:
-  """The dtype in which the parameters' gradients leave the backward pass of a layer computing in
-  `compute_dtype`, and so the dtype in which they are summed across devices: `grad_reduce_dtype`
-  where it is wider than `compute_dtype`, else `compute_dtype` (as autodiff gives them)."""
+  """The dtype the parameters' gradients leave the backward pass (and are summed across devices)
+  in: `grad_reduce_dtype` where wider than `compute_dtype`, else `compute_dtype`."""
   compute = jnp.dtype(compute_dtype)
   if grad_reduce_dtype is None:
     return compute
@@ -152,12 +116,9 @@ def dense(
   """x [..., n] @ kernel [n, m] + bias [m] in x's dtype, the parameters cast to it; with
   `flatten` as one 2-D matmul over the flattened rows (`matmul_2d`).
 
-  The gradients of `kernel` and `bias` are computed in `gradient_dtype(x.dtype,
-  grad_reduce_dtype)`: with bfloat16 `x` and a float32 `grad_reduce_dtype` the weight
-  gradient's matmul accumulates into float32 and the bias gradient sums in float32
-  (`_dense_wide`), so that under data parallelism the partial sums the devices add up are
-  float32; otherwise the function is plain autodiff of the cast and the matmul, the same
-  program as before the option existed.
+  The parameters' gradients are computed in `gradient_dtype(x.dtype, grad_reduce_dtype)`: with
+  bf16 `x` and float32 `grad_reduce_dtype` the weight gradient's matmul accumulates into float32
+  (`_dense_wide`), so the partial sums the devices add up are float32; otherwise plain autodiff.
   """
   wide = gradient_dtype(x.dtype, grad_reduce_dtype)
   if wide == x.dtype:
@@ -166,9 +127,8 @@ def dense(
 
 
 def dense_params(dtype: Dtype, grad_reduce_dtype, *params: jax.Array) -> tuple[jax.Array, ...]:
-  """`params` as `dense` takes them: cast to `dtype` here where their gradients stay in it (a
-  layer that stacks or reshapes its parameters then does so on the cast copy, as it did before
-  `grad_reduce_dtype`: the TPU compiler's memory differs with the order), kept for the wide path."""
+  """`params` cast to `dtype` where their gradients stay in it, else kept (the wide path); a
+  layer stacking its parameters does so on the cast copy: TPU memory differs with the order."""
   if gradient_dtype(dtype, grad_reduce_dtype) == jnp.dtype(dtype):
     return tuple(p.astype(dtype) for p in params)
   return params
@@ -208,12 +168,8 @@ _dense_wide.defvjp(_dense_wide_fwd, _dense_wide_bwd)
 def broadcast_param(
   param: jax.Array, shape: tuple[int, ...], dtype: Dtype, grad_reduce_dtype=None
 ) -> jax.Array:
-  """`param` cast to `dtype` and broadcast to `shape` (leading dimensions added: the class
-  token to [batch, 1, width], the position embeddings to [batch, tokens, width]).
-
-  Its gradient, the sum of the output's over the added rows, is summed in `gradient_dtype(dtype,
-  grad_reduce_dtype)` (see `dense`); plain autodiff when that is `dtype`.
-  """
+  """`param` cast to `dtype` and broadcast to `shape`, its gradient summed in
+  `gradient_dtype(dtype, grad_reduce_dtype)` (see `dense`)."""
   wide = gradient_dtype(dtype, grad_reduce_dtype)
   if wide == jnp.dtype(dtype):
     return jnp.broadcast_to(param.astype(dtype), shape)
@@ -260,8 +216,7 @@ def softmax_weights(q_scaled: jax.Array, k: jax.Array) -> jax.Array:
 
 
 def attention_weights(q: jax.Array, k: jax.Array) -> jax.Array:
-  """softmax(q k^T / sqrt(head_dim)) over keys (see `softmax_weights`): [b, h, q, d], [b, h, k, d]
-  → [b, h, q, k]."""
+  """softmax(q k^T / sqrt(head_dim)) over keys (`softmax_weights`)."""
   return softmax_weights(scaled_queries(q), k)
 
 
@@ -351,13 +306,8 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def use_cpu_kernel(field: str, kernel: str, dtype: Dtype) -> bool:
-  """Whether `field` = kernel ('auto', 'cpu' or another choice) runs vit_jax.kernels.cpu' C++.
-
-  'auto' takes it on a CPU backend with one device for float32 when the kernels could be built
-  (otherwise it logs why, once); 'cpu' insists, and fails clearly where it cannot run. The C++
-  kernels have no sharding rule, hence one device: on a mesh of several XLA would gather their
-  operands.
-  """
+  """Whether `field` = kernel runs vit_jax.kernels.cpu's C++: 'auto' on a one-device CPU backend
+  in float32 when built (they have no sharding rule), 'cpu' insists."""
   backend = jax.default_backend()
   float32 = jnp.dtype(dtype) == jnp.dtype(jnp.float32)
   if kernel == "cpu":
@@ -378,10 +328,8 @@ def use_cpu_kernel(field: str, kernel: str, dtype: Dtype) -> bool:
 
 
 def attention_kernel_for_mesh(kernel: str, mesh: Any) -> str:
-  """The `attention_kernel` a model trained on `mesh` gets: 'auto' becomes 'xla' on a mesh that
-  splits the attention heads over devices (a 'model' axis > 1), because jax cannot partition
-  cuDNN's fused attention along heads (and the C++ kernels have no sharding rule); otherwise
-  unchanged, to be resolved by `attention_path` when the model is traced."""
+  """'auto' becomes 'xla' on a mesh with a 'model' axis > 1: jax cannot partition cuDNN's fused
+  attention along heads (nor the C++ kernels)."""
   if kernel == "auto" and dict(mesh.shape).get("model", 1) > 1:
     return "xla"
   return kernel
@@ -390,10 +338,8 @@ def attention_kernel_for_mesh(kernel: str, mesh: Any) -> str:
 def attention_path(kernel: str, dtype: Dtype, head_dim: int) -> str:
   """Where `attention_kernel` = kernel runs this block's attention core: 'cudnn', 'cpu' or 'xla'.
 
-  'auto' picks cuDNN on an NVIDIA GPU for bf16/fp16 computation with a head dim cuDNN's flash
-  attention takes (a multiple of 8, at most 128), the C++ kernel of `cpu_kernels` as
-  `use_cpu_kernel` says, and the XLA path everywhere else. 'cudnn' and 'cpu' insist, and fail
-  clearly where they cannot run.
+  'auto': cuDNN on an NVIDIA GPU for bf16/fp16 with head dim a multiple of 8 up to 128, C++ as
+  `use_cpu_kernel` says, else XLA. 'cudnn' and 'cpu' insist.
   """
   if kernel not in ATTENTION_KERNELS:
     raise ValueError(f"attention_kernel={kernel!r}; expected one of {ATTENTION_KERNELS}")

@@ -2,10 +2,8 @@
 
 Presets are the architecture only (paper Table 1; BiT's ResNetV2 depths and widths); training-time
 choices (dropout, stochastic depth, dtype, remat, scan, head bias) come from the stage configs as
-overrides. A BiT config is recognised by its `block_units` field (`is_bit`); ViT-only fields
-(dropout, representation layer, scan, posemb, stochastic_depth) do not exist there. Each preset
-is defined once, here, and the configs in `configs/` refer to it by name;
-vit_jax.models.build makes the Flax module. This file must not import TensorFlow.
+overrides. A BiT config is recognised by its `block_units` field (`is_bit`) and has no ViT-only
+fields. vit_jax.models.build makes the Flax module. This file must not import TensorFlow.
 """
 
 import difflib

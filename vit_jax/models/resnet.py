@@ -122,15 +122,8 @@ def resnet_stem(
 ) -> jax.Array:
   """Applies the hybrid's ResNet inside the caller's compact scope (names stay top level).
 
-  Args:
-    parent_x: images [batch, height, width, 3].
-    num_layers: units per stage; (3, 4, 9) downsamples by 16, (3, 4, 6, 3) by 32.
-    width_factor: channel multiplier of the ResNet.
-    dtype: computation dtype.
-    param_dtype: parameter dtype.
-
-  Returns:
-    Feature map [batch, height / 2^(2 + len(num_layers) - 1), ..., 256 * width * 2^(stages-1)].
+  `num_layers`: units per stage; (3, 4, 9) downsamples images [batch, height, width, 3] by 16,
+  (3, 4, 6, 3) by 32, to 256·width_factor·2^(stages-1) channels.
   """
   width = int(64 * width_factor)
   x = StdConv(width, (7, 7), (2, 2), dtype=dtype, param_dtype=param_dtype, name="conv_root")(

@@ -1,10 +1,8 @@
 """Semantic segmentation from a pretrained encoder's feature maps: the encoder plus a dense head.
 
-The encoder is a ViT (or R50+ViT hybrid) or a BiT ResNet, built from its usual model config,
-with the parameter names of its checkpoints at the top level of the tree, so fine-tuning's
-loader (vit_jax.checkpoint.load_pretrained: position embeddings resized to the new grid, the
-classifier head replaced, `pre_logits` dropped) fills it from any pretraining checkpoint. The
-head is the `head` subtree, initialised fresh:
+The encoder (ViT, R50+ViT hybrid or BiT ResNet) keeps its checkpoints' parameter names at the
+top level, so vit_jax.checkpoint.load_pretrained fills it from any pretraining checkpoint; the
+head is the fresh `head` subtree:
 
   linear       SETR-naive (Zheng et al., 2021): a per-token linear classifier on the last
                block's map, its logits upsampled bilinearly to the pixels.
@@ -15,10 +13,8 @@ head is the `head` subtree, initialised fresh:
                (SETR-PUP's progressive upsampling), a per-pixel linear classifier, and a
                bilinear resize to the pixels if the grid is not there yet.
 
-The head reads the encoder's `out['normed_blocks']` (vit_jax.models): the ViT's maps through its
-final LayerNorm, the BiT ResNet's last map through its final GroupNorm → ReLU. The logits are
-float32 [batch, height, width, classes] at the input's resolution; `out['pre_logits']` is the
-spatial mean of the last map read (what few-shot evaluators read).
+The head reads the encoder's `out['normed_blocks']` (vit_jax.models); the logits are float32
+[batch, height, width, classes] at the input's resolution.
 
 This file must not import TensorFlow.
 """
@@ -91,9 +87,8 @@ def _resize(x: jax.Array, hw: Sequence[int]) -> jax.Array:
 
 
 def _segmenting(encoder: type[nn.Module], name: str) -> type[nn.Module]:
-  """`encoder` (a ViT or BiT class) with a `SegmentationHead` named `head` on the normed maps
-  of its blocks `head_layers`; `num_classes` is the number of segmentation classes (background
-  included)."""
+  """`encoder` (a ViT or BiT class) with a `SegmentationHead` `head` on its blocks
+  `head_layers`' normed maps; `num_classes` counts the background."""
 
   class Segmenting(encoder):
     head_kind: str = "linear"
@@ -102,8 +97,6 @@ def _segmenting(encoder: type[nn.Module], name: str) -> type[nn.Module]:
 
     @nn.compact
     def __call__(self, images: jax.Array, *, train: bool, example_ids: vit.Ids = None):
-      """(logits float32 [batch, height, width, K], out) of images [batch, height, width, 3] in
-      [-1, 1]: the encoder's `out` and `pre_logits`, the spatial mean of the last map read."""
       _, out = self.encode(images, train=train, example_ids=example_ids)
       maps = [out["normed_blocks"][i] for i in self.head_layers]
       out["pre_logits"] = jnp.mean(maps[-1], axis=(1, 2))
@@ -138,19 +131,9 @@ def get_model(
   width: int = 64,
   mesh: Any = None,
 ) -> nn.Module:
-  """The segmentation model of an encoder preset or config.
-
-  Args:
-    model_config: a vit_jax.models preset name or model ConfigDict (ViT, hybrid or BiT).
-    num_classes: segmentation classes, background included.
-    head: one of HEADS.
-    layers: the blocks the head reads (None or empty: `default_layers`).
-    width: channels of the progressive head.
-    mesh: as for vit_jax.models.get_model.
-
-  Returns:
-    A `SegmentingViT` or `SegmentingBiT`.
-  """
+  """A `SegmentingViT` or `SegmentingBiT` of an encoder preset or config (ViT, hybrid or BiT):
+  `layers` the blocks the head reads (None or empty: `default_layers`), `width` the progressive
+  head's channels, `num_classes` background included."""
   if head not in HEADS:
     raise ValueError(f"segmentation head {head!r}; expected one of {HEADS}")
   base = build.get_model(model_config, num_classes, mesh=mesh)

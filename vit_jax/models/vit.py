@@ -1,39 +1,17 @@
 """The Vision Transformer (Dosovitskiy et al., 2021, §3.1) as Flax linen modules.
 
 Module and parameter names are the published vit_jax checkpoint format (`embedding`, `cls`,
-`Transformer/posembed_input/pos_embedding`, `Transformer/encoderblock_{i}/LayerNorm_0|
-MultiHeadDotProductAttention_1|LayerNorm_2|MlpBlock_3`, `Transformer/encoder_norm`, `pre_logits`,
-`head`), so a published `.npz` maps onto the tree without renaming. With `scan=True` the blocks
-are one scanned `Transformer/encoderblock` whose leaves have a leading layer axis.
+`Transformer/posembed_input/pos_embedding`, `Transformer/encoderblock_{i}/...`,
+`Transformer/encoder_norm`, `pre_logits`, `head`); with `scan=True` the blocks are one scanned
+`Transformer/encoderblock` whose leaves have a leading layer axis. `distill_token` adds DeiT's
+`dist_token` and `head_dist` (timm's names). Computation runs in `dtype`, parameters stay in
+`param_dtype`; attention weights are sown into `intermediates` when that collection is mutable.
 
-With `distill_token` (DeiT, Touvron et al. 2021) a second learned token `dist_token` [1, 1, D]
-follows the class token (the position embedding then covers 2 + patches tokens) and feeds a second
-head `head_dist`; the names are timm's and DeiT's, and without the token the tree is the published
-one. The logits are the average of the two heads, as DeiT predicts, so evaluators, predict and
-export read one array of logits as for any ViT; the distillation objective
-(vit_jax.objectives.distill) weighs the two heads, `out['class_logits']` and `out['dist_logits']`.
-
-Computation runs in `dtype` (e.g. bfloat16) while parameters stay in `param_dtype` (float32).
-Attention weights are sown into the `intermediates` collection when the caller makes it mutable
-(`model.apply(..., mutable=['intermediates'])`).
-
-Dropout draws each example's mask from the layer's 'dropout' key and the example's id
-(`example_ids`, default its row; `Dropout`, `ops.dropout`), so an example is dropped the same
-way in any batch, micro-batch or sharding (the trainer's invariance, vit_jax.train); so does
-stochastic depth (`stochastic_depth`, `ops.drop_path_keep`), which drops whole residual branches.
-
-The "better plain ViT baselines" (Beyer et al., 2022) and AugReg (Steiner et al., 2021)
-recipes' fixed 2-D sin-cos position embeddings and stochastic depth are off by default
-(`posemb`, `stochastic_depth`: VisionTransformer's attributes).
-
-Layout for speed, not for the parameters (which keep the checkpoint format): the Dense layers run
-as 2-D matmuls over flattened tokens, the Q/K/V projections as one matmul, the attention core
-in heads-major layout with a hand-written backward pass (`ops.attention`; instead, on NVIDIA
-GPUs in bf16 cuDNN's fused attention and on a one-device CPU in float32 the C++ kernel of
-`vit_jax/kernels/cpu.py`: `attention_kernel`), and the LayerNorms and the tanh GELU with one
-each (`ops.layer_norm`, `ops.gelu_tanh`; the LayerNorms, like the attention, in C++ on a
-one-device CPU: `layer_norm_kernel`). The numerics and the choice of kernel live in
-vit_jax.models.ops; what each part costs is in docs/benchmarks.md.
+Dropout and stochastic depth draw each example's mask from the 'dropout' key and the example's
+id (`ops.dropout`, `ops.drop_path_keep`), so an example is dropped the same way in any batch,
+micro-batch or sharding (vit_jax.train). The layout is chosen for speed, not for the parameters:
+2-D matmuls over flattened tokens, one Q/K/V matmul, and the kernels of vit_jax.models.ops
+(docs/benchmarks.md).
 
 This file must not import TensorFlow.
 """
@@ -61,12 +39,8 @@ _tiny_normal = nn.initializers.normal(stddev=1e-6)
 
 
 class LayerNorm(nn.Module):
-  """LayerNorm over the last axis with flax's parameters (`scale` ones, `bias` zeros) and epsilon.
-
-  Computes `ops.layer_norm` in float32 and returns `dtype`; a drop-in for `nn.LayerNorm` in the
-  checkpoint format. `kernel` (ops.LAYER_NORM_KERNELS): 'auto' runs the C++ kernel of `cpu_kernels`
-  on a one-device CPU in float32 (`ops.use_cpu_kernel`), 'cpu' insists, 'xla' never.
-  """
+  """`nn.LayerNorm`'s parameters and numbers as `ops.layer_norm` (float32, returns `dtype`);
+  `kernel` (ops.LAYER_NORM_KERNELS) picks the C++ kernel of `cpu_kernels` or XLA."""
 
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -88,10 +62,7 @@ class LayerNorm(nn.Module):
 
 
 class Dropout(nn.Module):
-  """Dropout with a mask per example (`ops.dropout`); no parameters, like `nn.Dropout`.
-
-  `example_ids` int [n] names the examples whose rows `x` holds (None: row i is example i).
-  """
+  """Dropout with a mask per example id (`ops.dropout`; None: row i is example i)."""
 
   rate: float
 
@@ -106,11 +77,8 @@ class Dropout(nn.Module):
 
 
 class _Projection(nn.Module):
-  """The kernel and bias of a DenseGeneral, created but not applied.
-
-  Same names, shapes and initial values as `nn.DenseGeneral` (Xavier over the kernel flattened to
-  [inputs, outputs], zero bias): the attention applies them as 2-D matmuls (`ops.matmul_2d`).
-  """
+  """The kernel and bias of an `nn.DenseGeneral` (same names, shapes, initial values), created
+  but not applied: the attention applies them as 2-D matmuls."""
 
   kernel_shape: tuple[int, ...]
   num_inputs: int  # leading dimensions of the kernel that are contracted with the input
@@ -149,16 +117,8 @@ class Dense(nn.Module):
 
 
 class MultiHeadDotProductAttention(nn.Module):
-  """Multi-head self-attention with query/key/value kernels [D, heads, D/heads].
-
-  The three projections run as one matmul (their kernels concatenated at apply time). The
-  attention core runs per `attention_kernel` (see `ops.attention_path`): cuDNN's fused attention on
-  [batch, tokens, heads, head_dim], the C++ kernel of `cpu_kernels` on the projections' output
-  [batch, tokens, 3, heads, head_dim], or XLA matmuls and softmax in heads-major layout
-  [batch, heads, tokens, head_dim] with a hand-written backward pass (`ops.attention`). The
-  parameters are those of Flax's `nn.MultiHeadDotProductAttention` (query/key/value/out,
-  DenseGeneral layout).
-  """
+  """Flax's `nn.MultiHeadDotProductAttention` parameters (query/key/value/out), the three
+  projections run as one matmul and the core per `attention_kernel` (`ops.attention_path`)."""
 
   num_heads: int
   dropout_rate: float = 0.0
@@ -219,12 +179,7 @@ class MultiHeadDotProductAttention(nn.Module):
 
 
 class MlpBlock(nn.Module):
-  """Dense → GELU → Dense, with dropout (the matmuls over flattened tokens, `ops.dense`).
-
-  The published weights were trained with the tanh approximation of GELU (flax's default,
-  `gelu_approximate=True`); timm and Hugging Face default to the exact (erf) GELU, which
-  `gelu_approximate=False` computes.
-  """
+  """Dense → GELU → Dense, with dropout (`gelu_approximate`: see VisionTransformer)."""
 
   mlp_dim: int
   dropout_rate: float = 0.0
@@ -259,8 +214,7 @@ DropPath = tuple[jax.Array, jax.Array]
 
 
 class BlockSettings(nn.Module):
-  """What every Transformer block is built with (see VisionTransformer's attributes): the
-  block, the encoder and the ViT declare these fields by inheriting them."""
+  """The fields the block, the encoder and the ViT share (see VisionTransformer's attributes)."""
 
   mlp_dim: int
   num_heads: int
@@ -277,12 +231,9 @@ class BlockSettings(nn.Module):
 class Encoder1DBlock(BlockSettings):
   """A pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (Eq. 2–3).
 
-  With `drop_path` (rate r, key), stochastic depth: each residual branch of each example is
-  kept with probability 1 - r and then scaled by 1/(1 - r), else dropped (the example's block
-  output is then its input, on that branch). The two branches decide independently, under
-  fold_in(key, 0) (attention) and fold_in(key, 1) (MLP), per example id (`ops.drop_path_keep`);
-  the decisions, bool [2, batch], are sown as `drop_path_keep` in `intermediates` when that
-  collection is mutable.
+  With `drop_path` (rate r, key), each example's two residual branches are kept with probability
+  1 - r (scaled by 1/(1 - r)) under fold_in(key, 0) and fold_in(key, 1); the decisions, bool
+  [2, batch], are sown as `drop_path_keep` when `intermediates` is mutable.
   """
 
   @nn.compact
@@ -293,8 +244,6 @@ class Encoder1DBlock(BlockSettings):
     example_ids: jax.Array | None = None,
     drop_path: DropPath | None = None,
   ) -> jax.Array:
-    """x: [batch, tokens, width] → the same; example_ids int [batch] or None (the rows);
-    drop_path: None (no stochastic depth), or (rate, key) for training."""
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     ln_kw = dict(kernel=self.layer_norm_kernel, **kw)
     kw["grad_reduce_dtype"] = self.grad_reduce_dtype
@@ -336,8 +285,7 @@ class Encoder1DBlock(BlockSettings):
 
 
 class _ScannedEncoder1DBlock(Encoder1DBlock):
-  """The same block in nn.scan's (carry, output) calling convention: the output is the block's
-  output (stacked by the scan: [layers, batch, tokens, width]; dropped under jit when unused)."""
+  """The block in nn.scan's (carry, output) convention; the outputs stack to [layers, ...]."""
 
   @nn.compact
   def __call__(self, x, deterministic, example_ids=None, drop_path=None):
@@ -346,9 +294,7 @@ class _ScannedEncoder1DBlock(Encoder1DBlock):
 
 
 def stochastic_depth_rates(stochastic_depth: float, num_layers: int) -> np.ndarray:
-  """Each block's drop-path rate, float [num_layers]: growing linearly with depth from 0 at the
-  first block to `stochastic_depth` at the last, DeiT's convention (timm's
-  `linspace(0, drop_path_rate, depth)`). A one-block model's is 0."""
+  """Each block's drop-path rate, float [num_layers], 0 to `stochastic_depth` (DeiT, timm)."""
   return np.linspace(0.0, stochastic_depth, num_layers)
 
 
@@ -383,20 +329,14 @@ def sincos2d_posemb(grid: tuple[int, int], width: int, temperature: float = 10_0
 
 
 def fixed_posemb(grid: tuple[int, int], width: int, num_prefix_tokens: int) -> np.ndarray:
-  """The `posemb='sincos2d'` table as a learned one is laid out: [1, prefix + gh*gw, width],
-  float64, zero rows for the class (and any other prefix) token, then `sincos2d_posemb`.
-
-  The class token gets no position embedding, as in big_vision (which adds the table before
-  prepending its class token) and MoCo v3 (a zero row): a zero row here.
-  """
+  """The `posemb='sincos2d'` table laid out as a learned one, [1, prefix + gh*gw, width]: zero
+  rows for the prefix tokens (as big_vision and MoCo v3), then `sincos2d_posemb`."""
   table = sincos2d_posemb(grid, width)
   return np.concatenate([np.zeros((num_prefix_tokens, width)), table])[None]
 
 
 class AddPositionEmbs(nn.Module):
-  """Adds position embeddings [1, tokens, width] (Eq. 1): learned ('learn', the parameter
-  `pos_embedding`) or fixed 2-D sin-cos ones for the patch grid ('sincos2d', `fixed_posemb`: no
-  parameter; the tokens before the grid's, the class token, get zeros)."""
+  """Adds position embeddings (Eq. 1): `pos_embedding` ('learn') or `fixed_posemb` ('sincos2d')."""
 
   param_dtype: Dtype = jnp.float32
   grad_reduce_dtype: Dtype | None = None
@@ -404,8 +344,6 @@ class AddPositionEmbs(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, grid: tuple[int, int] | None = None) -> jax.Array:
-    """x: [batch, tokens, width]; grid: (gh, gw), the patch grid of the last gh*gw tokens
-    (needed by 'sincos2d')."""
     if self.posemb == "sincos2d":
       prefix = x.shape[1] - (grid[0] * grid[1] if grid is not None else 0)
       if grid is None or prefix < 0:
@@ -423,13 +361,8 @@ class AddPositionEmbs(nn.Module):
 
 
 class PatchEmbedding(nn.Module):
-  """Non-overlapping patches, flattened and projected: a conv with kernel = stride = patch.
-
-  The kernel keeps the conv layout [patch, patch, channels, width] of the checkpoints, but the
-  projection runs as one matmul over patches gathered by a reshape and transpose of the (small)
-  image: the same numbers as the VALID conv (which drops the pixels past the last whole patch),
-  and a plain matmul, with its cheaper weight gradient, on every backend.
-  """
+  """A VALID conv with kernel = stride = patch (the checkpoints' kernel layout), run as one
+  matmul over patches gathered by a reshape: a cheaper weight gradient on every backend."""
 
   patch_size: int
   features: int
@@ -471,20 +404,13 @@ class EncoderSettings(BlockSettings, kw_only=True):
 class Encoder(EncoderSettings):
   """Position embeddings, `num_layers` blocks and the final LayerNorm (`Transformer/...`).
 
-  With `stochastic_depth` > 0, in training, block i drops its residual branches at the rate
-  `stochastic_depth_rates(stochastic_depth, num_layers)[i]` under the key fold_in(k, i), k drawn
-  once here from the 'dropout' rng: the same decisions with `scan` (the rates and keys are
-  scanned inputs) as without, and under `remat`.
+  Block i's stochastic depth uses key fold_in(k, i), k drawn once here: the same decisions with
+  and without `scan` and `remat`.
   """
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool, example_ids: Ids = None, grid=None):
-    """x: [batch, tokens, width]; example_ids int [batch] or None; grid (gh, gw), the patch grid
-    of the last gh*gw tokens ('sincos2d').
-
-    Returns (the final LayerNorm's output [batch, tokens, width], each block's output
-    [batch, tokens, width], the same through the final LayerNorm).
-    """
+    """Returns (the final LayerNorm's output, each block's output, those through it)."""
     x = AddPositionEmbs(
       self.param_dtype, self.grad_reduce_dtype, self.posemb, name="posembed_input"
     )(x, grid)
@@ -535,8 +461,7 @@ class Encoder(EncoderSettings):
 
 
 def settings(module: nn.Module, cls: type | None = None) -> dict[str, Any]:
-  """`module`'s values of the fields `cls` (default: its own class) declares: what a module
-  passes down to a part with the same settings, or to a variant of itself."""
+  """`module`'s values of the fields `cls` (default: its own class) declares."""
   fields = dataclasses.fields(cls or type(module))
   return {f.name: getattr(module, f.name) for f in fields if f.init and f.name not in _FLAX}
 
@@ -564,33 +489,20 @@ class VisionTransformer(EncoderSettings, kw_only=True):
     dtype: computation dtype; parameters are kept in `param_dtype`.
     remat: rematerialise each block in the backward pass.
     scan: run the blocks with nn.scan over stacked parameters (fast compilation of deep models).
-    gelu_approximate: the MLP's GELU; True (default) is the tanh approximation the published
-      weights were trained with, False the exact erf GELU that timm and Hugging Face use by
-      default (and that matches them exactly). No parameter depends on it.
-    attention_kernel: the attention core: 'auto' (cuDNN's fused attention on NVIDIA GPUs for
-      bf16/fp16, the C++ kernel of `cpu_kernels` on a one-device CPU backend for float32, XLA
-      elsewhere), 'xla', 'cudnn' or 'cpu'. The same function up to rounding; no parameter
-      depends on it. Sowing attention weights or attention dropout use XLA.
-    layer_norm_kernel: the LayerNorms: 'auto' (the C++ kernel of `cpu_kernels` on a one-device
-      CPU backend for float32, XLA elsewhere), 'xla' or 'cpu'; the same function up to rounding.
-    grad_reduce_dtype: the dtype in which the parameters' gradients leave the backward pass, and
-      so are summed across devices, when it is wider than `dtype` (bfloat16 compute with
-      'float32': the weight gradients' matmuls accumulate into float32; `ops.dense`,
-      `ops.broadcast_param`); otherwise, and for a ResNet stem, the dtype autodiff gives them.
-    distill_token: DeiT's distillation token `dist_token` after the class token, with its own
-      head `head_dist` (initialised as `head`); needs classifier 'token'. The logits are the
-      average of the two heads (DeiT's prediction); `out` holds each (see `classify`).
-    posemb: the position embeddings: 'learn' (the paper's learned table,
-      `Transformer/posembed_input/pos_embedding`) or 'sincos2d' (fixed 2-D sin-cos embeddings of
-      Beyer et al., 2022, `sincos2d_posemb`: no parameter, computed for the actual patch grid,
-      so any resolution and aspect ratio needs no resizing; the class token gets none).
-      vit_jax.checkpoint.with_posemb_table writes a sincos2d model's table into its parameters,
-      as the published files and `posemb='learn'` models have it.
-    stochastic_depth: the largest drop-path rate (Huang et al., 2016), 0 for none: in training,
-      each example's two residual branches in block i are dropped at the rate
-      `stochastic_depth_rates(stochastic_depth, num_layers)[i]` (0 at the first block, growing
-      linearly to `stochastic_depth` at the last, as DeiT and timm schedule it), kept ones
-      scaled by 1/(1 - rate), decided per example id under the 'dropout' rng.
+    gelu_approximate: True (default): the tanh GELU the published weights were trained with;
+      False: the exact erf GELU of timm and Hugging Face. No parameter depends on it.
+    attention_kernel: 'auto', 'xla', 'cudnn' or 'cpu' (`ops.attention_path`); the same function
+      up to rounding. Sowing attention weights or attention dropout use XLA.
+    layer_norm_kernel: 'auto', 'xla' or 'cpu' (`ops.use_cpu_kernel`).
+    grad_reduce_dtype: the dtype the parameters' gradients leave the backward pass in (and are
+      summed across devices in) when wider than `dtype` (`ops.dense`); the ResNet stem ignores it.
+    distill_token: DeiT's `dist_token` after the class token with its own head `head_dist`;
+      needs classifier 'token'. The logits are the two heads' average (see `classify`).
+    posemb: 'learn' (the paper's table) or 'sincos2d' (Beyer et al., 2022, `sincos2d_posemb`: no
+      parameter, computed for the actual grid; vit_jax.checkpoint.with_posemb_table writes it
+      into the parameters as a table).
+    stochastic_depth: the largest drop-path rate (Huang et al., 2016), 0 for none; block i's is
+      `stochastic_depth_rates(stochastic_depth, num_layers)[i]`.
   """
 
   num_classes: int | None
@@ -604,14 +516,7 @@ class VisionTransformer(EncoderSettings, kw_only=True):
 
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool, example_ids: Ids = None) -> Output:
-    """(logits, out) of images [batch, height, width, 3] in [-1, 1] (vit_jax.models): the
-    encoder (`encode`), then the head (`classify`).
-
-    `train` enables dropout and stochastic depth (needs the 'dropout' rng); `example_ids`
-    int [batch] are the images' ids: their dropout masks and stochastic depth's decisions are a
-    function of the id and the 'dropout' rng only (the trainer passes the index in the global
-    batch; None: the row).
-    """
+    """`encode`, then `classify` (the contract of vit_jax.models)."""
     x, out = self.encode(images, train=train, example_ids=example_ids)
     return self.classify(x, out)
 
@@ -678,8 +583,7 @@ class VisionTransformer(EncoderSettings, kw_only=True):
     return (1 + int(self.distill_token)) if self.classifier == "token" else 0
 
   def _prefix_tokens(self, batch: int, width: int, dtype: Dtype) -> list[jax.Array]:
-    """The learned tokens before the patches: the class token `cls` (and DeiT's `dist_token`,
-    initialised as timm does: normal, std 0.02), each [batch, 1, width]."""
+    """`cls` (and `dist_token`, timm's init), each [batch, 1, width]."""
     names = ("cls", "dist_token")[: self._num_prefix_tokens]
     inits = (nn.initializers.zeros, nn.initializers.normal(stddev=0.02))
     tokens = [
@@ -690,11 +594,9 @@ class VisionTransformer(EncoderSettings, kw_only=True):
     return [ops.broadcast_param(t, shape, dtype, self.grad_reduce_dtype) for t in tokens]
 
   def classify(self, x: jax.Array, out: dict[str, Any]) -> Output:
-    """The head on the encoder's output x [batch, tokens, D] (`encode`): y = the class token
-    (or the tokens' mean, 'gap'), through the Dense+tanh `pre_logits` layer if any
-    (`out['pre_logits']`), then the linear `head` (the logits). With `distill_token` the
-    distillation token takes the same path to `head_dist`; the logits are the two heads'
-    average, `out['class_logits']` and `out['dist_logits']` each."""
+    """The head on `encode`'s x [batch, tokens, D]: the class token (or the mean, 'gap'),
+    `pre_logits` if any, then `head`; with `distill_token` the logits are the average of `head`
+    and `head_dist` (`out['class_logits']`, `out['dist_logits']`)."""
     if self.classifier == "token":  # static slices: see MultiHeadDotProductAttention
       ys = [
         jax.lax.index_in_dim(x, i, axis=1, keepdims=False) for i in range(self._num_prefix_tokens)

@@ -3,20 +3,14 @@
 An `Objective` is chosen once from the config (`get(config, num_classes, mesh)`) and gives the
 trainer everything that depends on the loss:
 
-    model(model_config, mesh)          the Flax module to train: (logits, out) as every model
-                                       (vit_jax.models); the evaluators read its logits and
-                                       `out['pre_logits']`
+    model(model_config, mesh)          the Flax module to train (vit_jax.models)
     per_example(model, params, batch, key) -> (loss [B], correct [B])
-                                       `correct` is 1/0 top-1 (supervised) or a fraction
-                                       (masked patch prediction); the trainer weights both with
-                                       the batch mask and sums them into its metrics window.
-                                       `batch['index']` int [B] is each example's index in the
-                                       global batch: with `key` (the step's) it keys every
-                                       random draw made for the example (dropout, corruption)
+                                       `correct` 1/0 top-1 or a fraction; the trainer weights
+                                       both with the batch mask. `batch['index']` int [B] and
+                                       the step's `key` key each example's random draws
     accepts_model_init                 whether a run may start from a pretrained checkpoint
-    teacher                            (distill only) the frozen model whose parameters the
-                                       step takes as an argument and passes to `per_example`
-                                       as `teacher_params`; never trained or saved
+    teacher                            (distill only) the frozen model; its parameters are a
+                                       step argument (`teacher_params`), never trained or saved
 
   supervised  softmax or sigmoid cross-entropy on labels (`config.loss` 'softmax_xent' |
               'sigmoid_xent'), optionally label-smoothed (`config.label_smoothing`); top-1,

@@ -15,12 +15,9 @@ term is the wrapped supervised objective's loss (`config.loss` on the labels, on
 the second the same loss on the one-hot y_t, as DeiT's hard distillation. `correct` is top-1
 (against the label) of what the student predicts at inference: the average of its two heads.
 
-The teacher's parameters are an argument of the jitted step (`teacher_params`), placed on the
-mesh by the trainer as the student's parameters are (vit_jax.sharding), never a constant of
-the compiled program; they are not differentiated, trained, counted by the optimizer or saved,
-and a resumed run reloads them from `config.distill.teacher`. One line names `distill.teacher`
-when the path does not exist, when the teacher has no classification head, or when its number
-of classes is not the dataset's.
+The teacher's parameters are an argument of the jitted step (`teacher_params`), sharded as the
+student's, never a constant of the compiled program, trained or saved: a resumed run reloads them
+from `config.distill.teacher`.
 
 This file must not import TensorFlow.
 """
@@ -135,14 +132,9 @@ class Distill:
     labels: jax.Array,
     teacher_labels: jax.Array,
   ) -> tuple[jax.Array, jax.Array]:
-    """The loss of the module docstring and top-1 of the heads' average, per example.
-
-    Args:
-      cls_logits, dist_logits: float [B, K], the class and distillation heads (the same array
-        for a student without the token).
-      labels: int [B] or dense (mixed) targets [B, K].
-      teacher_labels: int [B], the teacher's top classes.
-    """
+    """The loss of the module docstring and top-1 of the heads' average, per example, of the
+    heads' logits [B, K] (one array twice without the token), labels int [B] or dense [B, K],
+    and the teacher's top classes int [B]."""
     label_loss, _ = self.student.loss_and_correct(cls_logits, labels)
     teacher_targets = supervised.dense_targets(teacher_labels, self.student.num_classes)
     teacher_loss = supervised.LOSSES[self.student.loss](dist_logits, teacher_targets)

@@ -46,15 +46,8 @@ def per_example_loss(
   Every image has the same number of corrupted patches, so the mean over images of these is the
   mean over all corrupted patches of the batch.
 
-  Args:
-    logits: the model's predictions [B, N, K].
-    kind: int [B, N], the model's `out['kind']` (vit_jax.models.mpp.corrupt).
-    images: the uncorrupted input [B, H, W, 3] in [-1, 1].
-    patch_size: the model's patch size.
-    target: one of TARGETS.
-
-  Returns:
-    (loss [B], accuracy [B]): softmax cross-entropy (squared error for l2) and the fraction of
+  Of logits [B, N, K], `kind` int [B, N] (`out['kind']`) and the clean images [B, H, W, 3]:
+  (loss [B], accuracy [B]), softmax cross-entropy (squared error for l2) and the fraction of
     corrupted patches whose 3-bit colour is right (for downsample4x4, of their 16 cells; for l2,
     the mean colour of the predicted patch).
   """

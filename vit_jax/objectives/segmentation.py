@@ -28,16 +28,9 @@ IGNORE_LABEL = 255  # the same as vit_jax.input_pipeline.segmentation.IGNORE_LAB
 def pixel_xent(
   logits: jax.Array, labels: jax.Array, ignore_label: int = IGNORE_LABEL
 ) -> tuple[jax.Array, jax.Array]:
-  """Per-image mean cross-entropy and pixel accuracy over the pixels not ignored.
-
-  Args:
-    logits: float [batch, height, width, classes].
-    labels: int [batch, height, width]; `ignore_label` marks pixels that do not count.
-    ignore_label: see above.
-
-  Returns:
-    (loss [batch], accuracy [batch]), 0 for an image without a counted pixel.
-  """
+  """(loss [batch], accuracy [batch]): mean cross-entropy and pixel accuracy of logits
+  [batch, height, width, classes] over the labels [batch, height, width] not `ignore_label`; 0
+  for an image without a counted pixel."""
   valid = labels != ignore_label
   safe = jnp.where(valid, labels, 0)
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
