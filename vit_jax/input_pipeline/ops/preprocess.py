@@ -55,11 +55,19 @@ def _resize(image: tf.Tensor, height, width) -> tf.Tensor:
     out = tf.image.resize(image, [height, width], antialias=antialias)
     return tf.cast(tf.clip_by_value(tf.round(out), 0, 255), tf.uint8)
 
-  sizes = list(zip(image.shape[:2], (height, width), strict=True))
-  if all(isinstance(s, int) and isinstance(t, int) for s, t in sizes):  # known when traced
-    return resized(any(s > t for s, t in sizes))
-  shrinks = tf.logical_or(tf.shape(image)[0] > height, tf.shape(image)[1] > width)
+  shrinks = _shrinks(image, height, width)
+  if isinstance(shrinks, bool):  # both sizes known when traced
+    return resized(shrinks)
   return tf.cond(shrinks, lambda: resized(True), lambda: resized(False))
+
+
+def _shrinks(image: tf.Tensor, height, width) -> bool | tf.Tensor:
+  """Whether resizing `image` to [height, width] shrinks an axis: a bool where every size is
+  known when traced, else a bool tensor (tests/test_fingerprint.py replaces it)."""
+  sizes = list(zip(image.shape[:2], (height, width), strict=True))
+  if all(isinstance(s, int) and isinstance(t, int) for s, t in sizes):
+    return any(s > t for s, t in sizes)
+  return tf.logical_or(tf.shape(image)[0] > height, tf.shape(image)[1] > width)
 
 
 def _to_rgb(image: tf.Tensor) -> tf.Tensor:
