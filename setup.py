@@ -21,6 +21,7 @@ INSTALL_REQUIRES = [
   "optax>=0.2.8,<0.3",
   "orbax-checkpoint>=0.12.8,<0.13",
   "pillow>=10,<14",
+  "pycocotools>=2.0.8,<2.1",  # the detection evaluator's COCO protocol (COCOeval)
   "safetensors>=0.8,<0.9",  # timm / Hugging Face weights, read and written with its numpy API
   "scikit-image>=0.24,<0.27",  # sample photos for the benchmarks and examples
   "scikit-learn>=1.5,<2",  # ships the `digits` offline dataset (read with numpy)
