@@ -8,15 +8,18 @@ of metrics named `{name}/...`. Kinds (`REGISTRY`), one module each:
   (`{name}/{k}shot`).
 - `linear`: ridge and L-BFGS logistic regression on a whole training split's representation.
 - `segmentation`: mean IoU and pixel accuracy, overall and per class.
+- `detection`: COCO box AP (pycocotools' COCOeval) of the model's `detections`
+  (`{name}/AP|AP50|AP75|APs|APm|APl`), and the conversions to COCO's boxes and result dicts.
 `baselines` is not an evaluator of a model: raw-pixel logistic regression and kNN-3.
 
 `build` makes them from `config.evals`, e.g.
 `dict(val=dict(type='classification', every_steps=500, split='test'))`. Fields of an entry:
 `type`; `every_steps` (negative: not built, its data never read); `dataset` (overrides of
 `input_pipeline.dataset_config`, default the stage's; see `downstream_dataset`); `split`
-(classification, real, segmentation; '' or None: the dataset's `eval_split`), `train_split` /
-`test_split` (fewshot, linear); `batch_size`; `skip_if_missing`; every other field goes to the
-evaluator's constructor. Data that is not there stops the run at startup (docs/data.md).
+(classification, real, segmentation, detection; '' or None: the dataset's `eval_split`),
+`train_split` / `test_split` (fewshot, linear); `batch_size`; `skip_if_missing`; every other
+field goes to the evaluator's constructor. Data that is not there stops the run at startup
+(docs/data.md).
 
 Each class declares the model output it reads (`reads`: 'logits' or an `out` key of
 vit_jax.models), the entry fields naming its splits (`splits`) and what it needs of the
@@ -35,6 +38,7 @@ from absl import logging
 
 from vit_jax.evaluators._utils import ArrayFn, DataSource
 from vit_jax.evaluators.classification import ClassificationEvaluator
+from vit_jax.evaluators.detection import DetectionEvaluator
 from vit_jax.evaluators.fewshot import FewShotEvaluator
 from vit_jax.evaluators.linear import LinearProbeEvaluator
 from vit_jax.evaluators.real import RealEvaluator
@@ -50,6 +54,7 @@ class Evaluator(Protocol):
 
 REGISTRY = {
   "classification": ClassificationEvaluator,
+  "detection": DetectionEvaluator,
   "fewshot": FewShotEvaluator,
   "linear": LinearProbeEvaluator,
   "real": RealEvaluator,
@@ -241,6 +246,7 @@ __all__ = [
   "REGISTRY",
   "ClassificationEvaluator",
   "DataSource",
+  "DetectionEvaluator",
   "Evaluator",
   "FewShotEvaluator",
   "LinearProbeEvaluator",
