@@ -13,6 +13,7 @@ checkout or from anywhere once the package is installed (vit_jax.runtime.config_
   finetune      fine-tuning (§3.2, App. B.1.1) from a pretrained checkpoint
   linear_probe  a frozen backbone, linear classifiers on its features
   segment       semantic segmentation (§5) from a pretrained encoder's feature maps
+  detect        object detection (§5) from a pretrained encoder: simple pyramid + FCOS head
 """
 
 if __name__ != "vit_jax.configs":

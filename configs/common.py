@@ -206,10 +206,11 @@ def dataset_config(**overrides: Any) -> ml_collections.ConfigDict:
 
 
 def training_config(stage: str) -> ml_collections.ConfigDict:
-  """Fields every trained stage (pretrain, finetune, segment) has; the stage config fills the values.
+  """Fields every trained stage (pretrain, finetune, segment, detect) has; the stage config fills
+  the values.
 
   Fields:
-    stage: 'pretrain' | 'finetune' | 'segment' (vit_jax.main dispatches on it).
+    stage: 'pretrain' | 'finetune' | 'segment' | 'detect' (vit_jax.main dispatches on it).
     seed: initialisation, data order and dropout; a rerun with the same seed is identical.
     model_init: '' or a checkpoint to start from (`.npz`, or an Orbax workdir / step dir).
     model_from_init: take the architecture from `model_init` (its saved config, else its

@@ -1,8 +1,8 @@
 r"""Entry point of every stage: `python -m vit_jax.main --config=... --workdir=...`.
 
 The config (configs/*.py, installed as vit_jax.configs; a file of the user's own:
-vit_jax.runtime.config_files) names its stage: 'pretrain', 'finetune' and 'segment' run
-vit_jax.train, 'linear_probe' runs vit_jax.linear_probe (vit_jax.stages, the same as a library).
+vit_jax.runtime.config_files) names its stage: 'pretrain', 'finetune', 'segment' and 'detect'
+run vit_jax.train, 'linear_probe' runs vit_jax.linear_probe (vit_jax.stages, the same as a library).
 Fields are overridden with `--config.field=value`; a misspelt field is an error naming the
 nearest one. The terminal shows progress, metrics, warnings and errors, the log file the rest
 (vit_jax.runtime.console; `--verbose`: everything on the terminal). Multi-host runs, the lost

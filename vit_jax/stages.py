@@ -1,6 +1,7 @@
 """The stages a config names, and running one: what `python -m vit_jax.main` runs, as a library.
 
-`run(config, workdir)` runs `config.stage` ('pretrain', 'finetune' and 'segment': vit_jax.train.loop;
+`run(config, workdir)` runs `config.stage` ('pretrain', 'finetune', 'segment' and 'detect':
+vit_jax.train.loop;
 'linear_probe': vit_jax.linear_probe) holding the workdir's lock (vit_jax.runtime.workdir.lock);
 `run_and_record` also writes its final metrics into the workdir (what scripts chaining stages
 read). For programs that run stages themselves (vit_jax.tools.transfer, experiments/).
@@ -13,7 +14,7 @@ from typing import Any
 
 import jax
 
-STAGES = ("pretrain", "finetune", "segment", "linear_probe")
+STAGES = ("pretrain", "finetune", "segment", "detect", "linear_probe")
 
 
 def module_name(stage: str) -> str:

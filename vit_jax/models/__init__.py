@@ -1,5 +1,6 @@
 """The models: ViT and its R50 hybrids (vit, resnet), BiT ResNets (bit), the numerics behind them
-(ops), masked patch prediction (mpp) and segmentation (segmentation) around them.
+(ops), masked patch prediction (mpp), segmentation (segmentation) and detection (detection)
+around them.
 
   presets  the architectures by name ('ViT-B_16', alias 'B/16', ...): `get_model_config`
   build    a preset or model config as a Flax module: `get_model`
@@ -11,7 +12,8 @@ what the model computed, and under jax.jit what a caller does not read is never 
     pre_logits     the representation [batch, R] the linear probes and few-shot evaluators read:
                    the Dense+tanh `pre_logits` layer's output, else the class token (or the
                    tokens' mean, 'gap'); BiT: the pooled features; MPP: the mean patch token;
-                   segmentation: the spatial mean of the last map its head reads
+                   segmentation: the spatial mean of the last map its head reads;
+                   detection: the spatial mean of the last map
     tokens         ViT: the patch tokens after the final LayerNorm [batch, patches, D]
     blocks         each block's output map, the patch tokens on their grid [batch, h, w, C]
                    (ViT: the class token left out), in block order (timm's
@@ -23,8 +25,8 @@ what the model computed, and under jax.jit what a caller does not read is never 
 All are at least float32. The logits are the classifier's [batch, num_classes] (float32;
 DeiT's distillation token: the two heads' average, each in `out['class_logits']`,
 `out['dist_logits']`), the per-patch predictions of masked patch prediction (`out['kind']`:
-which patches it corrupted, vit_jax.models.mpp), or the per-pixel
-ones of segmentation. A model without a head (`num_classes=None`) returns its pre-logits as its
+which patches it corrupted, vit_jax.models.mpp), the per-pixel ones of segmentation, or the
+per-location ones of detection (`out['detections']`: the decoded boxes, vit_jax.models.detection). A model without a head (`num_classes=None`) returns its pre-logits as its
 logits, as big_vision does: export, predict and the FLOP count read the one array either way.
 
 The names below are the package's API (`models.get_model("B/16", num_classes=10)`). This file

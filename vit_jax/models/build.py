@@ -43,6 +43,8 @@ def get_model(
   if presets.is_bit(fields):
     fields["block_units"] = tuple(fields["block_units"])
     return bit.ResNetV2(num_classes=num_classes, **fields)
+  if "global_blocks" in fields:
+    fields["global_blocks"] = tuple(int(i) for i in fields["global_blocks"])
   if fields["resnet"] is not None:
     fields["resnet"] = dict(fields["resnet"])
   if mesh is not None:

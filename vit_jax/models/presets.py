@@ -68,6 +68,10 @@ def vit_config(name, patch_size, hidden_size, mlp_dim, num_heads, num_layers, re
       # Stochastic depth (Huang et al., 2016): the drop-path rate of the last block, 0 at the
       # first, linear in between (vit.stochastic_depth_rates); 0.0: none. Training only.
       stochastic_depth=0.0,
+      # ViTDet's window attention (vit.window_attention): windows of window_size×window_size
+      # patches in every block but `global_blocks`; 0: every block global. No parameters.
+      window_size=0,
+      global_blocks=(),
     )
   )
 

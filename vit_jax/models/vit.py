@@ -231,10 +231,15 @@ class BlockSettings(nn.Module):
 class Encoder1DBlock(BlockSettings):
   """A pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (Eq. 2–3).
 
+  With `window` > 0 the attention runs within `window_attention`'s windows of the patch `grid`.
+
   With `drop_path` (rate r, key), each example's two residual branches are kept with probability
   1 - r (scaled by 1/(1 - r)) under fold_in(key, 0) and fold_in(key, 1); the decisions, bool
   [2, batch], are sown as `drop_path_keep` when `intermediates` is mutable.
   """
+
+  window: int = 0  # 0: global attention
+  grid: tuple[int, int] | None = None  # the patch grid (gh, gw), for `window`
 
   @nn.compact
   def __call__(
@@ -273,7 +278,12 @@ class Encoder1DBlock(BlockSettings):
     dropout = Dropout(rate=self.dropout_rate)
 
     def attend(y):
-      return dropout(msa(y, deterministic, example_ids), deterministic, example_ids)
+      if self.window:
+        core = lambda z, ids: msa(z, deterministic, ids)  # noqa: E731
+        y = window_attention(core, y, self.grid, self.window, example_ids)
+      else:
+        y = msa(y, deterministic, example_ids)
+      return dropout(y, deterministic, example_ids)
 
     def mlp_block(y):
       return mlp(y, deterministic, example_ids)
@@ -282,6 +292,39 @@ class Encoder1DBlock(BlockSettings):
     for i, (norm, sublayer) in enumerate((("LayerNorm_0", attend), ("LayerNorm_2", mlp_block))):
       x = x + branch(sublayer(LayerNorm(name=norm, **ln_kw)(x)), i)
     return x
+
+
+def window_attention(
+  attend: Callable[[jax.Array, jax.Array], jax.Array],
+  x: jax.Array,
+  grid: tuple[int, int] | None,
+  window: int,
+  example_ids: jax.Array | None,
+) -> jax.Array:
+  """ViTDet's window attention (Li et al., 2022): `attend(tokens [n, t, D], ids [n])` within the
+  non-overlapping window×window windows of the patch grid, which is zero-padded at the bottom
+  and right to a multiple of `window` (the padding attends and is attended to, as in ViTDet;
+  it is cropped after). The prefix tokens (class, distillation) attend among themselves.
+  x: [batch, prefix + gh·gw, D] → the same shape. Window k of example e gets id e·n + k, so
+  attention dropout draws each window's mask apart."""
+  if grid is None:
+    raise ValueError("window attention needs the patch grid")
+  batch, tokens, width = x.shape
+  gh, gw = grid
+  prefix = tokens - gh * gw
+  nh, nw = -(-gh // window), -(-gw // window)
+  patches = x[:, prefix:].reshape(batch, gh, gw, width)
+  patches = jnp.pad(patches, ((0, 0), (0, nh * window - gh), (0, nw * window - gw), (0, 0)))
+  windows = patches.reshape(batch, nh, window, nw, window, width).transpose(0, 1, 3, 2, 4, 5)
+  windows = windows.reshape(batch * nh * nw, window * window, width)
+  ids = jnp.arange(batch) if example_ids is None else example_ids
+  window_ids = (ids[:, None] * (nh * nw) + jnp.arange(nh * nw)).reshape(-1)
+  out = attend(windows, window_ids).reshape(batch, nh, nw, window, window, width)
+  out = out.transpose(0, 1, 3, 2, 4, 5).reshape(batch, nh * window, nw * window, width)
+  out = out[:, :gh, :gw].reshape(batch, gh * gw, width)
+  if prefix:
+    out = jnp.concatenate([attend(x[:, :prefix], ids), out], axis=1)
+  return out
 
 
 class _ScannedEncoder1DBlock(Encoder1DBlock):
@@ -399,6 +442,8 @@ class EncoderSettings(BlockSettings, kw_only=True):
   scan: bool = False
   posemb: str = "learn"
   stochastic_depth: float = 0.0
+  window_size: int = 0
+  global_blocks: tuple[int, ...] = ()
 
 
 class Encoder(EncoderSettings):
@@ -423,7 +468,8 @@ class Encoder(EncoderSettings):
       key = self.make_rng("dropout")
       keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(self.num_layers))
       drop_path = (rates, keys)
-    block_kw = settings(self, Encoder1DBlock)
+    block_kw = settings(self, BlockSettings)
+    windows = self._windows(grid)
     block_cls = _ScannedEncoder1DBlock if self.scan else Encoder1DBlock
     if self.remat:
       # Recompute each block's activations in the backward pass; `deterministic` (argument 2,
@@ -446,7 +492,7 @@ class Encoder(EncoderSettings):
       blocks = []
       for i in range(self.num_layers):
         block_drop_path = None if drop_path is None else (drop_path[0][i], drop_path[1][i])
-        x = block_cls(name=f"encoderblock_{i}", **block_kw)(
+        x = block_cls(name=f"encoderblock_{i}", window=windows[i], grid=grid, **block_kw)(
           x, deterministic, example_ids, block_drop_path
         )
         blocks.append(x)
@@ -458,6 +504,22 @@ class Encoder(EncoderSettings):
     )
     blocks = [blocks[i] for i in range(self.num_layers)]  # scanned: one array, layers first
     return encoder_norm(x), blocks, [encoder_norm(y) for y in blocks]
+
+  def _windows(self, grid: tuple[int, int] | None) -> list[int]:
+    """Each block's attention window (0: global): `window_size` but for `global_blocks`."""
+    if not self.window_size:
+      return [0] * self.num_layers
+    if self.scan:
+      raise ValueError("window_size needs scan=False (windowed and global blocks differ)")
+    if grid is None:
+      raise ValueError("window_size needs the patch grid (images, not tokens)")
+    if not 0 < self.window_size:
+      raise ValueError(f"window_size={self.window_size}; expected a positive number of patches")
+    for i in self.global_blocks:
+      if not -self.num_layers <= int(i) < self.num_layers:
+        raise ValueError(f"global_blocks has {i}, outside the model's {self.num_layers} blocks")
+    global_ = {int(i) % self.num_layers for i in self.global_blocks}
+    return [0 if i in global_ else int(self.window_size) for i in range(self.num_layers)]
 
 
 def settings(module: nn.Module, cls: type | None = None) -> dict[str, Any]:
@@ -503,6 +565,9 @@ class VisionTransformer(EncoderSettings, kw_only=True):
       into the parameters as a table).
     stochastic_depth: the largest drop-path rate (Huang et al., 2016), 0 for none; block i's is
       `stochastic_depth_rates(stochastic_depth, num_layers)[i]`.
+    window_size: ViTDet's window attention (`window_attention`): blocks attend within windows of
+      window_size×window_size patches, but for `global_blocks` (indices; negative from the
+      end), which attend over the whole grid. 0: every block global. No parameter depends on it.
   """
 
   num_classes: int | None

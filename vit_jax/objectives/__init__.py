@@ -20,6 +20,8 @@ trainer everything that depends on the loss:
   mpp         masked patch prediction (§4.6, `config.loss = 'mpp'`, `config.mpp`)
   segmentation  per-pixel softmax cross-entropy with an ignore label (`config.loss =
               'seg_softmax_xent'`, `config.segmentation`); `correct` is pixel accuracy
+  detection   FCOS's focal, GIoU and centerness losses on boxes (`config.loss = 'fcos'`,
+              `config.detection`); `correct` is the positives' class accuracy
 
 This package must not import TensorFlow.
 """
@@ -50,10 +52,10 @@ def get(
 ) -> Objective:
   """The objective of a stage config: `config.loss`, with `config.mpp` for 'mpp'; distillation
   when `config.distill.teacher` is set (its teacher's modules are built for `mesh`)."""
-  from vit_jax.objectives import distill, mpp, segmentation, supervised  # noqa: PLC0415
+  from vit_jax.objectives import detection, distill, mpp, segmentation, supervised  # noqa: PLC0415
 
   label_smoothing = float(config.get("label_smoothing", 0.0))
-  if label_smoothing and config.loss in ("mpp", "seg_softmax_xent"):
+  if label_smoothing and config.loss in ("mpp", "seg_softmax_xent", "fcos"):
     raise ValueError(
       f"config.label_smoothing={label_smoothing} applies to the supervised losses "
       f"(softmax_xent, sigmoid_xent), not to config.loss={config.loss!r}; set it to 0"
@@ -70,6 +72,8 @@ def get(
     return mpp.MaskedPatchPrediction(config.mpp)
   if config.loss == "seg_softmax_xent":
     return segmentation.Segmentation(num_classes, config.segmentation)
+  if config.loss == "fcos":
+    return detection.Detection(num_classes, config.detection)
   return supervised.Supervised(
     config.loss,
     num_classes,

@@ -70,6 +70,8 @@ ADDED_FIELDS: dict[str, Any] = {
   "distill.teacher": "",
   "distill.teacher_model": "",
   "distill.weight": 0.5,
+  "model.window_size": 0,
+  "model.global_blocks": [],
 }
 
 

@@ -1,4 +1,4 @@
-"""The trainer of the pretrain, fine-tune and segment stages: `run(config, workdir)`.
+"""The trainer of the pretrain, fine-tune, segment and detect stages: `run(config, workdir)`.
 
   step.py   the train step: `make_train_step`, and `build` → `Setup` (model, optimizer, state
             shapes and shardings, the step: what `run` trains and the planner compiles); the

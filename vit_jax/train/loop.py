@@ -21,11 +21,11 @@ from vit_jax.train import step as step_lib
 def run(
   config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None = None
 ) -> dict[str, float]:
-  """Trains `config` (stage 'pretrain', 'finetune' or 'segment') in `workdir`; returns the last
-  metrics.
+  """Trains `config` (stage 'pretrain', 'finetune', 'segment' or 'detect') in `workdir`; returns
+  the last metrics.
 
   Args:
-    config: a stage config (configs/pretrain.py, configs/finetune.py, configs/segment.py).
+    config: a stage config (configs/pretrain.py, finetune.py, segment.py, detect.py).
     workdir: checkpoints, `config.json` and TensorBoard files; a run resumes from it.
     devices: the devices of the mesh (default: all of them).
   """
@@ -105,15 +105,23 @@ def _run(config, workdir, devices, stop, account: goodput.Account) -> dict[str, 
   return metrics
 
 
+# The stages that start from a pretrained checkpoint, by what they do.
+_STARTS_FROM_CHECKPOINT = {
+  "finetune": "fine-tuning",
+  "segment": "segmentation",
+  "detect": "detection",
+}
+
+
 def _checked(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
   """`config` as it trains: refused in one line where a stage that starts from a checkpoint has
   none, with the initialising checkpoint's architecture where asked (`model_from_init`), and
   checked against the config the workdir's checkpoints were made with."""
-  if config.stage in ("finetune", "segment") and not (
+  if config.stage in _STARTS_FROM_CHECKPOINT and not (
     config.model_init or config.init_from_scratch
   ):
     raise ValueError(
-      f"{'fine-tuning' if config.stage == 'finetune' else 'segmentation'} without "
+      f"{_STARTS_FROM_CHECKPOINT[config.stage]} without "
       "config.model_init (the pretrained checkpoint) would train from random initialisation; "
       "set --config.model_init=<workdir or .npz>, or --config.init_from_scratch=true to do "
       "that on purpose"
