@@ -1,6 +1,7 @@
 """The one table of data sources, by the name `dataset.source` gives, whatever their task.
 
-Every source implements base.Source and says its task (`task`: classification or segmentation);
+Every source implements base.Source and says its task (`task`: classification, segmentation or
+detection);
 the pipeline (vit_jax.input_pipeline.pipeline) reads every one through the same iterators, and
 the task decides what a record becomes (vit_jax.input_pipeline.examples). A new source is a
 Source subclass and one line here.
@@ -18,6 +19,10 @@ SOURCES: dict[str, type[base.Source]] = {
   "seg_builtin": indexed.BuiltinSource,
   "seg_folder": indexed.FolderSource,
   "seg_shards": shards.ShardsSource,
+  # Detection: boxes of classes (sources/detection.py).
+  "det_builtin": indexed.BuiltinSource,
+  "det_folder": indexed.FolderSource,
+  "det_shards": shards.DetectionShardsSource,
 }
 
 
