@@ -32,9 +32,7 @@ def flip_lr(image, objects, rng: np.random.Generator, size: int):
 
 
 @_register()
-def scale_jitter(
-  image, objects, rng: np.random.Generator, size: int, min_scale=0.1, max_scale=2.0
-):
+def scale_jitter(image, objects, rng: np.random.Generator, size: int, min_scale=0.1, max_scale=2.0):
   """Large-scale jitter: resizes the image (aspect kept) so that its longer side is f·size, f
   uniform in [min_scale, max_scale], then takes a random size×size window of it, zero-padded
   where the image is smaller. Boxes are clipped to the window; a box left with under half of its

@@ -199,15 +199,17 @@ def serialize_example(
 
   objects = np.asarray(objects, np.float64).reshape(-1, 8)
   features = {key: floats(objects[:, c]) for c, key in enumerate(BOX_KEYS)}
-  features.update({
-    CLASS_KEY: ints(objects[:, 4]),
-    CROWD_KEY: ints(objects[:, 5]),
-    ID_KEY: ints(objects[:, 6]),
-    CATEGORY_KEY: ints(objects[:, 7]),
-    IMAGE_KEY: one(image_bytes),
-    HEIGHT_KEY: ints([height]),
-    WIDTH_KEY: ints([width]),
-    NAME_KEY: one(name.encode()),
-    INDEX_KEY: ints([index]),
-  })
+  features.update(
+    {
+      CLASS_KEY: ints(objects[:, 4]),
+      CROWD_KEY: ints(objects[:, 5]),
+      ID_KEY: ints(objects[:, 6]),
+      CATEGORY_KEY: ints(objects[:, 7]),
+      IMAGE_KEY: one(image_bytes),
+      HEIGHT_KEY: ints([height]),
+      WIDTH_KEY: ints([width]),
+      NAME_KEY: one(name.encode()),
+      INDEX_KEY: ints([index]),
+    }
+  )
   return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()

@@ -125,4 +125,3 @@ def num_examples(split: str) -> int | None:
     return None
   rows = splits.slice_rows(split, n, f"detection split {split!r}")
   return n if rows is None else len(rows)
-

@@ -226,8 +226,7 @@ class ShardsSource(TFRecordSource):
     entry = info["splits"].get(base_split)
     if entry is None:
       raise FileNotFoundError(
-        f"{self.kind} shards {data_dir}: no split {base_split!r}; splits: "
-        f"{sorted(info['splits'])}"
+        f"{self.kind} shards {data_dir}: no split {base_split!r}; splits: {sorted(info['splits'])}"
       )
     self.channels = int(info["image_channels"])
     num = int(entry["num_examples"])
@@ -309,7 +308,12 @@ class DetectionShardsSource(ShardsSource):
       **{k: tf.io.VarLenFeature(tf.float32) for k in detection.BOX_KEYS},
       **{
         k: tf.io.VarLenFeature(tf.int64)
-        for k in (detection.CLASS_KEY, detection.CROWD_KEY, detection.ID_KEY, detection.CATEGORY_KEY)
+        for k in (
+          detection.CLASS_KEY,
+          detection.CROWD_KEY,
+          detection.ID_KEY,
+          detection.CATEGORY_KEY,
+        )
       },
     }
     f = tf.io.parse_single_example(raw["record"], keys)
