@@ -1,10 +1,9 @@
 """The one table of data sources, by the name `dataset.source` gives, whatever their task.
 
 Every source implements base.Source and says its task (`task`: classification, segmentation or
-detection);
-the pipeline (vit_jax.input_pipeline.pipeline) reads every one through the same iterators, and
-the task decides what a record becomes (vit_jax.input_pipeline.examples). A new source is a
-Source subclass and one line here.
+detection); the pipeline (vit_jax.input_pipeline.pipeline) reads every one through the same
+iterators, and the task decides what a record becomes (vit_jax.input_pipeline.examples). A new
+source is a Source subclass and one line here.
 """
 
 from vit_jax.input_pipeline.sources import base, indexed, shards, tfds_source
