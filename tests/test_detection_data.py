@@ -311,3 +311,14 @@ def test_make_folder_writes_the_task_as_a_coco_folder(tmp_path):
     pixels = np.round((image[..., 0] + 1) * 127.5).astype(np.uint8)[..., None]
     np.testing.assert_array_equal(label, want[pixels.tobytes()])
   assert len(images) == 5 and (sizes == synthetic.CANVAS).all()
+
+
+def test_synthetic_shards_hold_the_tasks_examples(tmp_path):
+  make_shards.shard_det_builtin("mnist_det", "val", str(tmp_path), num_shards=2)
+  kw = dict(name="mnist_det", image_size=synthetic.CANVAS, max_boxes=4)
+  canvases, shards = _config("det_builtin", **kw), _config("det_shards", tmp_path, **kw)
+  info = input_pipeline.get_dataset_info(shards)
+  assert info.class_names == synthetic.synthetic_class_names("mnist_det")
+  assert info.num_classes == 10
+  for a, b in zip(_examples(canvases, "val[:9]"), _examples(shards, "val[:9]"), strict=True):
+    np.testing.assert_array_equal(a, b)

@@ -274,7 +274,7 @@ def shard_det_builtin(dataset: str, split: str, out_dir: str, num_shards: int, n
   order = np.random.default_rng(seed).permutation(len(data.images))
   size = data.images.shape[1:3]
   examples = (
-    (detection.encode_png(data.images[i]), *size, data.objects[i], data.names[i], int(i))
+    (segmentation.encode_png(data.images[i]), *size, data.objects[i], data.names[i], int(i))
     for i in order
   )
   channels = data.images.shape[3]

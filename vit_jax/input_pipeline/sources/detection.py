@@ -11,7 +11,8 @@ its image, a box whose width or height is <= 0 once clipped to the image, an unk
 more boxes than dataset.max_boxes make the example a skipped one (bad_data.BAD_ANNOTATION); the
 pipeline applies them (examples.Detection), make_shards writes annotations as they are.
 
-numpy, no TensorFlow (but for `serialize_example`, which imports it).
+Images decode and encode as segmentation's (segmentation.decode_image, encode_png). numpy, no
+TensorFlow (but for `serialize_example`, which imports it).
 """
 
 import functools
@@ -19,8 +20,6 @@ import json
 import os
 
 import numpy as np
-
-from vit_jax.input_pipeline.sources.segmentation import decode_image, encode_png  # noqa: F401
 
 TASK = "detection"  # dataset_info.json's `task` for these shards
 INSTANCES = "instances.json"
