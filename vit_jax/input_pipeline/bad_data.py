@@ -2,7 +2,7 @@
 
 The rules (docs/data.md, "Hosts, determinism, bad data"): a file that cannot be read is read
 again (`Retries`), then ends the run (`DataReadError`); a record that cannot be decoded, is too
-large or was lost with a damaged file is a skipped example (a zero image with mask 0, so batch
+large, was lost with a damaged file or (detection) breaks the rules on boxes is a skipped example (a zero image with mask 0, so batch
 boundaries and stream positions stay fixed), counted by reason (`SkipCounter`) and held to
 `dataset.max_skipped_fraction` (`TooManySkippedError`); an evaluation that skipped one fails
 (`IncompleteEvaluationError`: a metric over part of a split is not the split's metric). Every
@@ -29,13 +29,21 @@ READ_BACKOFF_S = 0.5  # before the second read; doubled before each further one 
 MIN_RECORDS = 1000
 
 # Why an example is in the batch: its `status` (the pipeline's per-example field).
-OK, UNDECODABLE, LOST, TOO_LARGE, PAD = 0, 1, 2, 3, -1
+# BAD_ANNOTATION: a detection example whose boxes break the rules (sources/detection.py); the
+# problem is the example's `why` (a host field of the detection task only).
+OK, UNDECODABLE, LOST, TOO_LARGE, BAD_ANNOTATION, PAD = 0, 1, 2, 3, 4, -1
 _REASONS = {
   UNDECODABLE: "could not be decoded or preprocessed",
   LOST: "was lost with the rest of its damaged TFRecord file",
   TOO_LARGE: "declares {pixels:,} pixels, more than dataset.max_image_pixels={limit:,}",
+  BAD_ANNOTATION: "has a bad annotation: {why}",
 }
-_COUNTED_AS = {UNDECODABLE: "undecodable", LOST: "lost in damaged files", TOO_LARGE: "too large"}
+_COUNTED_AS = {
+  UNDECODABLE: "undecodable",
+  LOST: "lost in damaged files",
+  TOO_LARGE: "too large",
+  BAD_ANNOTATION: "with bad annotations",
+}
 
 
 class DataReadError(OSError):
@@ -121,9 +129,13 @@ def read_file(path: str, opener: Callable = open) -> bytes:
       retries.failed(e)
 
 
-def reason(status: int, pixels: int = 0, max_pixels: int = 0) -> str:
-  """Why an example of `status` was skipped, in words."""
-  return _REASONS[status].format(pixels=int(pixels), limit=int(max_pixels))
+def reason(status: int, pixels: int = 0, max_pixels: int = 0, why: str = "") -> str:
+  """Why an example of `status` was skipped, in words (`why`: a bad annotation's problem)."""
+  return _REASONS[status].format(pixels=int(pixels), limit=int(max_pixels), why=why)
+
+
+def _text(value) -> str:
+  return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class SkipCounter:
@@ -145,17 +157,23 @@ class SkipCounter:
     self.last: tuple[str, str] | None = None  # (where, why) of the most recent skipped example
 
   def add(self, batch: dict[str, np.ndarray], log: bool = True) -> int:
-    """Counts a batch's records (`status`, `where`, `pixels` [B]; padding is not a record) and
-    logs each skipped example but a damaged file's lost records (the reader named the file once);
-    returns the batch's skipped examples."""
+    """Counts a batch's records (`status`, `where`, `pixels` [B], and for detection `why` [B],
+    a bad annotation's problem; padding is not a record) and logs each skipped example but a
+    damaged file's lost records (the reader named the file once); returns the batch's skipped
+    examples."""
     status = np.asarray(batch["status"])
     self.read += int(np.sum(status != PAD))
     rows = np.flatnonzero(status > OK)
     for r in rows:
-      code, where = int(status[r]), batch["where"][r]
-      where = where.decode(errors="replace") if isinstance(where, bytes) else str(where)
-      why = reason(code, batch["pixels"][r], self.max_pixels)
+      code, where = int(status[r]), _text(batch["where"][r])
       self.by_status[code] += 1
+      if code == BAD_ANNOTATION:
+        problem = _text(batch["why"][r])
+        self.last = (where, reason(code, why=problem))
+        if log:
+          logging.warning("input pipeline: skipped %s: %s", where, problem)
+        continue
+      why = reason(code, batch["pixels"][r], self.max_pixels)
       self.last = (where, why)
       if log and code != LOST:
         logging.warning("input pipeline: skipped %s: it %s", where, why)

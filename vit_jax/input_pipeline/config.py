@@ -22,6 +22,7 @@ def dataset_config(**overrides) -> ml_collections.ConfigDict:
   c.num_classes = config_dict.placeholder(int)
   c.shuffle_buffer = 50_000
   c.image_size = 224
+  c.max_boxes = 100
   c.pp_train = "decode|inception_crop|flip_lr|value_range(-1, 1)"
   c.pp_eval = "decode|resize_small|central_crop|value_range(-1, 1)"
   c.mixup_alpha = 0.0

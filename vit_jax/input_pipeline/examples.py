@@ -7,12 +7,12 @@ record's randomness is a function of (seed, position). A task's examples (`for_s
     fields its `check` reads); it may fail on bad data;
   * `fallback(status)`: the example standing for a record that failed (a zero image, mask 0);
   * `check(batch)`: ends the run in one line on a data error that is no skipped example (a label
-    outside the classes, a bad mask), and keeps the fields the iterators take (`_Task._passed`);
+    outside the classes, a bad mask), and keeps the fields the iterators take (`_Task._kept`);
   * `pad()`: an evaluation's padding (mask 0, status PAD), an unchecked example like the others.
 
 Their randomness: a stateless seed [seed·1,000,003 + 1,000, position] for classification's pp
-ops ([0, position] in evaluation), `default_rng([seed, 1, position])` for segmentation's (seed 0
-in evaluation). An image (or mask) declaring more than `max_image_pixels` pixels is not decoded
+ops ([0, position] in evaluation), `default_rng([seed, 1, position])` for segmentation's and
+detection's (seed 0 in evaluation). An image (or mask) declaring more than `max_image_pixels` pixels is not decoded
 (status TOO_LARGE).
 """
 
@@ -22,12 +22,14 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax.input_pipeline import bad_data
+from vit_jax.input_pipeline.ops import detection as detection_ops
 from vit_jax.input_pipeline.ops import image_header, preprocess
 from vit_jax.input_pipeline.ops import segmentation as segmentation_ops
-from vit_jax.input_pipeline.sources import base, segmentation
+from vit_jax.input_pipeline.sources import base, detection, segmentation
 
-# Per-example fields of the pipeline's batches that stay on the host (bad_data.SkipCounter).
-HOST_FIELDS = ("status", "where", "pixels")
+# Per-example fields of the pipeline's batches that stay on the host (bad_data.SkipCounter);
+# `why` (a bad annotation's problem) only in detection's.
+HOST_FIELDS = ("status", "where", "pixels", "why")
 
 # Every function traced by tf.data here is plain graph code: AutoGraph conversion (which re-parses
 # the Python source with `ast`) buys nothing and is a hazard on CPython 3.11.7, whose `ast.parse`
@@ -60,8 +62,11 @@ def _fields(image, label, status, pixels, **task_fields) -> dict:
 
 
 class _Task:
-  """What both kinds of example share: the bound on pixels, the checked batch's fields, and
+  """What every kind of example shares: the bound on pixels, the checked batch's fields, and
   padding."""
+
+  # The fields of a batch beside `image` that reach the iterators' consumers.
+  fields = ("label", "mask")
 
   def __init__(self, config, src: base.Source, num_classes: int):
     self.source, self.num_classes = src, num_classes
@@ -95,8 +100,11 @@ class _Task:
     )
     assertion = tf.debugging.Assert(passed, [text], summarize=1)
     with tf.control_dependencies([assertion]):
-      kept = {k: batch[k] for k in ("label", "mask", *HOST_FIELDS)}
-      return {"image": tf.identity(batch["image"]), **kept}
+      return self._kept(batch)
+
+  def _kept(self, batch: dict) -> dict:
+    kept = {k: batch[k] for k in (*self.fields, *HOST_FIELDS) if k in batch}
+    return {"image": tf.identity(batch["image"]), **kept}
 
   def pad(self) -> dict:
     return {**self.fallback(tf.constant(bad_data.PAD)), "where": tf.constant("")}
@@ -210,7 +218,85 @@ class Segmentation(_Task):
     return self._passed(batch, tf.equal(batch["problem"], ""), message)
 
 
-TASKS = {base.CLASSIFICATION: Classification, base.SEGMENTATION: Segmentation}
+class Detection(_Task):
+  """Images with boxes of classes (sources/detection.py): decoded, checked, augmented and the
+  boxes padded to dataset.max_boxes rows, in numpy. An example breaking the rules on boxes
+  (detection.annotation_problem) is skipped (status BAD_ANNOTATION, its problem in `why`).
+
+  Its fields: `label` float32 [M, 6], rows (ymin, xmin, ymax, xmax, class, crowd) with the
+  corners in [0, 1] of the image as fed to the model, unused rows (0, 0, 0, 0, -1, 0); `size`
+  int32 [2], the original image's (height, width).
+  """
+
+  fields = ("label", "mask", "size")
+
+  def __init__(self, config, src: base.Source, num_classes: int, pp_spec: str, seed):
+    super().__init__(config, src, num_classes)
+    self.ops = detection_ops.build(pp_spec)
+    self.seed = 0 if seed is None else int(seed)
+    self.max_boxes = int(config.max_boxes)
+
+  def _blank_label(self) -> np.ndarray:
+    label = np.zeros((self.max_boxes, 6), np.float32)
+    label[:, 4] = -1
+    return label
+
+  def _example(self, image, objects, position):
+    """One record, encoded bytes or uint8 [h, w, c], and its objects float64 [n, 8] (bytes that
+    do not decode raise) → (image float32 [S, S, 3], label float32 [M, 6], size int32 [2],
+    the annotations' problem: b'' for a good record, else image and label are blank)."""
+    if isinstance(image, bytes):
+      image = segmentation.decode_image(image, self.source.channels)
+    height, width = image.shape[:2]
+    size = np.array([height, width], np.int32)
+    objects, problem = detection.annotation_problem(
+      objects, height, width, self.num_classes, self.max_boxes
+    )
+    if problem:
+      blank = np.zeros((self.size, self.size, 3), np.float32)
+      return blank, self._blank_label(), size, problem.encode()
+    rng = np.random.default_rng([self.seed, 1, int(position)])
+    image, objects = detection_ops.augment(image, objects, self.ops, self.size, rng)
+    label = self._blank_label()
+    label[: len(objects), :4] = objects[:, :4]
+    label[: len(objects), 4:6] = objects[:, 4:6]
+    return image, label, size, b""
+
+  def process(self, raw, position):
+    image, objects, _ = self.source.parse(raw)
+
+    def decoded():
+      out = tf.numpy_function(
+        self._example,
+        [image, objects, tf.cast(position, tf.int64)],
+        [tf.float32, tf.float32, tf.int32, tf.string],
+        stateful=False,
+      )
+      shapes = ([self.size, self.size, 3], [self.max_boxes, 6], [2], [])
+      return tuple(tf.ensure_shape(x, shape) for x, shape in zip(out, shapes, strict=True))
+
+    (image, label, size, why), status, pixels = self._unless_too_large(
+      decoded, lambda: (*self._blank(), tf.constant("")), image
+    )
+    status = tf.where(tf.equal(why, ""), status, bad_data.BAD_ANNOTATION)
+    return _fields(image, label, status, pixels, size=size, why=why)
+
+  def _blank(self):
+    return self._zeros(), tf.constant(self._blank_label()), tf.zeros([2], tf.int32)
+
+  def fallback(self, status):
+    image, label, size = self._blank()
+    return _fields(image, label, status, tf.constant(0, tf.int64), size=size, why=tf.constant(""))
+
+  def check(self, batch):
+    return self._kept(batch)  # bad annotations are skipped examples: nothing ends the run
+
+
+TASKS = {
+  base.CLASSIFICATION: Classification,
+  base.SEGMENTATION: Segmentation,
+  base.DETECTION: Detection,
+}
 
 
 def for_source(config, src: base.Source, num_classes: int, pp_spec: str, seed: int | None):

@@ -1,6 +1,6 @@
 """Per-host batches → global jax.Arrays: the train and eval iterators of every source.
 
-Every source (sources/registry.py), of either task, gives raw records (sources/base.py) that its
+Every source (sources/registry.py), of any task, gives raw records (sources/base.py) that its
 task turns into examples (examples.py); the rest is the same code for all.
 
 Every record becomes exactly one example (a record that fails becomes a zero image with mask 0,
@@ -151,7 +151,7 @@ def _batches(ds: tf.data.Dataset, mesh, data_axes) -> Iterator[tuple[dict[str, A
         return
       except tf.errors.OpError as e:
         raise bad_data.translate(e) from e
-      host = {k: batch.pop(k) for k in examples.HOST_FIELDS}
+      host = {k: batch.pop(k) for k in examples.HOST_FIELDS if k in batch}
       yield layout.to_global(batch, mesh, data_axes), host
   finally:
     del it

@@ -20,6 +20,19 @@ ignored), their size, the name and the position in the split
 (vit_jax.input_pipeline.sources.segmentation.serialize_example), and dataset_info.json adds
 {task: 'segmentation', ignore_label, image_channels} for `source='seg_shards'`
 (docs/segmentation.md).
+
+With `--task=detection` (implied by a synthetic detection task's name, `*_det`) the input is a
+COCO folder (ROOT/<split>/instances.json, the images beside it) or a `det_builtin` task; each
+record holds an image, its objects' boxes in pixels, class indices (-1 for a category that is
+not among the categories), crowd flags, annotation and category ids, its size, the name and the
+position in the split (vit_jax.input_pipeline.sources.detection.serialize_example): the
+annotations as they are, the pipeline applies the rules on boxes. dataset_info.json adds
+{task: 'detection', image_channels} for `source='det_shards'` (docs/data.md, "Detection data").
+
+  python -m vit_jax.tools.make_shards --task=detection --folder=/data/coco --split=train,val \
+      --out_dir=gs://bucket/coco --num_shards=64
+  python -m vit_jax.tools.make_shards --dataset=fashion_mnist_det --split=train,val \
+      --out_dir=/tmp/det_shards
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -38,8 +51,11 @@ import numpy as np
 import tensorflow as tf
 from absl import app, logging
 
+from vit_jax.input_pipeline import bad_data
 from vit_jax.input_pipeline.sources import (
   builtin,
+  detection,
+  detection_synthetic,
   indexed,
   segmentation,
   segmentation_synthetic,
@@ -48,7 +64,7 @@ from vit_jax.input_pipeline.sources import (
 from vit_jax.runtime import cli, gcs
 from vit_jax.tools import make_folder
 
-TASKS = ("classification", "segmentation")
+TASKS = ("classification", "segmentation", "detection")
 
 
 def _classification_record(example: tuple[bytes, int]) -> bytes:
@@ -237,17 +253,73 @@ def shard_seg_folder(root: str, split: str, out_dir: str, num_shards: int, name=
   )
 
 
+def _write_detection(
+  examples, num_examples, out_dir, name, split, num_shards, class_names, channels
+):
+  """Writes (image bytes, height, width, objects, name, index) examples, `channels` the decoded
+  images' channels."""
+
+  def serialize(example):
+    return detection.serialize_example(*example)
+
+  info = dict(task=detection.TASK, image_channels=channels)
+  return write_shards(
+    examples, num_examples, out_dir, name, split, num_shards, class_names, serialize, info
+  )
+
+
+def shard_det_builtin(dataset: str, split: str, out_dir: str, num_shards: int, name=None, seed=0):
+  """Writes a synthetic detection task's split (PNG-encoded canvases) as shards."""
+  data = detection_synthetic.synthetic_split(dataset, split)
+  order = np.random.default_rng(seed).permutation(len(data.images))
+  size = data.images.shape[1:3]
+  examples = (
+    (segmentation.encode_png(data.images[i]), *size, data.objects[i], data.names[i], int(i))
+    for i in order
+  )
+  channels = data.images.shape[3]
+  class_names = detection_synthetic.synthetic_class_names(dataset)
+  return _write_detection(
+    examples, len(order), out_dir, name or dataset, split, num_shards, class_names, channels
+  )
+
+
+def shard_det_folder(root: str, split: str, out_dir: str, num_shards: int, name=None, seed=0):
+  """Writes a COCO folder's split (images as their original bytes, annotations as they are) as
+  shards; each image's height and width are its instances.json's."""
+  class_names = detection.folder_class_names(root, split)
+  paths, _, objects = detection.folder_examples(root, split)
+  images = sorted(
+    detection.read_instances(detection.instances_path(root, split))["images"],
+    key=lambda im: int(im["id"]),
+  )
+  order = np.random.default_rng(seed).permutation(len(paths))
+
+  def example(i):
+    im = images[i]
+    encoded = bad_data.read_file(paths[i], tf.io.gfile.GFile)
+    return encoded, int(im["height"]), int(im["width"]), objects[i], str(im["file_name"]), int(i)
+
+  name = name or os.path.basename(os.path.normpath(root))
+  examples = (example(i) for i in order)
+  # The det_folder source decodes every image as RGB; the shards source does the same.
+  return _write_detection(
+    examples, len(order), out_dir, name, split, num_shards, class_names, channels=3
+  )
+
+
 define_flags = cli.define_flags(
   dataset=dataclasses.replace(make_folder.DATASET, required=False),
   folder=cli.Flag(
     str,
     "Image folder root: ROOT/<split>/<class>/*.{jpg,jpeg,png}; with --task=segmentation "
-    "ROOT/<split>/images/*, ROOT/<split>/masks/*.png and ROOT/classes.txt.",
+    "ROOT/<split>/images/*, ROOT/<split>/masks/*.png and ROOT/classes.txt; with "
+    "--task=detection ROOT/<split>/instances.json (COCO) and the images beside it.",
   ),
   task=cli.Flag(
     None,
-    "What the labels are; default: segmentation for a synthetic segmentation task, else "
-    "classification.",
+    "What the labels are; default: segmentation (detection) for a synthetic segmentation "
+    "(detection) task, else classification.",
     choices=TASKS,
   ),
   split=cli.Flag(["train", "test"], "Split(s) to write, comma separated."),
@@ -269,10 +341,15 @@ def main(argv, f):
     raise app.UsageError("Pass exactly one of --dataset and --folder.")
   if not f.out_dir.value:
     raise app.UsageError("--out_dir is required.")
-  synthetic = f.dataset.value in segmentation_synthetic.SYNTHETIC
-  task = f.task.value or ("segmentation" if synthetic else "classification")
-  if synthetic and task != "segmentation":
-    raise app.UsageError(f"--dataset={f.dataset.value} is a segmentation task.")
+  implied = {
+    **dict.fromkeys(segmentation_synthetic.SYNTHETIC, "segmentation"),
+    **dict.fromkeys(detection_synthetic.SYNTHETIC, "detection"),
+  }.get(f.dataset.value)
+  task = f.task.value or implied or "classification"
+  if implied and task != implied:
+    raise app.UsageError(f"--dataset={f.dataset.value} is a {implied} task.")
+  if f.dataset.value and not implied and task != "classification":
+    raise app.UsageError(f"--task={task} takes a synthetic {task} task or a --folder.")
   gcs.check_bucket(f.out_dir.value)  # before TensorFlow's makedirs: a missing bucket hangs it
   for split in f.split.value:
     name = f.name.value or f.dataset.value or os.path.basename(os.path.normpath(f.folder.value))
@@ -282,11 +359,11 @@ def main(argv, f):
         print(f"{split}: removed its {removed} earlier shard files")
     args = (split, f.out_dir.value, f.num_shards.value, f.name.value, f.shuffle_seed.value)
     if f.dataset.value:
-      write = shard_seg_builtin if task == "segmentation" else shard_builtin
-      paths = write(f.dataset.value, *args)
+      write = {"segmentation": shard_seg_builtin, "detection": shard_det_builtin}
+      paths = write.get(task, shard_builtin)(f.dataset.value, *args)
     else:
-      write = shard_seg_folder if task == "segmentation" else shard_folder
-      paths = write(f.folder.value, *args)
+      write = {"segmentation": shard_seg_folder, "detection": shard_det_folder}
+      paths = write.get(task, shard_folder)(f.folder.value, *args)
     logging.info("Wrote %d shards of split %s to %s", len(paths), split, f.out_dir.value)
     print(f"{split}: {len(paths)} shards, e.g. {paths[0]}")
 

@@ -4,6 +4,7 @@
   preprocess    the tf.data ops on one image (`pp_train`, `pp_eval` of classification)
   pil           the deterministic evaluation ops on a PIL image, for predict
   segmentation  the ops on an image and its mask together, in numpy
+  detection     the ops on an image and its boxes together, in numpy
   randaugment   RandAugment on uint8 images with stateless randomness
   image_header  the pixel count an encoded image declares, read without decoding it
 

@@ -1,8 +1,9 @@
 """The one registry of preprocessing ops and the one parser of their strings.
 
 A spec is ops joined by `|`: `'decode|resize(224)|value_range(-1, 1)'`. An op is registered by
-name for the kind of data it runs on: `tf` (ops/preprocess.py), `pil` (ops/pil.py, predict's) or
-`segmentation` (ops/segmentation.py, an image and its mask). `build(spec, kind)` parses a spec
+name for the kind of data it runs on: `tf` (ops/preprocess.py), `pil` (ops/pil.py, predict's),
+`segmentation` (ops/segmentation.py, an image and its mask) or `detection` (ops/detection.py, an
+image and its boxes). `build(spec, kind)` parses a spec
 and binds each op's arguments to its function; an op the kind does not have, or arguments its
 function does not take, raise one line naming the op. The grammar: each op a name with an
 optional argument list of literals (ints, floats, quoted strings, True/False/None, parenthesised
@@ -20,10 +21,11 @@ Op = tuple[str, tuple[Any, ...], dict[str, Any]]
 
 # kind → op name → function; the function's leading parameters are what the kind passes per call
 # (LEADING), the spec's arguments follow.
-_OPS: dict[str, dict[str, Callable]] = {"tf": {}, "pil": {}, "segmentation": {}}
-# tf: (image, rng, image_size); pil: (image, image_size); segmentation: (image, mask, rng).
-LEADING = {"tf": 3, "pil": 2, "segmentation": 3}
-_LABEL = {"tf": "", "pil": "predict ", "segmentation": "segmentation "}
+_OPS: dict[str, dict[str, Callable]] = {"tf": {}, "pil": {}, "segmentation": {}, "detection": {}}
+# tf: (image, rng, image_size); pil: (image, image_size); segmentation: (image, mask, rng);
+# detection: (image, objects, rng, image_size).
+LEADING = {"tf": 3, "pil": 2, "segmentation": 3, "detection": 4}
+_LABEL = {"tf": "", "pil": "predict ", "segmentation": "segmentation ", "detection": "detection "}
 
 
 def register(kind: str, name: str | None = None):

@@ -7,7 +7,8 @@ A source turns (config, split, host) into raw records and tells the pipeline how
   * `read(raw)`: the raw record with its files' bytes, for sources that read files per record
     (the image folders): outside the per-record sandbox, as an I/O error is no skipped example;
   * `parse(raw)`: (image, labels int64 [n]) for classification, (image, mask, where the mask is)
-    for segmentation, the image and mask encoded strings or uint8 arrays; may fail on bad data
+    for segmentation, (image, objects float64 [n, 8] (sources/detection.py), where the record
+    is) for detection, the image and mask encoded strings or uint8 arrays; may fail on bad data
     (the pipeline runs it in a sandbox and turns failures into mask-0 examples);
   * `lost(raw)`: whether the record is a placeholder for one a damaged file lost;
   * `where(raw)`: a string naming the record (file and position) for error messages;
@@ -29,7 +30,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-CLASSIFICATION, SEGMENTATION = "classification", "segmentation"
+CLASSIFICATION, SEGMENTATION, DETECTION = "classification", "segmentation", "detection"
 
 
 class MissingDataError(ValueError):
@@ -42,7 +43,8 @@ class DatasetInfo:
 
   Attributes:
     num_classes: number of classes (config.num_classes when set); for segmentation, the classes
-      of the pixels, background included.
+      of the pixels, background included; for detection, the classes of the objects (no
+      background class).
     num_examples: split name → number of examples, or None where unknown without a full read.
     class_names: class names in label order, or None.
     multi_label: whether labels are multi-hot targets (sigmoid cross-entropy).
@@ -70,10 +72,13 @@ def dataset_info(config, num_classes, class_names, num_examples) -> DatasetInfo:
 
 
 def task_of(config) -> str:
-  """The task of the config's source: segmentation for the `seg_` sources (a config without a
-  source, as tools/make_shards builds for a folder, is of classification)."""
-  seg = str(getattr(config, "source", "")).startswith("seg_")
-  return SEGMENTATION if seg else CLASSIFICATION
+  """The task of the config's source: segmentation for the `seg_` sources, detection for the
+  `det_` ones (a config without a source, as tools/make_shards builds for a folder, is of
+  classification)."""
+  source = str(getattr(config, "source", ""))
+  if source.startswith("seg_"):
+    return SEGMENTATION
+  return DETECTION if source.startswith("det_") else CLASSIFICATION
 
 
 def data_dir(config) -> str:
@@ -173,8 +178,9 @@ class IndexedSource(Source):
 
   def permutation(self, epoch: tf.Tensor, seed: int) -> tf.Tensor:
     """The order of the items in epoch `epoch`, int64 [N]: a function of (seed, epoch); for
-    segmentation numpy's `default_rng([seed, epoch]).permutation(N)` (their runs' order)."""
-    if self.task == SEGMENTATION:
+    segmentation and detection numpy's `default_rng([seed, epoch]).permutation(N)` (their runs'
+    order)."""
+    if self.task != CLASSIFICATION:
       n = self.num_items
 
       def order(e):

@@ -1,5 +1,5 @@
-"""The sources addressed by index, of either task: image folders (`folder`, `seg_folder`) and the
-bundled arrays (`builtin`, `seg_builtin`). Each holds its listing (file paths) or its arrays in
+"""The sources addressed by index, of every task: image folders (`folder`, `seg_folder`,
+`det_folder`) and the bundled arrays (`builtin`, `seg_builtin`, `det_builtin`). Each holds its listing (file paths) or its arrays in
 memory, has one seeded order of the whole run (base.IndexedSource) and splits by example over the
 hosts. A split may be a slice (`train[:98%]`, `train[:800]`; vit_jax.input_pipeline.splits).
 """
@@ -10,7 +10,14 @@ import os
 import tensorflow as tf
 
 from vit_jax.input_pipeline import bad_data, splits
-from vit_jax.input_pipeline.sources import base, builtin, segmentation, segmentation_synthetic
+from vit_jax.input_pipeline.sources import (
+  base,
+  builtin,
+  detection,
+  detection_synthetic,
+  segmentation,
+  segmentation_synthetic,
+)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
@@ -27,9 +34,23 @@ def _read_file(path: bytes) -> bytes:
     return bad_data.read_file(path.decode(), tf.io.gfile.GFile)
 
 
+class _Objects:
+  """A detection source's objects of its N examples, in memory: float64 [total, 8] rows
+  (sources/detection.py) and where each example's start."""
+
+  def __init__(self, objects: list):
+    flat, offsets = detection.ragged(objects)
+    self.flat, self.offsets = tf.constant(flat), tf.constant(offsets)
+
+  def of(self, index: tf.Tensor) -> tf.Tensor:
+    """The objects of example `index`: float64 [n, 8]."""
+    return self.flat[self.offsets[index] : self.offsets[index + 1]]
+
+
 class FolderSource(base.IndexedSource):
-  """An image folder (`folder`, `seg_folder`: docs/data.md, docs/segmentation.md), each file read
-  when it is needed; a `folder`'s classes are the sorted class folder names of all splits."""
+  """An image folder (`folder`, `seg_folder`, `det_folder`: docs/data.md, docs/segmentation.md),
+  each file read when it is needed; a `folder`'s classes are the sorted class folder names of all
+  splits, a `det_folder`'s the categories of its instances.json files."""
 
   reads_files = True
   channels = 3
@@ -40,14 +61,21 @@ class FolderSource(base.IndexedSource):
       name = splits.base_split(split)
       listing = segmentation.folder_paths(base.data_dir(config), name)
       paths, labels = splits.take(split, f"segmentation split {name!r}", *listing)
+    elif self.task == base.DETECTION:
+      name = splits.base_split(split)
+      listing = detection.folder_examples(base.data_dir(config), name)
+      paths, wheres, objects = splits.take(split, f"detection split {name!r}", *listing)
+      self.wheres, self.objects = tf.constant(wheres), _Objects(objects)
     else:
       split_dir = folder_split_dir(config, split)
       self.class_names = folder_class_names(config.data_dir)
       listing = _class_listing(self.class_names, split_dir)
       paths, labels = splits.take(split, f"Image folder {split_dir!r}", *listing)
     self.paths = tf.constant(paths)
-    # A record's label: its class (int64), or its mask's path.
-    self.labels = tf.constant(labels, tf.string if self.task == base.SEGMENTATION else tf.int64)
+    # A record's label: its class (int64), or its mask's path (detection: `objects`).
+    if self.task != base.DETECTION:
+      dtype = tf.string if self.task == base.SEGMENTATION else tf.int64
+      self.labels = tf.constant(labels, dtype)
     self.num_items = len(paths)
 
   @classmethod
@@ -59,6 +87,14 @@ class FolderSource(base.IndexedSource):
           f"segmentation folder {config.data_dir}: no classes.txt; set dataset.num_classes"
         )
       return base.dataset_info(config, None, names, base.split_sizes(cls, config))
+    if base.task_of(config) == base.DETECTION:
+      root = base.data_dir(config)
+      found = detection.folder_splits(root)
+      if not found:
+        raise base.MissingDataError(f"detection folder {root}: no <split>/{detection.INSTANCES}")
+      train = splits.base_split(config.train_split)
+      names = detection.folder_class_names(root, train if train in found else found[0])
+      return base.dataset_info(config, None, names, base.split_sizes(cls, config))
     class_names = folder_class_names(config.data_dir) if config.data_dir else None
     splits_ = dict.fromkeys([config.train_split, config.eval_split])
     num_examples = {s: cls(config, s, 0, 1).num_items for s in splits_}
@@ -66,7 +102,7 @@ class FolderSource(base.IndexedSource):
 
   @classmethod
   def check_readable(cls, config, split):
-    if base.task_of(config) == base.SEGMENTATION:
+    if base.task_of(config) != base.CLASSIFICATION:
       return super().check_readable(config, split)
     folder_split_dir(config, split)  # not listed
 
@@ -80,12 +116,16 @@ class FolderSource(base.IndexedSource):
     return out
 
   def parse(self, raw):
+    if self.task == base.DETECTION:
+      return raw["bytes"], self.objects.of(raw["index"]), self.where(raw)
     label = tf.gather(self.labels, raw["index"])
     if self.task == base.SEGMENTATION:
       return raw["bytes"], raw["mask_bytes"], label
     return raw["bytes"], label[None]
 
   def where(self, raw):
+    if self.task == base.DETECTION:
+      return tf.gather(self.wheres, raw["index"])
     return tf.gather(self.paths, raw["index"])
 
 
@@ -127,14 +167,20 @@ def folder_class_names(root: str) -> list[str]:
 
 
 class BuiltinSource(base.IndexedSource):
-  """Bundled arrays in memory: `builtin` (builtin.py), uint8 [N, H, W, 1], or `seg_builtin`
-  (segmentation_synthetic.py), canvases uint8 [N, 48, 48, 1] with masks [N, 48, 48]."""
+  """Bundled arrays in memory: `builtin` (builtin.py), uint8 [N, H, W, 1], `seg_builtin`
+  (segmentation_synthetic.py), canvases uint8 [N, 48, 48, 1] with masks [N, 48, 48], or
+  `det_builtin` (detection_synthetic.py), canvases uint8 [N, 64, 64, 1] with their objects."""
 
   may_fail = False
   channels = 1
 
   def __init__(self, config, split, process_index, process_count):
     super().__init__(config, split, process_index, process_count)
+    if self.task == base.DETECTION:
+      images, objects, _ = detection_synthetic.get_split(config.name, split)
+      self.images, self.objects = tf.constant(images), _Objects(objects)
+      self.num_items = len(images)
+      return
     seg = self.task == base.SEGMENTATION
     images, labels = (segmentation_synthetic if seg else builtin).get_split(config.name, split)
     self.images = tf.constant(images)
@@ -143,6 +189,15 @@ class BuiltinSource(base.IndexedSource):
 
   @classmethod
   def info(cls, config) -> base.DatasetInfo:
+    if base.task_of(config) == base.DETECTION:
+      names = detection_synthetic.synthetic_class_names(config.name)
+      num_examples = {}
+      for s in dict.fromkeys([config.train_split, config.eval_split]):
+        try:  # None for a split the tasks do not have; no canvas is made
+          num_examples[s] = detection_synthetic.num_examples(s)
+        except ValueError:
+          num_examples[s] = None
+      return base.dataset_info(config, None, names, num_examples)
     seg = base.task_of(config) == base.SEGMENTATION
     if seg:
       names = segmentation_synthetic.synthetic_class_names(config.name)
@@ -163,12 +218,14 @@ class BuiltinSource(base.IndexedSource):
 
   @classmethod
   def check_readable(cls, config, split):
-    if base.task_of(config) == base.SEGMENTATION:
+    if base.task_of(config) != base.CLASSIFICATION:
       return super().check_readable(config, split)
     del config, split  # bundled: always there
 
   def parse(self, raw):
     i = raw["index"]
+    if self.task == base.DETECTION:
+      return tf.gather(self.images, i), self.objects.of(i), self.where(raw)
     image, label = tf.gather(self.images, i), tf.gather(self.labels, i)
     if self.task == base.SEGMENTATION:
       return image, label, self.where(raw)

@@ -1,9 +1,9 @@
 """The one table of data sources, by the name `dataset.source` gives, whatever their task.
 
-Every source implements base.Source and says its task (`task`: classification or segmentation);
-the pipeline (vit_jax.input_pipeline.pipeline) reads every one through the same iterators, and
-the task decides what a record becomes (vit_jax.input_pipeline.examples). A new source is a
-Source subclass and one line here.
+Every source implements base.Source and says its task (`task`: classification, segmentation or
+detection); the pipeline (vit_jax.input_pipeline.pipeline) reads every one through the same
+iterators, and the task decides what a record becomes (vit_jax.input_pipeline.examples). A new
+source is a Source subclass and one line here.
 """
 
 from vit_jax.input_pipeline.sources import base, indexed, shards, tfds_source
@@ -18,6 +18,10 @@ SOURCES: dict[str, type[base.Source]] = {
   "seg_builtin": indexed.BuiltinSource,
   "seg_folder": indexed.FolderSource,
   "seg_shards": shards.ShardsSource,
+  # Detection: boxes of classes (sources/detection.py).
+  "det_builtin": indexed.BuiltinSource,
+  "det_folder": indexed.FolderSource,
+  "det_shards": shards.DetectionShardsSource,
 }
 
 

@@ -3,8 +3,8 @@
 The shards are streamed record by record (tfrecord_files.py; how, and what a host holds:
 docs/data.md). `dataset_info.json` beside the shards (vit_jax.tools.make_shards) gives the
 classes, the split sizes and each file's record count; the files a split's pattern finds are
-checked against it. A slice of segmentation shards is read by every host, its records found by
-their written position (docs/segmentation.md).
+checked against it. A slice of segmentation or detection shards is read by every host, its
+records found by their written position (docs/segmentation.md).
 """
 
 import concurrent.futures
@@ -19,7 +19,7 @@ from absl import logging
 
 from vit_jax.input_pipeline import splits
 from vit_jax.input_pipeline.bad_data import DataMismatchError
-from vit_jax.input_pipeline.sources import base, segmentation, tfrecord_files
+from vit_jax.input_pipeline.sources import base, detection, segmentation, tfrecord_files
 
 INFO_FILENAME = "dataset_info.json"
 # The feature keys of the shards tools/make_shards writes (the ImageNet-style names).
@@ -108,8 +108,8 @@ class TFRecordSource(base.Source):
     info = read_info_json(config.data_dir) or {}
     if info.get("task", base.CLASSIFICATION) != base.CLASSIFICATION:
       raise ValueError(
-        f"{config.data_dir}/{INFO_FILENAME}: {info['task']} shards; dataset.source='seg_shards' "
-        "reads them"
+        f"{config.data_dir}/{INFO_FILENAME}: {info['task']} shards; dataset.source="
+        f"'{info['task'][:3]}_shards' reads them"
       )
     wanted = dict.fromkeys([config.train_split, config.eval_split])
     num_examples = {s: info.get("splits", {}).get(s, {}).get("num_examples") for s in wanted}
@@ -195,18 +195,19 @@ class TFRecordSource(base.Source):
     return tf.strings.join([raw["file"], " record ", tf.strings.as_string(raw["index"])])
 
 
-def shards_info(data_dir: str) -> dict:
-  """dataset_info.json of segmentation shards; one line if it is missing or of another task."""
+def shards_info(data_dir: str, task: str = segmentation.TASK) -> dict:
+  """dataset_info.json of segmentation (or detection) shards; one line if it is missing or of
+  another task."""
   info = read_info_json(data_dir)
   if info is None:
     raise FileNotFoundError(
-      f"segmentation shards {data_dir}: no {INFO_FILENAME} (write the shards with "
-      "python -m vit_jax.tools.make_shards --task=segmentation)"
+      f"{task} shards {data_dir}: no {INFO_FILENAME} (write the shards with "
+      f"python -m vit_jax.tools.make_shards --task={task})"
     )
-  if info.get("task") != segmentation.TASK:
+  if info.get("task") != task:
     raise ValueError(
       f"{os.path.join(data_dir, INFO_FILENAME)}: shards of a "
-      f"{info.get('task', 'classification')} task, not segmentation (source 'tfrecord' reads "
+      f"{info.get('task', 'classification')} task, not {task} (source 'tfrecord' reads "
       "classification shards)"
     )
   return info
@@ -215,19 +216,21 @@ def shards_info(data_dir: str) -> dict:
 class ShardsSource(TFRecordSource):
   """`seg_shards`: TFRecord shards of (image, mask) examples, streamed record by record."""
 
+  kind = segmentation.TASK  # the task of the shards (dataset_info.json)
+
   def __init__(self, config, split, process_index, process_count):
     base.Source.__init__(self, config, split, process_index, process_count)
     data_dir = base.data_dir(config)
-    info = shards_info(data_dir)
+    info = shards_info(data_dir, self.kind)
     base_split = splits.base_split(split)
     entry = info["splits"].get(base_split)
     if entry is None:
       raise FileNotFoundError(
-        f"segmentation shards {data_dir}: no split {base_split!r}; splits: {sorted(info['splits'])}"
+        f"{self.kind} shards {data_dir}: no split {base_split!r}; splits: {sorted(info['splits'])}"
       )
     self.channels = int(info["image_channels"])
     num = int(entry["num_examples"])
-    rows = splits.slice_rows(split, num, f"segmentation split {base_split!r}")
+    rows = splits.slice_rows(split, num, f"{self.kind} split {base_split!r}")
     # A slice: every host reads every file and keeps the records at the slice's positions.
     self._open(os.path.join(data_dir, entry["file_pattern"]), entry["shards"], rows is None)
     self.slice_size = None if rows is None else len(rows)
@@ -238,7 +241,7 @@ class ShardsSource(TFRecordSource):
 
   @classmethod
   def info(cls, config) -> base.DatasetInfo:
-    names = shards_info(base.data_dir(config))["class_names"]
+    names = shards_info(base.data_dir(config), cls.kind)["class_names"]
     return base.dataset_info(config, None, names, base.split_sizes(cls, config))
 
   def host_length(self, host):
@@ -289,3 +292,33 @@ class ShardsSource(TFRecordSource):
       f"a record of split {self.split!r} lost with its damaged shard ({self.pattern})",
       super().where(raw),
     )
+
+
+class DetectionShardsSource(ShardsSource):
+  """`det_shards`: TFRecord shards of images with their objects (sources/detection.py),
+  streamed record by record."""
+
+  kind = detection.TASK
+
+  def parse(self, raw):
+    tf.debugging.assert_equal(raw["ok"], True, message="a record its damaged file lost")
+    keys = {
+      detection.IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
+      detection.NAME_KEY: tf.io.FixedLenFeature([], tf.string),
+      **{k: tf.io.VarLenFeature(tf.float32) for k in detection.BOX_KEYS},
+      **{
+        k: tf.io.VarLenFeature(tf.int64)
+        for k in (
+          detection.CLASS_KEY,
+          detection.CROWD_KEY,
+          detection.ID_KEY,
+          detection.CATEGORY_KEY,
+        )
+      },
+    }
+    f = tf.io.parse_single_example(raw["record"], keys)
+    columns = [*detection.BOX_KEYS, detection.CLASS_KEY, detection.CROWD_KEY]
+    columns += [detection.ID_KEY, detection.CATEGORY_KEY]
+    objects = tf.stack([tf.cast(f[k].values, tf.float64) for k in columns], axis=1)
+    where = tf.strings.join([self.where(raw), " (", f[detection.NAME_KEY], ")"])
+    return f[detection.IMAGE_KEY], objects, where
