@@ -7,7 +7,7 @@ import re
 import ml_collections
 import pytest
 
-from vit_jax import models
+from vit_jax import models, stages
 from vit_jax.configs import common, pretrain
 from vit_jax.train import model_init
 
@@ -48,6 +48,12 @@ ARGS = {
     "dataset=mnist_seg,model=R26x1",
     "dataset=folder,model=B/16,lr=0.01",
   ],
+  "detect": [
+    "",
+    "dataset=animal_mnist_det,model=R26x1",
+    "dataset=folder,setting=vitdet",
+    "dataset=shards,model=L/16,setting=vitdet,lr=0.0002",
+  ],
   "pretrain_mpp": [
     "dataset=jft",
     "dataset=jft,model=L/16,target=downsample4x4",
@@ -87,14 +93,14 @@ def test_every_config_file_is_listed():
 def test_config_builds(name, arg, runlocal):
   arg = ",".join(filter(None, [arg, "runlocal" if runlocal else ""]))
   config = _get(name, arg)
-  assert config.stage in ("pretrain", "finetune", "segment", "linear_probe")
+  assert config.stage in stages.STAGES
   assert isinstance(config, ml_collections.ConfigDict)
   if runlocal and "model" in config:
     bit = "R26x1" in arg or "R50x1" in arg  # runlocal shrinks a BiT to the smallest one
     assert config.model.name == ("BiT-R26x1" if bit else "ViT-testing")
   if runlocal and "total_steps" in config:
     assert config.total_steps <= 10
-  if config.stage in ("pretrain", "finetune", "segment"):
+  if config.stage != "linear_probe":
     assert config.batch_size % config.accum_steps == 0
     if not runlocal and arg.startswith("dataset=imagenet21k") and "recipe" not in arg:
       assert config.batch_size == 4096
@@ -292,3 +298,14 @@ def test_runlocal_keeps_the_architecture_of_model_init(tmp_path):
   assert got.model.representation_size is None  # fine-tuning drops the representation layer
   assert config.model.name == "ViT-testing"  # the caller's config is left as it was
   assert not _get("finetune", "dataset=animal_mnist").model_from_init
+
+
+def test_the_vitdet_setting_is_the_papers():
+  # Li et al. (2022), ViTDet's ViT-B on COCO: 1024px, 14x14 windows with global blocks 2, 5, 8,
+  # 11, a pyramid of strides 4 to 32 from the stride-16 map, AdamW with weight decay 0.1.
+  config = _get("detect", "dataset=folder,setting=vitdet")
+  assert config.dataset.image_size == 1024 and config.model.name == "ViT-B_16"
+  assert config.model.window_size == 14 and tuple(config.model.global_blocks) == (2, 5, 8, 11)
+  assert tuple(config.detection.pyramid_scales) == (4.0, 2.0, 1.0, 0.5)
+  assert config.optimizer.weight_decay == 0.1 and config.schedule.base_lr == 1e-4
+  assert config.dataset.pp_train.startswith("scale_jitter(0.1,2.0)")

@@ -250,3 +250,81 @@ class Segmenter:
       np.asarray(Image.fromarray(m.astype(np.uint8)).resize(im.size, Image.Resampling.NEAREST))
       for m, im in zip(out, images, strict=True)
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection (a workdir of the `detect` stage, configs/detect.py).
+
+
+class Detector:
+  """A `detect` stage checkpoint as an object detector of image files.
+
+  The workdir's `config.json` gives the encoder, the pyramid and head (`detection`), the input
+  size and the dataset's class names. Images are resized to the input size exactly as the
+  stage's evaluation resizes them (vit_jax.input_pipeline.ops.detection.augment), so the same
+  file gives the evaluator's detections; boxes come back in the image's own pixels.
+  """
+
+  def __init__(self, checkpoint: str):
+    from vit_jax.models import detection  # noqa: PLC0415
+
+    model_config, params, saved = checkpoint_lib.load_backbone(checkpoint)
+    if saved is None or saved.get("stage") != "detect":
+      raise ValueError(f"{checkpoint} is not a workdir of the detect stage (configs/detect.py)")
+    self.num_classes = int(np.shape(params["head"]["dense"]["classifier"]["bias"])[0])
+    self.model = detection.get_model(model_config, self.num_classes, saved.detection)
+    self.params = params
+    self.image_size = int(saved.dataset.image_size)
+    names = dataset_class_names(saved.dataset)
+    self.class_names = names if names and len(names) == self.num_classes else None
+    self._apply = jax.jit(
+      lambda p, x: self.model.apply({"params": p}, x, train=False)[1]["detections"]
+    )
+
+  def name(self, k: int) -> str:
+    return self.class_names[k] if self.class_names else f"class {k}"
+
+  def preprocess(self, image: Image.Image) -> np.ndarray:
+    """float32 [S, S, 3] in [-1, 1]: the evaluation's resize of the image's RGB pixels."""
+    from vit_jax.input_pipeline.ops import detection as detection_ops  # noqa: PLC0415
+
+    pixels = np.asarray(image.convert("RGB"))
+    return detection_ops.augment(pixels, np.zeros((0, 8)), [], self.image_size, None)[0]
+
+  def detect(
+    self, images: Sequence[Image.Image], batch_size: int = 16
+  ) -> list[dict[str, np.ndarray]]:
+    """Per image: `boxes` float32 [n, 4] (ymin, xmin, ymax, xmax normalised to [0, 1]),
+    `scores` [n] (descending, all > 0) and `classes` int32 [n]."""
+    arrays = np.stack([self.preprocess(im) for im in images])
+    outs = []
+    for start in range(0, len(arrays), batch_size):
+      chunk = arrays[start : start + batch_size]
+      n = len(chunk)
+      pad = np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)
+      out = self._apply(self.params, np.concatenate([chunk, pad]))
+      out = {k: np.asarray(v)[:n] for k, v in out.items()}
+      for i in range(n):
+        keep = out["scores"][i] > 0
+        outs.append({k: v[i][keep] for k, v in out.items()})
+    return outs
+
+
+# Colours of the drawn boxes, by class.
+_BOX_COLOURS = [c for c in _PALETTE if c != (0, 0, 0)]
+
+
+def draw_boxes(
+  image: Image.Image, boxes: np.ndarray, labels: Sequence[str], classes: Sequence[int]
+) -> Image.Image:
+  """The image (RGB) with each box [x, y, w, h] (pixels) outlined in its class's colour and
+  labelled."""
+  from PIL import ImageDraw  # noqa: PLC0415
+
+  out = image.convert("RGB")
+  draw = ImageDraw.Draw(out)
+  for (x, y, w, h), text, k in zip(boxes, labels, classes, strict=True):
+    colour = _BOX_COLOURS[int(k) % len(_BOX_COLOURS)]
+    draw.rectangle([x, y, x + w, y + h], outline=colour)
+    draw.text((x + 1, y + 1), text, fill=colour)
+  return out

@@ -15,6 +15,14 @@ A workdir of the segment stage segments the images instead, writing `<name>_mask
 indices) and `<name>_overlay.png` to `--masks_dir` (docs/segmentation.md):
 
   python -m vit_jax.predict --checkpoint=/tmp/seg --masks_dir=/tmp/masks canvas.png
+
+A workdir of the detect stage detects objects: it prints the detections as JSON, in COCO's
+results format with each image's file name (`file_name`, `category_id` = class index + 1,
+`category`, `bbox` [x, y, width, height] in the image's pixels, `score`; every detection the
+model keeps, as the evaluator scores them), and with `--boxes_dir` writes `<name>_boxes.png`,
+the image with the boxes scoring at least `--min_score` drawn (docs/detection.md):
+
+  python -m vit_jax.predict --checkpoint=/tmp/det --boxes_dir=/tmp/boxes canvas.png
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -22,12 +30,14 @@ if __name__ == "__main__":  # the command's process, set up before any thread st
 
   process.configure()
 
+import json
 import os
 from collections.abc import Sequence
 
 import numpy as np
 from absl import app
 
+from vit_jax import checkpoint as checkpoint_lib
 from vit_jax import inference
 from vit_jax.runtime import cli
 
@@ -48,6 +58,8 @@ define_flags = cli.define_flags(
   top_k=cli.Flag(5, "How many classes to print per image."),
   batch_size=cli.BATCH_SIZE,
   masks_dir=cli.Flag(str, "Segmentation checkpoints: where to write the masks (PNG)."),
+  boxes_dir=cli.Flag(str, "Detection checkpoints: where to write the images with their boxes."),
+  min_score=cli.Flag(0.3, "Detection checkpoints: the lowest score of a drawn box."),
 )
 
 
@@ -60,6 +72,11 @@ def main(argv: Sequence[str], f) -> None:
     raise app.UsageError(f"no such file: {', '.join(missing)}")
   if f.masks_dir.value:
     return segment(paths, f)
+  saved = checkpoint_lib.saved_config(f.checkpoint.value)
+  if saved is not None and saved.get("stage") == "detect":
+    return detect(paths, f)
+  if f.boxes_dir.value:
+    raise app.UsageError(f"--boxes_dir: {f.checkpoint.value} is no detect stage checkpoint")
   names = inference.read_class_names(f.class_names.value) if f.class_names.value else None
   classifier = inference.Classifier(
     f.checkpoint.value, model=f.model.value, image_size=f.image_size.value, class_names=names
@@ -87,6 +104,47 @@ def segment(paths: list[str], f) -> None:
       if counts[i]
     ]
     print(f"{path} -> {stem}_mask.png: {', '.join(found)}")
+
+
+def detections_json(detector: inference.Detector, paths, images, found) -> list[dict]:
+  """The detections of each image in COCO's results format, with its file name (see the module
+  docstring): boxes through the evaluator's own conversion, so its AP is the evaluator's."""
+  from vit_jax.evaluators import detection as detection_eval  # noqa: PLC0415
+
+  out = []
+  for path, image, d in zip(paths, images, found, strict=True):
+    width, height = image.size
+    boxes = detection_eval.to_coco_bbox(d["boxes"], height, width)
+    for box, score, k in zip(boxes, d["scores"], d["classes"], strict=True):
+      out.append(
+        dict(
+          file_name=path,
+          category_id=int(k) + 1,
+          category=detector.name(int(k)),
+          bbox=[float(v) for v in box],
+          score=float(score),
+        )
+      )
+  return out
+
+
+def detect(paths: list[str], f) -> None:
+  """Prints the detections (JSON); with --boxes_dir writes each image with its boxes drawn."""
+  detector = inference.Detector(f.checkpoint.value)
+  paths, images = inference.read_images(paths)
+  found = detector.detect(images, f.batch_size.value)
+  results = detections_json(detector, paths, images, found)
+  if f.boxes_dir.value:
+    os.makedirs(f.boxes_dir.value, exist_ok=True)
+    for path, image in zip(paths, images, strict=True):
+      shown = [r for r in results if r["file_name"] == path and r["score"] >= f.min_score.value]
+      labels = [f"{r['category']} {r['score']:.2f}" for r in shown]
+      drawn = inference.draw_boxes(
+        image, [r["bbox"] for r in shown], labels, [r["category_id"] - 1 for r in shown]
+      )
+      stem = os.path.splitext(os.path.basename(path))[0]
+      drawn.save(os.path.join(f.boxes_dir.value, f"{stem}_boxes.png"))
+  print(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ bare `.npz`); `export` writes one format into a new directory, with `export.json
 saying what the artifact takes and returns. The formats, their signatures and quantizations are
 described in docs/export.md: a SavedModel (jax2tf, symbolic batch size) with the evaluation
 preprocessing inside the graph, LiteRT (`tflite_bytes`; int8 is dynamic-range, int8_full
-calibrates on the training split) and ONNX (vit_jax.export.jax_to_onnx).
+calibrates on the training split) and ONNX (vit_jax.export.jax_to_onnx). A `detect` stage
+checkpoint exports as a SavedModel whose signatures return `boxes`, `scores`, `classes` and
+`class_names` (the model's own decoding: vit_jax.models.detection).
 
 Errors a user can cause raise a one-line ValueError; nothing is written until the conversion
 succeeded.
@@ -52,11 +54,14 @@ class Exportable:
   sigmoid: bool  # a head trained with sigmoid cross-entropy: probabilities are sigmoids
   dataset: ml_collections.ConfigDict | None  # the training's dataset config, if saved
   note: str = ""  # a line for the user about what was exported (an MPP checkpoint's encoder)
+  detection: bool = False  # a detect stage checkpoint: `apply` gives its detections
 
   def apply(self, images: Any) -> Any:
     """Logits [batch, K] (a headless model's: its representation) of preprocessed float32
-    images; the model's other outputs (`out`) are not traced into the export."""
-    return self.model.apply({"params": self.params}, images, train=False)[0]
+    images, or a detector's `out['detections']`; nothing else the model computes is traced
+    into the export."""
+    logits, out = self.model.apply({"params": self.params}, images, train=False)
+    return out["detections"] if self.detection else logits
 
   def names(self) -> list[str]:
     """Class names, or `class i` where the checkpoint carries none."""
@@ -73,6 +78,12 @@ class Exportable:
       "class_names": self.names() if self.num_classes else None,
       "probabilities": "sigmoid" if self.sigmoid else "softmax",
     }
+    if self.detection:
+      del out["probabilities"]
+      out["outputs"] = (
+        "boxes float32 [batch, D, 4] (ymin, xmin, ymax, xmax in [0, 1] of the image), scores "
+        "[batch, D] (0: no detection), classes int32 [batch, D], class_names string [batch, D]"
+      )
     if self.note:
       out["note"] = self.note
     return out
@@ -96,6 +107,8 @@ def load(
     model_config, params, saved = checkpoint_lib.load_backbone(checkpoint, model_config)
   except (FileNotFoundError, KeyError) as e:
     raise ValueError(f"{checkpoint}: no model to export ({_first_line(e)})") from None
+  if saved is not None and saved.get("stage") == "detect":
+    return _detector(checkpoint, model_config, params, saved, class_names)
   note = ""
   if any(k in params for k in mpp.PARAMS):
     note = (
@@ -191,6 +204,33 @@ def calibration_images(source: Exportable, num_examples: int = CALIBRATION_EXAMP
 # TensorFlow: jax2tf, SavedModel, LiteRT.
 
 
+def _detector(checkpoint, model_config, params, saved, class_names) -> Exportable:
+  """A `detect` stage checkpoint for export: its model with the XLA kernels, at its size."""
+  from vit_jax.models import detection  # noqa: PLC0415
+
+  num_classes = int(np.shape(params["head"]["dense"]["classifier"]["bias"])[0])
+  model_config = ml_collections.ConfigDict(model_config.to_dict())
+  model_config.update(
+    models.known_overrides(model_config, attention_kernel="xla", layer_norm_kernel="xla")
+  )
+  net = detection.get_model(model_config, num_classes, saved.detection)
+  names = list(class_names) if class_names else dataset_class_names(saved.dataset)
+  if names and len(names) != num_classes:
+    raise ValueError(f"{len(names)} class names for a {num_classes}-class detector")
+  return Exportable(
+    checkpoint=checkpoint,
+    model=net,
+    params=jax.tree.map(np.asarray, params),
+    image_size=int(saved.dataset.image_size),
+    pp=DEFAULT_PP,  # the evaluation's resize (ops/detection.py), in TensorFlow's bilinear
+    class_names=names,
+    num_classes=num_classes,
+    sigmoid=True,
+    dataset=saved.dataset,
+    detection=True,
+  )
+
+
 def _tf_model(source: Exportable, batch_size: int = 0):
   """The model as a TF function of float32 [batch, S, S, 3]; batch_size 0: a symbolic batch."""
   from jax.experimental import jax2tf
@@ -204,6 +244,8 @@ def _outputs(source: Exportable, model_fn, images, top_k: int):
   import tensorflow as tf
 
   out = model_fn(images)
+  if source.detection:
+    return {**out, "class_names": tf.gather(tf.constant(source.names()), out["classes"])}
   if not source.num_classes:
     return {"representation": out}
   probs = tf.sigmoid(out) if source.sigmoid else tf.nn.softmax(out, axis=-1)
@@ -376,6 +418,8 @@ def export(
     )
   if quantize != "none" and fmt != "tflite":
     raise ValueError(f"--quantize={quantize} is for --format=tflite; {fmt} is exported in float32")
+  if source.detection and fmt != "saved_model":
+    raise ValueError(f"{source.checkpoint} is a detector: it exports as saved_model, not {fmt}")
   if "://" in out_dir:
     raise ValueError(
       f"--out={out_dir}: write to a local directory, then copy it (gcloud storage cp -r)"

@@ -39,7 +39,13 @@ GiB = 2**30
 DCN_GBPS_PER_HOST = 200.0
 HEADROOM = 0.9  # what the suggestions aim for, and search prefers: a tenth of the HBM left free
 # The head width of datasets whose class count is not readable without the data.
-KNOWN_NUM_CLASSES = {"jft": 18_291, "imagenet21k": 21_843, "imagenet2012": 1_000, "cifar10": 10}
+KNOWN_NUM_CLASSES = {
+  "jft": 18_291,
+  "imagenet21k": 21_843,
+  "imagenet2012": 1_000,
+  "cifar10": 10,
+  "coco": 80,
+}
 _TOPOLOGY_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})$")
 
 
@@ -106,8 +112,9 @@ def topology_devices(topology: str, slices: int = 1) -> list[Any]:
 def abstract_batch(config, mesh, num_classes: int) -> dict[str, Any]:
   """ShapeDtypeStructs of a global training batch, as vit_jax.input_pipeline yields it.
 
-  {'image': f32 [B, H, W, 3], 'label': i32 [B] | f32 [B, K] (multi-label), 'mask': f32 [B]},
-  each sharded over the batch axes (mixup happens inside the step).
+  {'image': f32 [B, H, W, 3], 'label': i32 [B] | f32 [B, K] (multi-label) | f32 [B, M, 6] (the
+  detect stage's boxes, M = dataset.max_boxes), 'mask': f32 [B]}, each sharded over the batch
+  axes (mixup happens inside the step).
   """
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
@@ -117,11 +124,14 @@ def abstract_batch(config, mesh, num_classes: int) -> dict[str, Any]:
   size = config.dataset.image_size
   height, width = (size, size) if isinstance(size, int) else tuple(size)
   batch = int(config.batch_size)
-  dense = bool(config.dataset.multi_label)
+  if config.stage == "detect":
+    label = ((batch, int(config.dataset.max_boxes), 6), jnp.float32)
+  elif config.dataset.multi_label:
+    label = ((batch, num_classes), jnp.float32)
+  else:
+    label = ((batch,), jnp.int32)
   shapes = dict(
-    image=((batch, height, width, 3), jnp.float32),
-    label=((batch, num_classes), jnp.float32) if dense else ((batch,), jnp.int32),
-    mask=((batch,), jnp.float32),
+    image=((batch, height, width, 3), jnp.float32), label=label, mask=((batch,), jnp.float32)
   )
   return {
     k: jax.ShapeDtypeStruct(s, d, sharding=sharding.batch_sharding(mesh, len(s)))
