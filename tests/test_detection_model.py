@@ -211,3 +211,12 @@ def test_the_loss_falls_when_the_predictions_are_the_targets():
   np.testing.assert_allclose(float(best[0]), entropy[0][pos0].mean(), atol=1e-4)
   assert float(best[1]) < 1e-6 < float(loss[1])
   assert float(best[0]) < float(loss[0])
+
+
+def test_the_sorted_top_k_of_export_is_lax_top_k():
+  x = jnp.asarray(np.random.default_rng(0).uniform(size=(3, 50)).round(2), jnp.float32)  # ties
+  for k in (1, 7, 50):
+    values, index = detection.top_k(x, k)
+    sorted_values, sorted_index = detection.top_k(x, k, by_sort=True)
+    np.testing.assert_array_equal(sorted_values, values)
+    np.testing.assert_array_equal(sorted_index, index)

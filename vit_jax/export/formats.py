@@ -213,7 +213,7 @@ def _detector(checkpoint, model_config, params, saved, class_names) -> Exportabl
   model_config.update(
     models.known_overrides(model_config, attention_kernel="xla", layer_norm_kernel="xla")
   )
-  net = detection.get_model(model_config, num_classes, saved.detection)
+  net = detection.get_model(model_config, num_classes, saved.detection).clone(top_k_by_sort=True)
   names = list(class_names) if class_names else dataset_class_names(saved.dataset)
   if names and len(names) != num_classes:
     raise ValueError(f"{len(names)} class names for a {num_classes}-class detector")

@@ -182,6 +182,16 @@ def nms_keep(boxes: jax.Array, scores: jax.Array, classes: jax.Array, iou: float
   return jax.lax.fori_loop(0, n, body, scores > 0)
 
 
+def top_k(x: jax.Array, k: int, by_sort: bool = False) -> tuple[jax.Array, jax.Array]:
+  """(values, indices) of the k largest of x's last axis, the lower index first among equals:
+  jax.lax.top_k, or with `by_sort` a stable sort (what a SavedModel can hold: TensorFlow's
+  StableHLO reader lacks the top_k composite that jax2tf writes)."""
+  if not by_sort:
+    return jax.lax.top_k(x, k)
+  index = jnp.argsort(-x, axis=-1, stable=True)[..., :k]
+  return jnp.take_along_axis(x, index, axis=-1), index
+
+
 def decode(
   logits: jax.Array,
   num_classes: int,
@@ -190,22 +200,23 @@ def decode(
   max_detections: int,
   nms_iou: float,
   score_threshold: float,
+  top_k_by_sort: bool = False,
 ) -> dict[str, jax.Array]:
   """The detections of logits [batch, L, K + 5] (the module docstring): score
   √(p_class · p_centerness) per location and class, the `pre_nms` best over both, those above
   `score_threshold` through `nms_keep`, the `max_detections` best kept; boxes clipped to the
-  image."""
+  image. `top_k_by_sort`: see `top_k`."""
   k = num_classes
   probs = jax.nn.sigmoid(logits[..., :k]) * jax.nn.sigmoid(logits[..., k + 4 :])
   batch, locations = probs.shape[:2]
   candidates = min(pre_nms, locations * k)
-  scores, index = jax.lax.top_k(jnp.sqrt(probs).reshape(batch, -1), candidates)
+  scores, index = top_k(jnp.sqrt(probs).reshape(batch, -1), candidates, top_k_by_sort)
   scores = jnp.where(scores > score_threshold, scores, 0.0)
   classes = (index % k).astype(jnp.int32)
   boxes = jnp.take_along_axis(logits[..., k : k + 4], (index // k)[..., None], axis=1)
   boxes = jnp.clip(boxes, 0.0, 1.0)
   keep = jax.vmap(nms_keep, (0, 0, 0, None))(boxes, scores, classes, nms_iou)
-  scores, best = jax.lax.top_k(jnp.where(keep, scores, 0.0), min(max_detections, candidates))
+  scores, best = top_k(jnp.where(keep, scores, 0.0), min(max_detections, candidates), top_k_by_sort)
   take = lambda x: jnp.take_along_axis(x, best.reshape(*best.shape, *(1,) * (x.ndim - 2)), 1)  # noqa: E731
   return dict(boxes=take(boxes), scores=scores, classes=take(classes))
 
@@ -221,6 +232,7 @@ def _detecting(encoder: type[nn.Module], name: str) -> type[nn.Module]:
     max_detections: int = 100
     nms_iou: float = 0.6
     score_threshold: float = 0.05
+    top_k_by_sort: bool = False  # for export (see `top_k`)
 
     @nn.compact
     def __call__(self, images: jax.Array, *, train: bool, example_ids: vit.Ids = None):
@@ -269,6 +281,7 @@ def _detecting(encoder: type[nn.Module], name: str) -> type[nn.Module]:
         max_detections=self.max_detections,
         nms_iou=self.nms_iou,
         score_threshold=self.score_threshold,
+        top_k_by_sort=self.top_k_by_sort,
       )
       return logits, out
 
