@@ -2,6 +2,7 @@ r"""The paper's pretraining configs compiled for TPU slices: memory, FLOPs, impl
 
   python -m experiments.pod_plan          # writes experiments/results/pod_plan/
   python -m experiments.pod_plan --quick  # one compile of B/32 on a v3-32 (tests)
+  python -m experiments.pod_plan --stage=detect  # writes experiments/results/pod_plan_detect/
 
 needs libtpu (`pip install -e ".[tpu]"`) and no TPU. For each (model, topology) it compiles the
 trainer's step of `configs/pretrain.py:dataset=jft,model=<model>` (batch 4096, with
@@ -14,6 +15,11 @@ Memory and FLOPs are the TPU compiler's. Step times and core-days are estimates 
 fraction of peak (--efficiency); the column "efficiency implied by the paper" is the fraction
 that would reproduce the paper's TPUv3-core-days (ViT paper Table 2: H/14 2.5k, L/16 0.68k on
 JFT-300M), for the epochs assumed below.
+
+`--stage=detect` compiles the detect stage's ViTDet setting instead
+(`configs/detect.py:dataset=folder,setting=vitdet`: ViT-B/16 at 1024x1024, 14x14 windows with
+4 global blocks, batch 64, COCO's 80 classes; blocks unrolled, as window attention needs) on a
+v4-16 (v4:2x2x2) and a v5e-16 (v5e:4x4).
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
@@ -40,6 +46,9 @@ PAPER_CORE_DAYS = {"L/16": 680, "H/14": 2500}
 # (v4, v5p: one megacore device per chip) or chips (v5e, v6e).
 TOPOLOGIES = ("v3:16x16", "v4:8x8x8", "v5p:8x8x8", "v5e:16x16", "v6e:16x16")
 RUNS = [(model, topology) for topology in TOPOLOGIES for model in ("B/16", "L/16", "H/14")]
+# --stage=detect: the ViTDet setting of the detect stage on a v4 and a v5e slice of 8 and 16 chips.
+DETECT_RUNS = [("ViTDet-B/16", "v4:2x2x2"), ("ViTDet-B/16", "v5e:4x4")]
+DETECT_CLASSES = 80  # COCO's
 # --quick: one compile that fits (half a minute on 2 cores), for the tests' fingerprint.
 QUICK_RUNS = [("B/32", "v3:4x4")]
 WORKDIR = "/tmp/vit_pod_plan"  # with --quick and no --out_dir, results in <WORKDIR>/results
@@ -49,8 +58,10 @@ def plan_config(model: str):
   """`configs/pretrain.py:dataset=jft,model=<model>` with scanned blocks: the same step, with one
   block compiled instead of 12-32 (about a minute per compile on a 2-core machine instead of 16+
   for an unrolled B/16 on a 512-device slice)."""
-  from vit_jax.configs import pretrain  # noqa: PLC0415 (imports JAX: after the command's quiet_libtpu)
+  from vit_jax.configs import detect, pretrain  # noqa: PLC0415 (imports JAX: after quiet_libtpu)
 
+  if model.startswith("ViTDet"):
+    return detect.get_config("dataset=folder,setting=vitdet")
   config = pretrain.get_config(f"dataset=jft,model={model}")
   config.model.scan = True
   return config
@@ -64,10 +75,13 @@ def stage_configs(runs: list[tuple[str, str]]) -> dict:
 def run_one(model: str, topology: str, efficiency: float, max_trials: int) -> dict:
   config = plan_config(model)
   start = time.perf_counter()
-  base = planner.plan(config, topology, efficiency=efficiency)
+  classes = DETECT_CLASSES if config.stage == "detect" else None
+  base = planner.plan(config, topology, classes, efficiency=efficiency)
   chosen, overrides = base, {}
   if not base.fits:
-    found = planner.search(config, topology, base, max_trials, efficiency=efficiency)
+    found = planner.search(
+      config, topology, base, max_trials, num_classes=classes, efficiency=efficiency
+    )
     if found:
       overrides, chosen = found[0]
   steps = EPOCHS[model] * JFT_IMAGES / int(config.batch_size) if model in EPOCHS else None
@@ -148,6 +162,13 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
       f"{WORKDIR}/results/).",
       flag_values=values,
     ),
+    stage=flags.DEFINE_enum(
+      "stage",
+      "pretrain",
+      ["pretrain", "detect"],
+      "pretrain: the paper's JFT configs; detect: the detect stage's ViTDet setting.",
+      flag_values=values,
+    ),
     quick=flags.DEFINE_bool(
       "quick", False, f"Only {QUICK_RUNS[0][0]} on {QUICK_RUNS[0][1]} (tests).", flag_values=values
     ),
@@ -170,13 +191,15 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
   args = cli.values(f)
   if not planner.libtpu_available():
     raise SystemExit(planner.install_hint())
-  out = common.out_dir(args.out_dir, "pod_plan", WORKDIR, args.quick)
+  name = "pod_plan_detect" if args.stage == "detect" else "pod_plan"
+  out = common.out_dir(args.out_dir, name, WORKDIR, args.quick)
   os.makedirs(out, exist_ok=True)
   started = common.provenance()
-  results = run(QUICK_RUNS if args.quick else RUNS, args.efficiency, args.max_trials, out)
-  if out == common.results_dir("pod_plan"):  # the committed results: with the fingerprint
+  full = DETECT_RUNS if args.stage == "detect" else RUNS
+  results = run(QUICK_RUNS if args.quick else full, args.efficiency, args.max_trials, out)
+  if out == common.results_dir(name):  # the committed results: with the fingerprint
     quick = run(QUICK_RUNS, args.efficiency, args.max_trials, os.path.join(WORKDIR, "fingerprint"))
-    fingerprint.attach(results, quick, stage_configs(RUNS))
+    fingerprint.attach(results, quick, stage_configs(full))
   common.write_results(os.path.join(out, "results.json"), results, started, default=str)
   print(table(list(results["rows"].values())))
   return results
