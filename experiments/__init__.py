@@ -12,6 +12,9 @@ Each runs from the repository root as `python -m experiments.<name> [--help]`:
                                      with three seeds on a lent GPU)
   segmentation                       semantic segmentation from patch tokens, §5
                                      (docs/segmentation.md)
+  detection                          object detection from patch tokens, §5: ViTDet's
+                                     simple pyramid and FCOS, ViT vs BiT vs a non-learned
+                                     baseline (configs/detect.py)
   pod_plan                           the paper's configs compiled for TPU slices
                                      (docs/pod_planning.md)
   vs_big_vision, big_vision_step     vit_jax's step beside big_vision's, compiled for the

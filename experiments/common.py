@@ -8,12 +8,12 @@
   finish_report                     the --quick caveat, total wall time and table.md
 
 The demo's ViT is the model preset 'demo' (vit_jax.models), the bundled datasets' default.
-Every experiment that chains stages (demo, scale_study, folder_transfer, segmentation) runs them through
-`run_stage`: the command is printed so that a reader can rerun any stage by hand, the progress
-lines (metrics, ETA, errors) are shown as they come, and the stage's final metrics are
-returned. Every accuracy of the experiments stands next to the raw-pixel baselines
-(vit_jax.evaluators.baselines), fitted on exactly the examples the model was trained on and
-scored on the same test split.
+Every experiment that chains stages (demo, scale_study, folder_transfer, segmentation,
+detection) runs them through `run_stage`: the command is printed so that a reader can rerun any
+stage by hand, the progress lines (metrics, ETA, errors) are shown as they come, and the stage's
+final metrics are returned. Every accuracy of the experiments stands next to the raw-pixel
+baselines (vit_jax.evaluators.baselines), fitted on exactly the examples the model was trained on
+and scored on the same test split.
 """
 
 import json
