@@ -74,17 +74,23 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   )
   if "representation_size" in config.model:
     config.model.representation_size = None
-  if "patch_size" in config.model:  # a ViT: ViTDet's windows (0: every block attends globally)
+  vit = "patch_size" in config.model
+  if vit:  # ViTDet's windows (0: every block attends globally)
     config.model.window_size = 14 if vitdet else 0
     config.model.global_blocks = (2, 5, 8, 11) if vitdet else ()
   config.init_from_scratch = False
   config.loss = "fcos"
   # pyramid_scales: levels relative to the encoder's last map (ViTDet: 4, 2, 1, 1/2 of the
-  # stride-16 map: strides 4 to 32); width: the pyramid's and the head's channels; convs: the
+  # stride-16 map: strides 4 to 32; the demo ViT's map has stride 4: strides 4, 8, 16; a BiT's
+  # stride 32: strides 8, 16, 32); width: the pyramid's and the head's channels; convs: the
   # head's towers; center_radius: FCOS's centre sampling, in strides; the rest: decoding.
+  if vitdet:
+    scales = (4.0, 2.0, 1.0, 0.5)
+  else:
+    scales = (1.0, 0.5, 0.25) if vit else (4.0, 2.0, 1.0)
   config.detection = ml_collections.ConfigDict(
     dict(
-      pyramid_scales=(4.0, 2.0, 1.0, 0.5) if vitdet else (1.0, 0.5, 0.25),
+      pyramid_scales=scales,
       width=256 if vitdet else 64,
       convs=4 if vitdet else 2,
       center_radius=1.5,

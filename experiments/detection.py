@@ -1,6 +1,6 @@
 r"""Object detection from ViT patch tokens, the paper's other open question (§5), in miniature.
 
-  python -m experiments.detection            # about 25 minutes of wall time on 2 quiet cores
+  python -m experiments.detection            # about half an hour on 2 quiet cores
   python -m experiments.detection --quick    # a minute or two: the same stages, tiny budgets (CI)
 
 The task is `fashion_mnist_det` (vit_jax/input_pipeline/sources/detection_synthetic.py): 64x64
@@ -14,9 +14,10 @@ boxed and labelled with its class (10 classes). The experiment:
        - the same ViT from scratch,
        - a BiT ResNet (R26x1, the baseline family of the paper) from scratch, with the same
          pyramid and head; its last map has stride 32 (2x2 at 64px), so its pyramid's scales
-         are 4, 2, 1 (strides 8, 16, 32, the finest the pyramid's x4 reaches) where the ViT's
-         are configs/detect.py's 1, 1/2, 1/4 of its stride-4 map (strides 4, 8, 16),
-     all with the same budget (steps × batch, Adam, cosine);
+         are configs/detect.py's 4, 2, 1 for a BiT (strides 8, 16, 32, the finest the
+         pyramid's x4 reaches) where the ViT's are 1, 1/2, 1/4 of its stride-4 map (strides 4,
+         8, 16), and the same ViT from scratch at BiT's budget beside it,
+     with Adam and a cosine schedule (configs/detect.py), the ViTs `steps`, BiT `bit_steps`;
   3. scores everything on the test split (1,000 canvases) with the COCO protocol (AP, AP50,
      AP75, AP small/medium/large; vit_jax/evaluators/detection.py), beside a non-learned
      baseline on exactly those canvases: the connected components of the canvas thresholded at
@@ -27,12 +28,11 @@ boxed and labelled with its class (10 classes). The experiment:
      examples.png (test canvases with the best ViT's detections beside their ground truth) and
      results.json.
 
-FULL budget (`FULL`): pretraining 300 steps of 128 at 32px, then 400 steps of 32 canvases
-(12,800, 3.2 epochs of the 4,000) for every detector. Measured on 2 quiet cores (load average
-under 1 before the runs) at 64px and batch 32: the demo ViT's detector trains at about 105
-canvases/s and BiT-R26x1's at about 16 (XLA:CPU's convolutions; with one unit per block, 18:
-no cheaper to speak of, so the full R26x1 is kept), so the BiT run takes about 15 of the 25
-minutes.
+FULL budget (`FULL`): pretraining 300 steps of 128 at 32px, then 1,000 steps of 32 canvases
+(32,000, 8 epochs of the 4,000) for the ViTs and 400 (12,800) for BiT and the ViT beside it.
+On 2 quiet cores at 64px and batch 32 the demo ViT's detector trains at about 100 canvases/s
+and BiT-R26x1's at about 16 (XLA:CPU's convolutions; with one unit per block, 18: no cheaper
+to speak of, so the full R26x1 is kept): BiT's 400 steps take as long as 2,500 of the ViT's.
 
 Stages run as their printed `python -m vit_jax.main` commands would (experiments/common.py:
 run_stage, in this process). Workdirs under `--workdir` (default /tmp/vit_detection: pretrain/,
@@ -58,15 +58,14 @@ from vit_jax.runtime import cli
 
 WORKDIR = "/tmp/vit_detection"
 DATASET = "fashion_mnist_det"
-# name → (title, model family, initialised from the pretraining)
+# name → (title, model family, initialised from the pretraining, its budget: the Profile's
+# `steps` or `bit_steps`)
 ENCODERS = {
-  "vit_pretrained": ("ViT (demo), pretrained on Fashion-MNIST", "vit", True),
-  "vit_scratch": ("ViT (demo), from scratch", "vit", False),
-  "bit_scratch": ("BiT-R26x1, from scratch", "bit", False),
+  "vit_pretrained": ("ViT (demo), pretrained on Fashion-MNIST", "vit", True, "steps"),
+  "vit_scratch": ("ViT (demo), from scratch", "vit", False, "steps"),
+  "vit_scratch_short": ("ViT (demo), from scratch, BiT's budget", "vit", False, "bit_steps"),
+  "bit_scratch": ("BiT-R26x1, from scratch", "bit", False, "bit_steps"),
 }
-# BiT's last map has stride 32: the pyramid's largest scales (models/detection.py allows 4, 2,
-# 1 and 1/2^n) give its levels strides 8, 16 and 32.
-BIT_PYRAMID = "--config.detection.pyramid_scales=(4.0,2.0,1.0)"
 MIN_SCORE = 0.3  # the detections drawn in examples.png
 KNN = 5  # neighbours of the baseline's classifier
 CROP = 28  # side of the baseline's crops, the objects' own resolution
@@ -80,7 +79,8 @@ class Profile:
   bit: str
   bit_flags: tuple[str, ...]  # beside the BiT preset (quick: one unit per block)
   image_size: int
-  steps: int
+  steps: int  # the ViT runs'
+  bit_steps: int  # BiT's, and a ViT from scratch beside it at the same budget
   batch_size: int
   eval_batch_size: int
   train_split: str
@@ -101,7 +101,8 @@ FULL = Profile(
   bit="R26x1",
   bit_flags=(),
   image_size=64,
-  steps=400,
+  steps=1000,
+  bit_steps=400,
   batch_size=32,
   eval_batch_size=100,
   train_split="train",
@@ -129,6 +130,7 @@ QUICK = Profile(
   bit_flags=("--config.model.block_units=(1,1,1,1)",),
   image_size=32,
   steps=4,
+  bit_steps=3,
   batch_size=8,
   eval_batch_size=16,
   train_split="train[:64]",
@@ -145,25 +147,26 @@ def pretrain_flags(profile: Profile, quick: bool) -> list[str]:
 
 def detect_flags(profile: Profile, encoder: str, pretrained: str) -> list[str]:
   """`configs/detect.py` for one encoder, at the profile's budget."""
-  _, family, from_pretraining = ENCODERS[encoder]
+  _, family, from_pretraining, budget = ENCODERS[encoder]
   model = profile.vit if family == "vit" else profile.bit
+  steps = getattr(profile, budget)
   flags = [f"--config=configs/detect.py:dataset={DATASET},model={model}"]
   flags.append(
     f"--config.model_init={pretrained}" if from_pretraining else "--config.init_from_scratch=true"
   )
   if family == "bit":
-    flags += [*profile.bit_flags, BIT_PYRAMID]
+    flags += profile.bit_flags
   return flags + [
     f"--config.dataset.image_size={profile.image_size}",
     f"--config.dataset.train_split={profile.train_split}",
     f"--config.dataset.eval_split={profile.val_split}",
     f"--config.evals.test.split={profile.test_split}",
-    f"--config.total_steps={profile.steps}",
+    f"--config.total_steps={steps}",
     f"--config.batch_size={profile.batch_size}",
     f"--config.eval_batch_size={profile.eval_batch_size}",
-    f"--config.schedule.warmup_steps={max(profile.steps // 10, 1)}",
-    f"--config.checkpoint.every_steps={profile.steps}",
-    f"--config.log_every_steps={max(profile.steps // 8, 1)}",
+    f"--config.schedule.warmup_steps={max(steps // 10, 1)}",
+    f"--config.checkpoint.every_steps={steps}",
+    f"--config.log_every_steps={max(steps // 8, 1)}",
     "--config.evals.val.every_steps=-1",  # the test split is what is reported
   ]
 
@@ -335,7 +338,7 @@ def run(profile: Profile, workdir: str, verbose: bool = False) -> dict:
   pretrain, seconds_pretrain = stage("1. pretrain the demo ViT on Fashion-MNIST", "pretrain")
   seconds = dict(pretrain=seconds_pretrain)
   runs = {}
-  for encoder, (title, _, _) in ENCODERS.items():
+  for encoder, (title, *_) in ENCODERS.items():
     metrics, seconds[encoder] = stage(f"2. detect: {title}", encoder)
     runs[encoder] = {k[len("test/") :]: v for k, v in metrics.items() if k.startswith("test/")}
     runs[encoder].update(loss=metrics.get("loss"), train_accuracy=metrics.get("accuracy"))
@@ -381,20 +384,31 @@ def main(argv: list[str], f: types.SimpleNamespace) -> dict:
 
 def table(results: dict) -> str:
   """Markdown: one row per encoder and the baseline; AP, AP50, AP75 and wall time."""
-  lines = ["| encoder | AP | AP50 | AP75 | wall time |", "|---|---|---|---|---|"]
+  lines = [
+    "| encoder | steps × batch | AP | AP50 | AP75 | wall time |",
+    "|---|---|---|---|---|---|",
+  ]
+  profile = results["profile"]
   rows = [
-    (title, results["runs"][e], results["seconds"][e]) for e, (title, _, _) in ENCODERS.items()
+    (
+      title,
+      f"{profile[budget]} × {profile['batch_size']}",
+      results["runs"][e],
+      results["seconds"][e],
+    )
+    for e, (title, _, _, budget) in ENCODERS.items()
   ]
   rows.append(
     (
       "connected components + 5-NN on pixels (no learning)",
+      "",
       results["baseline"],
       results["seconds"]["baseline"],
     )
   )
-  for title, m, seconds in rows:
+  for title, budget, m, seconds in rows:
     lines.append(
-      f"| {title} | {m['AP']:.3f} | {m['AP50']:.3f} | {m['AP75']:.3f} | "
+      f"| {title} | {budget} | {m['AP']:.3f} | {m['AP50']:.3f} | {m['AP75']:.3f} | "
       f"{common.fmt_seconds(seconds)} |"
     )
   return "\n".join(lines)
@@ -434,10 +448,11 @@ def _plot(results: dict, path: str) -> None:
     ax.axhline(
       results["baseline"][key], color=colour, linestyle="--", label=f"baseline {key} (no learning)"
     )
-  ax.set_xticks(x, [title.replace(", ", "\n") for title, _, _ in ENCODERS.values()], fontsize=8)
+  ax.set_xticks(x, [title.replace(", ", "\n") for title, *_ in ENCODERS.values()], fontsize=8)
   ax.set_ylabel(f"test box AP ({p['test_split']})")
   ax.set_title(
-    f"Detecting Fashion-MNIST items: {p['steps']} steps × {p['batch_size']} canvases, 2 CPU cores",
+    f"Detecting Fashion-MNIST items ({p['steps']} or {p['bit_steps']} steps × "
+    f"{p['batch_size']} canvases, 2 CPU cores)",
     fontsize=10,
   )
   ax.legend(fontsize=8)

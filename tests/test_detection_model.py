@@ -220,3 +220,12 @@ def test_the_sorted_top_k_of_export_is_lax_top_k():
     sorted_values, sorted_index = detection.top_k(x, k, by_sort=True)
     np.testing.assert_array_equal(sorted_values, values)
     np.testing.assert_array_equal(sorted_index, index)
+
+
+def test_a_pyramid_level_without_cells_is_one_line():
+  # BiT-R26x1's last map has stride 32: 2x2 at 64px, so a scale of 1/4 leaves no cell.
+  model = detection.get_model("R26x1", 10, dict(pyramid_scales=(1.0, 0.25), width=16))
+  with pytest.raises(ValueError, match=r"pyramid scale 0.25 of the encoder's 2x2 map \(stride 32"):
+    jax.eval_shape(
+      lambda x: model.init(jax.random.key(0), x, train=False), jnp.zeros((1, 64, 64, 3))
+    )

@@ -142,6 +142,14 @@ class DetectionHead(nn.Module):
   @nn.compact
   def __call__(self, feature: jax.Array, image_hw: tuple[int, int]):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    h, w = feature.shape[1:3]
+    for scale in self.scales:
+      if int(h * scale) < 1 or int(w * scale) < 1:
+        raise ValueError(
+          f"pyramid scale {scale:g} of the encoder's {h}x{w} map (stride "
+          f"{image_hw[0] // h} at {image_hw[0]}x{image_hw[1]}) leaves no cell: drop it from "
+          "detection.pyramid_scales or raise the image size"
+        )
     levels = SimplePyramid(self.scales, self.width, name="pyramid", **kw)(feature)
     predictions = DenseHead(self.num_classes, self.width, self.convs, name="dense", **kw)(levels)
     strides = [(image_hw[0] / m.shape[1], image_hw[1] / m.shape[2]) for m in levels]
