@@ -229,3 +229,44 @@ def test_a_pyramid_level_without_cells_is_one_line():
     jax.eval_shape(
       lambda x: model.init(jax.random.key(0), x, train=False), jnp.zeros((1, 64, 64, 3))
     )
+
+
+def test_the_detection_step_on_a_sharded_mesh_is_the_one_device_step():
+  """One train step of the detect stage's config (runlocal) on data=2 × fsdp=2 × model=2 over 8
+  devices and on one device: the same loss and parameters up to summation order (a tolerance
+  far above float32 rounding, far below what a wrong sharding of the boxes would give)."""
+  from vit_jax import sharding
+  from vit_jax.configs import detect
+  from vit_jax.train import step as step_lib
+
+  config = detect.get_config("runlocal")
+  config.init_from_scratch = True
+  config.dataset.image_size = 32
+  config.batch_size = 8
+  rng = np.random.default_rng(0)
+  label = np.zeros((8, int(config.dataset.max_boxes), 6), np.float32)
+  label[..., 4] = -1
+  corner = rng.uniform(0, 0.5, (8, 2))
+  label[:, 0, :4] = np.concatenate([corner, corner + 0.4], axis=1)
+  label[:, 0, 4] = rng.integers(0, 10, 8)
+  batch = dict(
+    image=rng.uniform(-1, 1, (8, 32, 32, 3)).astype(np.float32),
+    label=label,
+    mask=np.ones(8, np.float32),
+  )
+  out = []
+  for mesh_config, devices in (
+    (dict(data=2, fsdp=2, model=2), jax.devices()[:8]),
+    (dict(data=1, fsdp=1, model=1), jax.devices()[:1]),
+  ):
+    config.mesh.update(mesh_config)
+    mesh = sharding.make_mesh(config.mesh, devices)
+    built = step_lib.build(config, mesh, 10)
+    state = jax.jit(built.init_state, out_shardings=built.state_shardings)(built.init_key)
+    window = jax.device_put(step_lib.empty_window(), sharding.replicated(mesh))
+    state, window, _ = built.jit_step(batch)(state, batch, window)
+    out.append((step_lib.window_metrics(window), jax.device_get(state["params"])))
+  (metrics8, params8), (metrics1, params1) = out
+  assert metrics8["loss"] == pytest.approx(metrics1["loss"], rel=1e-5)
+  for a, b in zip(jax.tree.leaves(params8), jax.tree.leaves(params1), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
