@@ -8,7 +8,8 @@ canvases holding 1 to 4 Fashion-MNIST items of 12 to 36 pixels over a noisy back
 boxed and labelled with its class (10 classes). The experiment:
 
   1. pretrains the demo ViT on Fashion-MNIST classification, the demo's pretraining recipe
-     (`configs/pretrain.py:dataset=fashion_mnist`) at a shorter budget (`Profile`);
+     (`configs/pretrain.py:dataset=fashion_mnist`) at experiments/segmentation.py's shorter
+     budget (the same flags);
   2. trains `configs/detect.py` (ViTDet's simple pyramid and an FCOS head) with
        - the ViT initialised from that pretraining (position embeddings resized 8x8 → 16x16),
        - the same ViT from scratch,
@@ -53,7 +54,7 @@ import types
 import numpy as np
 from absl import flags
 
-from experiments import common, fingerprint
+from experiments import common, fingerprint, segmentation
 from vit_jax.runtime import cli
 
 WORKDIR = "/tmp/vit_detection"
@@ -74,7 +75,6 @@ FIT_CANVASES = 300  # training canvases the baseline's threshold is fitted on
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
-  pretrain_flags: tuple[str, ...]  # beside configs/pretrain.py:dataset=fashion_mnist
   vit: str  # model preset of the ViT (the pretraining's)
   bit: str
   bit_flags: tuple[str, ...]  # beside the BiT preset (quick: one unit per block)
@@ -89,14 +89,6 @@ class Profile:
 
 
 FULL = Profile(
-  pretrain_flags=(
-    "--config.total_steps=300",
-    "--config.schedule.warmup_steps=30",
-    "--config.checkpoint.every_steps=300",
-    "--config.evals.val.every_steps=0",
-    "--config.evals.fewshot_animal_mnist.every_steps=-1",
-    "--config.evals.fewshot_mnist_5k.every_steps=-1",
-  ),
   vit="demo",
   bit="R26x1",
   bit_flags=(),
@@ -110,19 +102,6 @@ FULL = Profile(
   test_split="test",
 )
 QUICK = Profile(
-  pretrain_flags=(
-    "--config.total_steps=4",
-    "--config.batch_size=8",
-    "--config.eval_batch_size=16",
-    "--config.dataset.train_split=train[:256]",
-    "--config.dataset.eval_split=test[:32]",
-    "--config.dataset.image_size=16",
-    "--config.schedule.warmup_steps=1",
-    "--config.checkpoint.every_steps=4",
-    "--config.evals.val.every_steps=0",
-    "--config.evals.fewshot_animal_mnist.every_steps=-1",
-    "--config.evals.fewshot_mnist_5k.every_steps=-1",
-  ),
   vit="testing",
   bit="R26x1",
   # R26x1's strides and widths with one bottleneck unit per block instead of two: the same code
@@ -139,10 +118,9 @@ QUICK = Profile(
 )
 
 
-def pretrain_flags(profile: Profile, quick: bool) -> list[str]:
-  """The demo's pretraining (`configs/pretrain.py:dataset=fashion_mnist`) at the profile's budget."""
-  arg = "dataset=fashion_mnist,runlocal" if quick else "dataset=fashion_mnist"
-  return [f"--config=configs/pretrain.py:{arg}", *profile.pretrain_flags]
+def pretrain_flags(quick: bool) -> list[str]:
+  """The pretraining of experiments/segmentation.py (the demo's recipe at a shorter budget)."""
+  return segmentation.pretrain_flags(segmentation.QUICK if quick else segmentation.FULL, quick)
 
 
 def detect_flags(profile: Profile, encoder: str, pretrained: str) -> list[str]:
@@ -312,7 +290,7 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> types.SimpleNamespac
 def stage_flags(profile: Profile, workdir: str) -> dict[str, list[str]]:
   """Every training stage of `profile` by its workdir's name under `workdir`: its flags."""
   pretrained = os.path.join(workdir, "pretrain")
-  stages = {"pretrain": pretrain_flags(profile, profile is QUICK)}
+  stages = {"pretrain": pretrain_flags(profile is QUICK)}
   for encoder in ENCODERS:
     stages[encoder] = detect_flags(profile, encoder, pretrained)
   return stages

@@ -161,3 +161,17 @@ def get_split(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
   images, labels = dataset.splits[base]
   rows = splits.slice_rows(split, len(labels), f"Builtin dataset {name!r}")
   return (images, labels) if rows is None else (images[rows], labels[rows])
+
+
+def objects_of_split(name: str, split: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(images, labels) of the bundled dataset `name` whose objects a synthetic task's `split`
+  ('train', 'val' or 'test') places: its test split's for 'test'; else 90% ('train') or the
+  other 10% ('val') of its training split, by a permutation drawn from `seed`."""
+  data = load(name)
+  if split == "test":
+    return data.splits["test"]
+  objects, labels = data.splits["train"]
+  order = np.random.default_rng(seed).permutation(len(labels))
+  cut = int(len(labels) * 0.9)
+  rows = order[:cut] if split == "train" else order[cut:]
+  return objects[rows], labels[rows]

@@ -70,15 +70,7 @@ def synthetic_split(name: str, split: str) -> SyntheticSplit:
     raise ValueError(
       f"seg_builtin dataset {name!r} has no split {split!r}; splits: {sorted(SPLIT_SIZES)}"
     )
-  source = builtin.load(SYNTHETIC[name])
-  if split == "test":
-    objects, labels = source.splits["test"]
-  else:
-    objects, labels = source.splits["train"]
-    order = np.random.default_rng(GENERATOR_SEED).permutation(len(labels))
-    cut = int(len(labels) * 0.9)
-    rows = order[:cut] if split == "train" else order[cut:]
-    objects, labels = objects[rows], labels[rows]
+  objects, labels = builtin.objects_of_split(SYNTHETIC[name], split, GENERATOR_SEED)
   seed = GENERATOR_SEED * 1000 + {"train": 0, "val": 1, "test": 2}[split]
   images, masks = make_synthetic(objects, labels, SPLIT_SIZES[split], seed=seed)
   return SyntheticSplit(images, masks, [f"{split}/{i}" for i in range(len(masks))])
