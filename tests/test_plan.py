@@ -434,6 +434,13 @@ def test_a_refused_compile_reads_as_a_plan_that_does_not_fit():
   )
   assert compiled_stats.temporaries_refused(message) == int(18.61 * GiB)
   assert compiled_stats.temporaries_refused("INTERNAL: something else") is None
+  # libtpu's later wording: the whole use, of which the arguments are a part.
+  later = (
+    "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out of "
+    "memory in memory space hbm. Used 15.93G of 15.75G hbm. Exceeded hbm capacity by 185.82M."
+  )
+  used = int(15.93 * GiB)
+  assert compiled_stats.temporaries_refused(later, arguments=GiB) == used - GiB
 
 
 @libtpu_test

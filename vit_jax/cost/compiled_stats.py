@@ -399,18 +399,29 @@ def _argument_bytes(state, state_shardings, batch) -> tuple[int, int, int]:
 _REFUSED = re.compile(
   r"memory required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM"
 )
+# libtpu's later wording gives the whole use instead: "Used 15.93G of 15.75G hbm".
+_REFUSED_TOTAL = re.compile(r"Ran out of memory in memory space hbm\. Used ([\d.]+)([KMGT]?) of ")
 
 
-def temporaries_refused(message: str) -> int | None:
-  """The temporaries (bytes) a TPU compiler asked for when it refused a step for lack of HBM.
-
-  None when `message` is not that error ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total
-  memory required for HLO temporaries (18.61G) exceeds available HBM (15.48G)").
-  """
+def temporaries_refused(message: str, arguments: int = 0) -> int | None:
+  """The temporaries (bytes) a TPU compiler asked for when it refused a step for lack of HBM:
+  as the error names them ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory
+  required for HLO temporaries (18.61G) exceeds available HBM (15.48G)"), or the whole use it
+  names less `arguments`, the step's arguments' bytes that the use includes ("Ran out of memory
+  in memory space hbm. Used 15.93G of 15.75G hbm"). None when `message` is neither."""
   m = _REFUSED.search(message)
-  if not m:
-    return None
-  return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " "))
+  if m:
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " "))
+  m = _REFUSED_TOTAL.search(message)
+  if m:
+    used = int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " "))
+    return max(used - int(arguments), 0)
+  return None
+
+
+def argument_bytes(state, state_shardings, batch) -> int:
+  """Bytes per device of a step's arguments: parameters, optimizer state and batch."""
+  return sum(_argument_bytes(state, state_shardings, batch))
 
 
 def refused_step_stats(

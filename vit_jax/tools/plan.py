@@ -264,7 +264,8 @@ def plan(
   except jax.errors.JaxRuntimeError as e:
     # The TPU compiler refuses a program whose temporaries exceed the HBM, and says how much
     # it needed: a plan that does not fit, for the suggestions and --search to work from.
-    temp = compiled_stats.temporaries_refused(str(e))
+    arguments = compiled_stats.argument_bytes(state, built.state_shardings, batch)
+    temp = compiled_stats.temporaries_refused(str(e), arguments)
     if temp is None:
       raise
     seconds = time.perf_counter() - start
