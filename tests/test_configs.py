@@ -306,6 +306,7 @@ def test_the_vitdet_setting_is_the_papers():
   config = _get("detect", "dataset=folder,setting=vitdet")
   assert config.dataset.image_size == 1024 and config.model.name == "ViT-B_16"
   assert config.model.window_size == 14 and tuple(config.model.global_blocks) == (2, 5, 8, 11)
+  assert config.model.stochastic_depth == 0.1 and config.total_steps == 184_375
   assert tuple(config.detection.pyramid_scales) == (4.0, 2.0, 1.0, 0.5)
   assert config.optimizer.weight_decay == 0.1 and config.schedule.base_lr == 1e-4
   assert config.dataset.pp_train.startswith("scale_jitter(0.1,2.0)")
