@@ -137,14 +137,23 @@ def configs(stages: dict[str, Any]) -> dict[str, Any]:
 
 def check_configs(committed_results: dict[str, Any], today: dict[str, Any], command: str) -> None:
   """Raises AssertionError, naming `command`, where the full profile's configs built today are not
-  the ones the committed results were made with."""
+  the ones the committed results were made with. A field added since, at the value that changes
+  nothing (vit_jax.runtime.workdir.ADDED_FIELDS, what a resume allows too), is no difference."""
+  from vit_jax.runtime import workdir
+
   committed = committed_results.get("configs")
   if committed is None:
     raise AssertionError(f"the committed results keep no configs: regenerate them ({command})")
+
+  def added(key: str) -> bool:
+    field = key.rsplit("/", 1)[-1]
+    neutral = workdir.ADDED_FIELDS.get(field, "<none>")
+    return key not in committed and key in today and today[key] == neutral
+
   lines = [
     f"{key}: committed {committed.get(key, '<absent>')!r}, today {today.get(key, '<absent>')!r}"
     for key in sorted(committed.keys() | today.keys())
-    if committed.get(key, "<absent>") != today.get(key, "<absent>")
+    if committed.get(key, "<absent>") != today.get(key, "<absent>") and not added(key)
   ]
   if lines:
     raise AssertionError(

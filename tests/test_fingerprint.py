@@ -105,3 +105,12 @@ def test_a_default_the_quick_profile_overrides_is_caught_by_the_configs():
   today = dict(committed["configs"], **{"pretrain/total_steps": 3000})
   with pytest.raises(AssertionError, match=r"pretrain/total_steps: committed 6000, today 3000"):
     fingerprint.check_configs(committed, today, "cmd")
+
+
+def test_a_field_added_at_its_neutral_value_is_no_config_difference():
+  committed = {"configs": {"finetune/ViT/1of1/model.hidden_size": 64}}
+  today = {"finetune/ViT/1of1/model.hidden_size": 64, "finetune/ViT/1of1/model.window_size": 0}
+  fingerprint.check_configs(committed, today, "python -m experiments.x")  # workdir.ADDED_FIELDS
+  today["finetune/ViT/1of1/model.window_size"] = 14  # added, but at a value that changes things
+  with pytest.raises(AssertionError, match="model.window_size: committed '<absent>', today 14"):
+    fingerprint.check_configs(committed, today, "python -m experiments.x")

@@ -72,6 +72,7 @@ ADDED_FIELDS: dict[str, Any] = {
   "distill.weight": 0.5,
   "model.window_size": 0,
   "model.global_blocks": [],
+  "dataset.max_boxes": 100,
 }
 
 
