@@ -11,7 +11,9 @@ either. Model, resolution, evaluation preprocessing and class names come from th
 `config.json`, as for `vit_jax.predict`; `--model`, `--image_size` and `--class_names` for a bare
 `.npz`. `--out` is a new directory: the artifact and `export.json` (its inputs, outputs,
 preprocessing and class names). What each format holds: vit_jax/export/formats.py and
-docs/export.md. Bad input ends with one line naming the culprit, and nothing is written.
+docs/export.md. A detect stage workdir exports as a SavedModel returning boxes, scores and
+classes (docs/detection.md). Bad input ends with one line naming the culprit, and nothing is
+written.
 """
 
 if __name__ == "__main__":  # the command's process, set up before any thread starts
