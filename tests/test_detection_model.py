@@ -270,3 +270,19 @@ def test_the_detection_step_on_a_sharded_mesh_is_the_one_device_step():
   assert metrics8["loss"] == pytest.approx(metrics1["loss"], rel=1e-5)
   for a, b in zip(jax.tree.leaves(params8), jax.tree.leaves(params1), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_hybrid_encoder_detects_from_its_token_grid():
+  # The testing ViT on an R50-style stem of one stage, 1x1 patches on its map (an R50+ViT hybrid).
+  config = models.get_model_config("testing")
+  config.patch_size = 1
+  config.resnet = dict(num_layers=(1,), width_factor=1)
+  model = detection.get_model(config, 3, dict(pyramid_scales=(2.0, 1.0), width=16))
+  images = jnp.zeros((2, 32, 32, 3))
+  shapes = jax.eval_shape(
+    lambda x: model.apply(model.init(jax.random.key(0), x, train=False), x, train=False), images
+  )
+  logits, out = shapes
+  # The stem's stride 4 (2 for the root, 2 for its one stage): an 8x8 grid, levels 16x16 and 8x8.
+  assert logits.shape == (2, 16 * 16 + 8 * 8, 3 + 5)
+  assert out["detections"]["boxes"].shape == (2, 100, 4)
