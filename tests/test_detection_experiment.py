@@ -21,7 +21,6 @@ def test_quick_detection_experiment(tmp_path):
   # Each stage's command is printed before it runs, so that a reader can rerun it.
   assert "python -m vit_jax.main --config=configs/pretrain.py:dataset=fashion_mnist" in printed
   assert "--config=configs/detect.py:dataset=fashion_mnist_det,model=R26x1" in printed
-  assert "--config.detection.pyramid_scales=(4.0,2.0,1.0)" in printed
   assert f"--config.model_init={tmp_path / 'pretrain'}" in printed
 
   out = tmp_path / "results"  # --quick never writes over experiments/results/
