@@ -30,15 +30,16 @@ def preprocess(image: Image.Image, image_size: int, spec: str = DEFAULT_PP) -> n
   return pil_ops.preprocess(image, image_size, spec)
 
 
-def _batched(apply, params, arrays: np.ndarray, batch_size: int) -> np.ndarray:
-  """`apply(params, batch)` over `arrays` in zero-padded batches of `batch_size` (one compile)."""
+def _batched(apply, params, arrays: np.ndarray, batch_size: int) -> Any:
+  """`apply(params, batch)` over `arrays` in zero-padded batches of `batch_size` (one compile);
+  an output that is a tree of arrays comes back as that tree, each leaf concatenated."""
   out = []
   for start in range(0, len(arrays), batch_size):
     chunk = arrays[start : start + batch_size]
     n = len(chunk)
     chunk = np.concatenate([chunk, np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)])
-    out.append(np.asarray(apply(params, chunk))[:n])
-  return np.concatenate(out)
+    out.append(jax.tree.map(lambda x, n=n: np.asarray(x)[:n], apply(params, chunk)))
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,17 +298,9 @@ class Detector:
     """Per image: `boxes` float32 [n, 4] (ymin, xmin, ymax, xmax normalised to [0, 1]),
     `scores` [n] (descending, all > 0) and `classes` int32 [n]."""
     arrays = np.stack([self.preprocess(im) for im in images])
-    outs = []
-    for start in range(0, len(arrays), batch_size):
-      chunk = arrays[start : start + batch_size]
-      n = len(chunk)
-      pad = np.zeros((batch_size - n, *chunk.shape[1:]), np.float32)
-      out = self._apply(self.params, np.concatenate([chunk, pad]))
-      out = {k: np.asarray(v)[:n] for k, v in out.items()}
-      for i in range(n):
-        keep = out["scores"][i] > 0
-        outs.append({k: v[i][keep] for k, v in out.items()})
-    return outs
+    out = _batched(self._apply, self.params, arrays, batch_size)
+    keep = out["scores"] > 0
+    return [{k: v[i][keep[i]] for k, v in out.items()} for i in range(len(arrays))]
 
 
 # Colours of the drawn boxes, by class.
